@@ -1,0 +1,125 @@
+"""The procedure contract: the extension point for model-selection procedures (no Ray, no torch).
+
+The engine trains in *rounds*. It calls `procedure.step([])` once at the start, then after every round (epoch
+barrier) `procedure.step(states)` with the state of every config it has ever seen. Every config that is active and
+not stopped trains one more epoch in the next round; new configs (`add`, `clone`) join the next round. The run ends
+when no config is active and the procedure adds nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+ACTIVE = "active"  # will train in the next round
+STOPPED = "stopped"  # stopped by the procedure (early stopping or end of its budget); keeps weights and metrics
+FAILED = "failed"  # user code raised or returned a NaN loss
+STATUSES = (ACTIVE, STOPPED, FAILED)
+
+
+@dataclass(frozen=True)
+class ConfigState:
+    """What a procedure sees of one config.
+
+    Attributes:
+        id: the engine's id of the config (stable for the whole run).
+        config: the user's hyper-parameter dict.
+        epochs: epochs completed so far.
+        history: one metrics dict per completed epoch (`train_*` and `valid_*` keys, example-weighted means).
+        status: one of `ACTIVE`, `STOPPED`, `FAILED`.
+        parent: id of the config it was cloned from (PBT), else None.
+    """
+
+    id: int
+    config: dict[str, Any]
+    epochs: int = 0
+    history: tuple[dict[str, float], ...] = ()
+    status: str = ACTIVE
+    parent: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"`status` is {self.status!r}, but must be one of {STATUSES}")
+        if self.epochs != len(self.history):
+            raise ValueError(f"`epochs` is {self.epochs}, but `history` has {len(self.history)} entries")
+
+    def last(self, metric: str, default: float = math.nan) -> float:
+        """The latest value of `metric`, or `default` when the config has not reported it."""
+        return float(self.history[-1].get(metric, default)) if self.history else default
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a procedure asks of the engine after a round.
+
+    Attributes:
+        add: new configs to start from scratch.
+        stop: ids of active configs to stop (they keep their weights and metrics).
+        clone: `(source_id, new_config)` pairs; each starts a new config from the source's latest weights (PBT).
+    """
+
+    add: list[dict[str, Any]] = field(default_factory=list)
+    stop: list[int] = field(default_factory=list)
+    clone: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for c in self.add:
+            if not isinstance(c, dict):
+                raise TypeError(f"`add` holds {c!r}, but every entry must be a config dict")
+        for pair in self.clone:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], dict)):
+                raise TypeError(f"`clone` holds {pair!r}, but every entry must be (source_id, config dict)")
+
+
+class Procedure(abc.ABC):
+    """Base class of model-selection procedures.
+
+    Subclasses implement `step`. The engine guarantees:
+        * `step([])` is the first call; later calls get every config ever added, in id order;
+        * a config listed as ACTIVE trained exactly `epochs` epochs, one per round it was active;
+        * `step` is called from one thread, between rounds, never concurrently.
+    A procedure must not return ids it has not seen, nor re-activate stopped configs, and should be deterministic given
+    its seed and the sequence of states (so runs replay and resume). It must pickle (it is saved with the run).
+    """
+
+    #: The metric the procedure ranks by and its direction; the engine fills them from `ModelSelection(metric, mode)`
+    #: unless the procedure was constructed with its own.
+    metric: str = "valid_loss"
+    mode: str = "min"
+
+    @abc.abstractmethod
+    def step(self, states: list[ConfigState]) -> Decision:
+        """Decide which configs to add, stop or clone after a round (see the class docstring)."""
+
+    def bind(self, metric: str, mode: str, storage_path: str | None = None) -> None:
+        """Called once by the engine before the first `step`: the run's metric, mode and storage directory."""
+        self.metric, self.mode = metric, mode
+
+    def score(self, state: ConfigState) -> float:
+        """The state's latest metric as a value to maximise (NaN-safe: missing or NaN ranks last)."""
+        v = state.last(self.metric)
+        if math.isnan(v):
+            return -math.inf
+        return -v if self.mode == "min" else v
+
+
+class FixedEpochsProcedure(Procedure):
+    """Helper base for procedures that add configs once and train each for a fixed number of epochs."""
+
+    def __init__(self, epochs: int) -> None:
+        if not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"`epochs` is {epochs!r}, but must be an int >= 1")
+        self.epochs = epochs
+        self._started = False
+
+    @abc.abstractmethod
+    def configs(self) -> list[dict[str, Any]]:
+        """Every config to train."""
+
+    def step(self, states: list[ConfigState]) -> Decision:
+        if not self._started:
+            self._started = True
+            return Decision(add=self.configs())
+        return Decision(stop=[s.id for s in states if s.status == ACTIVE and s.epochs >= self.epochs])

@@ -1,0 +1,25 @@
+"""Grid search: every combination of the listed values, each trained for a fixed number of epochs."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from automl._base import FixedEpochsProcedure
+
+
+class GridSearch(FixedEpochsProcedure):
+    """The Cartesian product of `space` (a dict of name -> list of values), each config trained `epochs` epochs."""
+
+    def __init__(self, space: dict[str, list[Any]], epochs: int) -> None:
+        super().__init__(epochs)
+        if not isinstance(space, dict) or not space:
+            raise ValueError(f"`space` is {space!r}, but must be a non-empty dict of name -> list of values")
+        for name, values in space.items():
+            if not isinstance(values, (list, tuple)) or len(values) == 0:
+                raise ValueError(f"`space[{name!r}]` is {values!r}, but must be a non-empty list of values")
+        self.space = {k: list(v) for k, v in space.items()}
+
+    def configs(self) -> list[dict[str, Any]]:
+        names = list(self.space)
+        return [dict(zip(names, combo)) for combo in itertools.product(*(self.space[n] for n in names))]

@@ -1,0 +1,1 @@
+"""Model hopper parallelism (MOP) for deep-learning model selection on Ray."""

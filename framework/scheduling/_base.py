@@ -1,0 +1,229 @@
+"""The scheduling contract shared by the live engine and the simulators.
+
+One *round* (an epoch barrier of the engine) is an open shop: every active config must visit every partition once
+(a training *unit*), then, once all its training units are done, evaluate on every validation partition (eval units).
+`DispatchState` keeps the bookkeeping of a round (Cerebro's queues Q and Q', idle workers, busy configs, the
+availability map) and enforces the MOP invariants; a `Scheduler` only *chooses* which eligible unit goes to which idle
+worker. The engine (real clock, Ray) and the simulator (simulated clock) drive the very same objects through the same
+calls, so a policy is written once.
+
+Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+TRAIN = "train"
+EVAL = "eval"
+KINDS = (TRAIN, EVAL)
+
+
+@dataclass(frozen=True, order=True)
+class Unit:
+    """One visit of a config to a partition: train (one pass, one sub-epoch) or eval (no gradients).
+
+    `epoch` is the config's own epoch index (0-based) that this unit belongs to.
+    """
+
+    config_id: int
+    epoch: int
+    partition: int
+    kind: str = TRAIN
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"`kind` is {self.kind!r}, but must be one of {KINDS}")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    unit: Unit
+    worker: int
+
+
+# estimate(unit, worker) -> expected seconds (or any consistent unit of time)
+UnitTimeEstimate = Callable[[Unit, int], float]
+
+
+def _uniform_estimate(unit: Unit, worker: int) -> float:
+    return 1.0
+
+
+@dataclass
+class DispatchState:
+    """Bookkeeping of one round: Cerebro's Q (pending), Q' (running), idle flags and availability.
+
+    Args:
+        units: every unit of the round (train and eval).
+        availability: partition -> workers that hold it (replicas: several workers).
+        estimate: expected duration of a unit on a worker (measured by the engine; used by informed policies).
+
+    Invariants kept here, so no policy can break them: a config runs one unit at a time (model isolation), a worker
+    runs one unit at a time (worker exclusivity), a unit runs only on a worker that holds its partition, a config's
+    eval units wait until its training units of the round are done, and a unit leaves the round only when it
+    completes (completeness) or its config is dropped.
+    """
+
+    units: Iterable[Unit]
+    availability: Mapping[int, Iterable[int]]
+    estimate: UnitTimeEstimate = _uniform_estimate
+    pending: set[Unit] = field(init=False)
+    running: dict[Unit, int] = field(init=False, default_factory=dict)
+    done: list[Unit] = field(init=False, default_factory=list)
+    dropped: set[int] = field(init=False, default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.units = sorted(set(self.units))
+        self.pending = set(self.units)
+        self._by_partition: dict[int, set[Unit]] = {}
+        for u in self.units:
+            self._by_partition.setdefault(u.partition, set()).add(u)
+        self.availability = {p: set(ws) for p, ws in self.availability.items()}
+        self.workers: set[int] = set().union(*self.availability.values()) if self.availability else set()
+        missing = {u.partition for u in self.units} - set(self.availability)
+        if missing:
+            raise ValueError(f"partitions {sorted(missing)} have no entry in `availability`")
+        self._train_left: dict[int, int] = {}
+        for u in self.units:
+            if u.kind == TRAIN:
+                self._train_left[u.config_id] = self._train_left.get(u.config_id, 0) + 1
+
+    # ---- queries used by policies -------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        """True when nothing is pending or running (Q and Q' are empty)."""
+        return not self.pending and not self.running
+
+    @property
+    def busy_workers(self) -> set[int]:
+        return set(self.running.values())
+
+    @property
+    def busy_configs(self) -> set[int]:
+        return {u.config_id for u in self.running}
+
+    def idle_workers(self) -> list[int]:
+        """Live workers with no unit running, in ascending id order."""
+        busy = self.busy_workers
+        return sorted(w for w in self.workers if w not in busy)
+
+    def partitions_of(self, worker: int) -> set[int]:
+        return {p for p, ws in self.availability.items() if worker in ws}
+
+    def is_eligible(self, unit: Unit, worker: int) -> bool:
+        return (
+            unit in self.pending
+            and worker in self.workers
+            and worker not in self.busy_workers
+            and unit.config_id not in self.busy_configs
+            and worker in self.availability.get(unit.partition, ())
+            and (unit.kind == TRAIN or self._train_left.get(unit.config_id, 0) == 0)
+        )
+
+    def eligible(self, worker: int) -> list[Unit]:
+        """Pending units that `worker` may start now, in a deterministic (sorted) order."""
+        if worker not in self.workers or worker in self.busy_workers:
+            return []
+        busy = self.busy_configs
+        return sorted(
+            u
+            for p in self.partitions_of(worker)
+            for u in self._by_partition.get(p, ())
+            if u.config_id not in busy and (u.kind == TRAIN or self._train_left.get(u.config_id, 0) == 0)
+        )
+
+    def remaining(self, config_id: int) -> list[Unit]:
+        """Units of a config still pending (not running, not done)."""
+        return [u for u in self.pending if u.config_id == config_id]
+
+    def stalled_partitions(self) -> set[int]:
+        """Partitions with pending units that no live worker holds (the run must wait for one)."""
+        return {u.partition for u in self.pending if not self.availability.get(u.partition)}
+
+    # ---- transitions driven by the engine or the simulator ------------------------------------------------------
+    def start(self, assignment: Assignment) -> None:
+        unit, worker = assignment.unit, assignment.worker
+        if not self.is_eligible(unit, worker):
+            raise ValueError(f"{unit} is not eligible on worker {worker}")
+        self.pending.remove(unit)
+        self._by_partition[unit.partition].discard(unit)
+        self.running[unit] = worker
+
+    def complete(self, unit: Unit) -> None:
+        self.running.pop(unit)
+        self.done.append(unit)
+        if unit.kind == TRAIN:
+            self._train_left[unit.config_id] -= 1
+
+    def requeue(self, unit: Unit) -> None:
+        """The unit's worker failed (or the unit must be re-run whole): back from Q' to Q (Cerebro 5.6)."""
+        self.running.pop(unit)
+        if unit.config_id not in self.dropped:
+            self.pending.add(unit)
+            self._by_partition[unit.partition].add(unit)
+
+    def drop_config(self, config_id: int) -> None:
+        """Remove a config (failed or stopped) from the round: its pending units are discarded."""
+        self.dropped.add(config_id)
+        gone = {u for u in self.pending if u.config_id == config_id}
+        self.pending -= gone
+        for u in gone:
+            self._by_partition[u.partition].discard(u)
+
+    def remove_worker(self, worker: int) -> list[Unit]:
+        """A worker died or was drained: requeue what it ran and forget its partitions. Returns requeued units."""
+        lost = [u for u, w in self.running.items() if w == worker]
+        for u in lost:
+            self.requeue(u)
+        self.workers.discard(worker)
+        for ws in self.availability.values():
+            ws.discard(worker)
+        return lost
+
+    def add_worker(self, worker: int, partitions: Iterable[int]) -> None:
+        """A worker joined (elasticity) or came back, holding `partitions`."""
+        self.workers.add(worker)
+        for p in partitions:
+            self.availability.setdefault(p, set()).add(worker)
+
+
+class Scheduler(abc.ABC):
+    """A dispatch policy: picks which eligible unit each idle worker runs next.
+
+    Contract:
+        * `start_round(state)` is called once when a round's units are known, before any `select`. Plan-based
+          policies solve their plan here (using `state.estimate`).
+        * `select(state)` is called whenever a worker or a config becomes idle (start of round, every completion,
+          failure, worker joining). It returns assignments whose units are eligible on their workers at the moment
+          of the call (`state.is_eligible`), at most one per worker and per config. It must not mutate `state`; the
+          caller applies the assignments with `state.start`.
+        * Policies are deterministic given their seed and the sequence of calls, hold no Ray objects, and pickle.
+    """
+
+    name: str = "base"
+
+    def start_round(self, state: DispatchState) -> None:  # noqa: B027 - optional hook
+        """Called once per round before the first `select`."""
+
+    @abc.abstractmethod
+    def select(self, state: DispatchState) -> list[Assignment]:
+        """Assignments to start now (see the class docstring)."""
+
+
+def greedy_select(state: DispatchState, pick: Callable[[int, list[Unit]], Unit | None], workers: list[int]) -> list[Assignment]:
+    """Assign idle `workers` in the given order; `pick(worker, candidates)` chooses among still-eligible units."""
+    out: list[Assignment] = []
+    taken_configs: set[int] = set()
+    for w in workers:
+        candidates = [u for u in state.eligible(w) if u.config_id not in taken_configs]
+        if not candidates:
+            continue
+        unit = pick(w, candidates)
+        if unit is None:
+            continue
+        out.append(Assignment(unit, w))
+        taken_configs.add(unit.config_id)
+    return out
