@@ -1,1 +1,10 @@
-"""Model hopper parallelism (MOP) for deep-learning model selection on Ray."""
+"""Model hopper parallelism (MOP) for deep-learning model selection on Ray.
+
+Public API: `PartitionedDataset`, `ModelSelection`, `Result`, `replay`.
+"""
+
+from framework.data import PartitionedDataset
+from framework.result import Result
+from framework.selection import EXECUTORS, ModelSelection
+
+__all__ = ["EXECUTORS", "ModelSelection", "PartitionedDataset", "Result"]

@@ -1,0 +1,144 @@
+"""The run catalog: one SQLite file per run that is the single source of truth for what ran.
+
+Tables: `meta` (run settings), `configs` (id, config, status, epochs, parent, error), `units` (the schedule log: one
+row per finished or failed unit attempt, with its worker, times and metrics), `epochs` (aggregated metrics per config
+and epoch), `checkpoints` (latest weights file per config with its checksum), `events` (worker failures, joins, ...).
+Everything users read (`Result`, CSV/Parquet files, replay, resume) is derived from it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS configs (
+    id INTEGER PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL, epochs INTEGER NOT NULL DEFAULT 0,
+    parent INTEGER, error TEXT);
+CREATE TABLE IF NOT EXISTS units (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL, config_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
+    partition INTEGER NOT NULL, kind TEXT NOT NULL, worker INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL,
+    status TEXT NOT NULL, num_examples INTEGER, state_bytes INTEGER, metrics TEXT, error TEXT);
+CREATE TABLE IF NOT EXISTS epochs (
+    config_id INTEGER NOT NULL, epoch INTEGER NOT NULL, round INTEGER NOT NULL, metrics TEXT NOT NULL,
+    PRIMARY KEY (config_id, epoch));
+CREATE TABLE IF NOT EXISTS checkpoints (
+    config_id INTEGER NOT NULL, epoch INTEGER NOT NULL, units INTEGER NOT NULL, path TEXT NOT NULL,
+    sha256 TEXT NOT NULL, bytes INTEGER NOT NULL, written REAL NOT NULL, PRIMARY KEY (config_id, units));
+CREATE TABLE IF NOT EXISTS events (time REAL NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
+"""
+
+
+class SQLiteCatalog:
+    """Thread-safe access to a run's SQLite file (the driver loop and the checkpoint writer share it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _write(self, sql: str, rows: Iterable[tuple] | tuple = ()) -> None:
+        with self._lock:
+            if isinstance(rows, tuple):
+                self._db.execute(sql, rows)
+            else:
+                self._db.executemany(sql, list(rows))
+
+    def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ---- meta ---------------------------------------------------------------------------------------------------
+    def set_meta(self, **values: Any) -> None:
+        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in values.items()])
+
+    def meta(self) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self._read("SELECT key, value FROM meta")}
+
+    # ---- configs ------------------------------------------------------------------------------------------------
+    def add_config(self, config_id: int, config: dict[str, Any], status: str, parent: int | None = None) -> None:
+        self._write(
+            "INSERT INTO configs (id, config, status, epochs, parent) VALUES (?, ?, ?, 0, ?)",
+            (config_id, json.dumps(config, default=str), status, parent),
+        )
+
+    def update_config(self, config_id: int, *, status: str | None = None, epochs: int | None = None, error: str | None = None) -> None:
+        sets, args = [], []
+        for col, val in (("status", status), ("epochs", epochs), ("error", error)):
+            if val is not None:
+                sets.append(f"{col} = ?")
+                args.append(val)
+        if sets:
+            self._write(f"UPDATE configs SET {', '.join(sets)} WHERE id = ?", (*args, config_id))
+
+    def configs(self) -> pd.DataFrame:
+        rows = self._read("SELECT id, config, status, epochs, parent, error FROM configs ORDER BY id")
+        df = pd.DataFrame(rows, columns=["config_id", "config", "status", "epochs", "parent", "error"])
+        df["config"] = df["config"].map(json.loads)
+        return df
+
+    # ---- units (the schedule log) -------------------------------------------------------------------------------
+    def add_unit(self, round_: int, report: Any, status: str) -> None:
+        u = report.unit
+        self._write(
+            "INSERT INTO units (round, config_id, epoch, partition, kind, worker, start, end, status, num_examples, "
+            "state_bytes, metrics, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                round_, u.config_id, u.epoch, u.partition, u.kind, report.worker, report.start, report.end, status,
+                report.num_examples, report.state_bytes, json.dumps(report.metrics), report.error,
+            ),
+        )
+
+    def units(self, status: str | None = "done") -> pd.DataFrame:
+        where, args = ("WHERE status = ?", (status,)) if status else ("", ())
+        rows = self._read(
+            "SELECT seq, round, config_id, epoch, partition, kind, worker, start, end, status, num_examples, "
+            f"state_bytes, metrics, error FROM units {where} ORDER BY seq",
+            args,
+        )
+        cols = ["seq", "round", "config_id", "epoch", "partition", "kind", "worker", "start", "end", "status",
+                "num_examples", "state_bytes", "metrics", "error"]
+        return pd.DataFrame(rows, columns=cols)
+
+    # ---- epochs -------------------------------------------------------------------------------------------------
+    def add_epoch(self, config_id: int, epoch: int, round_: int, metrics: dict[str, float]) -> None:
+        self._write("INSERT OR REPLACE INTO epochs VALUES (?, ?, ?, ?)", (config_id, epoch, round_, json.dumps(metrics)))
+
+    def epochs(self) -> pd.DataFrame:
+        rows = self._read("SELECT config_id, epoch, round, metrics FROM epochs ORDER BY config_id, epoch")
+        records = [{"config_id": c, "epoch": e, "round": r, **json.loads(m)} for c, e, r, m in rows]
+        return pd.DataFrame.from_records(records, columns=None if records else ["config_id", "epoch", "round"])
+
+    # ---- checkpoints and events ---------------------------------------------------------------------------------
+    def add_checkpoint(self, config_id: int, epoch: int, units: int, path: str, sha256: str, nbytes: int) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (config_id, epoch, units, path, sha256, nbytes, time.time()),
+        )
+
+    def checkpoints(self, config_id: int) -> list[tuple[int, int, str, str]]:
+        """(epoch, units, path, sha256) of a config's checkpoints, newest first."""
+        return self._read(
+            "SELECT epoch, units, path, sha256 FROM checkpoints WHERE config_id = ? ORDER BY units DESC", (config_id,)
+        )
+
+    def add_event(self, kind: str, **detail: Any) -> None:
+        self._write("INSERT INTO events VALUES (?, ?, ?)", (time.time(), kind, json.dumps(detail, default=str)))
+
+    def events(self) -> pd.DataFrame:
+        rows = self._read("SELECT time, kind, detail FROM events ORDER BY rowid")
+        return pd.DataFrame(rows, columns=["time", "kind", "detail"])

@@ -1,0 +1,121 @@
+"""Checkpoint files: atomic writes with a checksum, safe loads (`weights_only=True`), off the critical path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from framework.engine.catalog import SQLiteCatalog
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint file is missing or its checksum does not match the catalog."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
+    """torch.save to a temp file, fsync, rename over `path`. Returns (sha256, bytes)."""
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    digest, size = _sha256(tmp), os.path.getsize(tmp)
+    os.replace(tmp, path)
+    return digest, size
+
+
+def load_verified(path: str, sha256: str) -> dict[str, Any]:
+    """Load a checkpoint after checking its checksum; never unpickles arbitrary objects."""
+    if not os.path.exists(path):
+        raise CorruptCheckpointError(f"checkpoint {path} is missing")
+    actual = _sha256(path)
+    if actual != sha256:
+        raise CorruptCheckpointError(f"checkpoint {path} is corrupt: sha256 {actual[:12]}... != recorded {sha256[:12]}...")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+class CheckpointStore:
+    """Keeps the latest (and the previous) checkpoint of every config in `directory`.
+
+    `submit(config_id, epoch, units, fetch)` queues a write; a background thread calls `fetch()` (e.g. `ray.get` of
+    the state's object ref) and writes it atomically, so the driver's dispatch loop never waits on disk. Writes for
+    the same config are coalesced: only the newest queued state is written. The two newest files per config are
+    kept so a corrupt latest file can fall back to the previous one.
+    """
+
+    def __init__(self, directory: str, catalog: SQLiteCatalog, keep: int = 2) -> None:
+        self.directory = directory
+        self.catalog = catalog
+        self.keep = keep
+        os.makedirs(directory, exist_ok=True)
+        self._latest: dict[int, tuple[int, int, Callable[[], dict]]] = {}
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._errors: list[str] = []
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def path(self, config_id: int, units: int) -> str:
+        return os.path.join(self.directory, f"config_{config_id}_u{units}.pt")
+
+    def submit(self, config_id: int, epoch: int, units: int, fetch: Callable[[], dict]) -> None:
+        with self._lock:
+            fresh = config_id not in self._latest
+            self._latest[config_id] = (epoch, units, fetch)
+        if fresh:
+            self._queue.put(config_id)
+
+    def _loop(self) -> None:
+        while True:
+            config_id = self._queue.get()
+            if config_id is None:
+                self._queue.task_done()
+                return
+            with self._lock:
+                epoch, units, fetch = self._latest.pop(config_id)
+            try:
+                path = self.path(config_id, units)
+                digest, size = write_atomic(fetch(), path)
+                self.catalog.add_checkpoint(config_id, epoch, units, path, digest, size)
+                for _, _, old_path, _ in self.catalog.checkpoints(config_id)[self.keep :]:
+                    if os.path.exists(old_path):
+                        os.remove(old_path)
+            except Exception as e:  # noqa: BLE001 - recorded and surfaced by flush()
+                self._errors.append(f"config {config_id}: {e!r}")
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> list[str]:
+        """Wait until every queued write is on disk; return the errors seen so far."""
+        self._queue.join()
+        return list(self._errors)
+
+    def close(self) -> None:
+        self.flush()
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def load_latest(self, config_id: int) -> tuple[dict[str, Any], int, int]:
+        """Newest verified checkpoint of a config as (state, epoch, units); falls back to older ones if corrupt."""
+        problems = []
+        for epoch, units, path, digest in self.catalog.checkpoints(config_id):
+            try:
+                return load_verified(path, digest), epoch, units
+            except CorruptCheckpointError as e:
+                problems.append(str(e))
+                self.catalog.add_event("corrupt_checkpoint", config_id=config_id, path=path, error=str(e))
+        raise CorruptCheckpointError(f"no valid checkpoint for config {config_id}: " + "; ".join(problems or ["none written"]))

@@ -1,0 +1,213 @@
+"""A MOP worker: holds its partitions in memory and runs training/eval units on whatever config hops in.
+
+`Worker` is plain Python so `replay` can run it in-process; the engine wraps it with `ray.remote` as an actor.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from framework.data import concat_data, data_len
+from framework.scheduling import TRAIN, Unit
+
+# {"model": state_dict, "optimizer": state_dict or None, "visited": {epoch: [partitions absorbed, in order]}},
+# tensors on CPU; loadable with torch.load(weights_only=True).
+ModelState = dict[str, Any]
+
+
+def unit_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed derived from the run seed and a tuple of ints (config, epoch, partition, ...)."""
+    return int(np.random.SeedSequence([seed, *parts]).generate_state(1, dtype=np.uint64)[0]) >> 1
+
+
+def seed_everything(s: int) -> None:
+    torch.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s % (2**32))
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu(v) for v in obj)
+    return obj
+
+
+def state_nbytes(state: ModelState | None) -> int:
+    """Bytes of tensor payload in a model state (what a hop moves)."""
+    if state is None:
+        return 0
+    total = 0
+    stack: list[Any] = [state]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            total += obj.numel() * obj.element_size()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return total
+
+
+@dataclass(frozen=True)
+class UnitTask:
+    """Everything a worker needs to run one unit, besides the config's state."""
+
+    unit: Unit
+    config: dict[str, Any]
+    seed: int  # the run seed
+
+
+@dataclass
+class UnitReport:
+    """What a worker sends back after a unit (small; the state travels separately through the object store)."""
+
+    unit: Unit
+    worker: int
+    start: float
+    end: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    num_examples: int = 0
+    state_bytes: int = 0
+    error: str | None = None  # traceback of a failure in user code
+
+
+class Worker:
+    """Runs units on the partitions it holds. Failures in user code come back as `UnitReport.error`."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        model_fn: Callable,
+        train_fn: Callable,
+        eval_fn: Callable,
+        input_fn: Callable | None = None,
+        device: str = "cpu",
+        num_threads: int | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
+        self.device = torch.device(device)
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.data: dict[tuple[str, int], Any] = {}
+
+    # ---- data -------------------------------------------------------------------------------------------------
+    def load(self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]]) -> dict[int, int]:
+        """Load partitions `{id: (train_entries, valid_entries)}`; several entries are concatenated into one.
+
+        Returns the number of training examples per partition.
+        """
+        for pid, (train_entries, valid_entries) in partitions.items():
+            for split, entries in (("train", train_entries), ("valid", valid_entries)):
+                parts = [self.input_fn(e) if self.input_fn is not None else e for e in entries]
+                self.data[(split, pid)] = concat_data(parts)
+        return {pid: data_len(self.data[("train", pid)]) for pid in partitions}
+
+    def holds(self) -> list[int]:
+        return sorted({pid for _, pid in self.data})
+
+    def data_nbytes(self) -> int:
+        """Bytes of in-memory data this worker holds (tensors and arrays only)."""
+        total = 0
+        for d in self.data.values():
+            items = d if isinstance(d, tuple) else (d,)
+            for a in items:
+                if isinstance(a, torch.Tensor):
+                    total += a.numel() * a.element_size()
+                elif isinstance(a, np.ndarray):
+                    total += a.nbytes
+        return total
+
+    def ping(self) -> int:
+        return self.worker_id
+
+    # ---- units ------------------------------------------------------------------------------------------------
+    def _build(self, task: UnitTask, state: ModelState | None) -> tuple[torch.nn.Module, Any]:
+        # Construction is seeded per config, so a config's initial weights do not depend on the worker it starts on.
+        seed_everything(unit_seed(task.seed, task.unit.config_id))
+        built = self.model_fn(task.config)
+        if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module)):
+            raise TypeError(f"model_fn must return (torch.nn.Module, optimizer or None), got {type(built).__name__}")
+        model, optimizer = built
+        model.to(self.device)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            if optimizer is not None and state.get("optimizer") is not None:
+                optimizer.load_state_dict(state["optimizer"])
+        return model, optimizer
+
+    def run(self, task: UnitTask, state: ModelState | None) -> tuple[ModelState | None, UnitReport]:
+        """Run one unit from `state` (None: a fresh config). Returns (new state or None for eval, report)."""
+        unit = task.unit
+        start = time.time()
+        report = UnitReport(unit=unit, worker=self.worker_id, start=start, end=start)
+        try:
+            model, optimizer = self._build(task, state)
+            data = self.data[("train" if unit.kind == TRAIN else "valid", unit.partition)]
+            seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN)))
+            if unit.kind == TRAIN:
+                model.train()
+                metrics = self.train_fn(model, optimizer, data, task.config)
+            else:
+                model.eval()
+                with torch.no_grad():
+                    metrics = self.eval_fn(model, data, task.config)
+            metrics = _check_metrics(metrics, "train_fn" if unit.kind == TRAIN else "eval_fn")
+            new_state = None
+            if unit.kind == TRAIN:
+                # The visit record travels inside the state, so a config proves which partitions it absorbed.
+                visited = {e: list(ps) for e, ps in (state or {}).get("visited", {}).items()}
+                visited.setdefault(unit.epoch, []).append(unit.partition)
+                new_state = {
+                    "model": _to_cpu(model.state_dict()),
+                    "optimizer": _to_cpu(optimizer.state_dict()) if optimizer is not None else None,
+                    "visited": visited,
+                }
+            report.num_examples = int(metrics.pop("num_examples", data_len(data)))
+            report.metrics = metrics
+            report.state_bytes = state_nbytes(new_state)
+        except Exception:  # user code failed: report it against the config, keep the worker alive
+            new_state, report.error = None, traceback.format_exc()
+        report.end = time.time()
+        return new_state, report
+
+
+def _check_metrics(metrics: Any, fn_name: str) -> dict[str, float]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"{fn_name} must return a dict of metrics, got {type(metrics).__name__}")
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor):
+            v = v.item()
+        try:
+            out[str(k)] = float(v)
+        except (TypeError, ValueError):
+            raise TypeError(f"{fn_name} returned metric {k!r} = {v!r}, which is not a number") from None
+    for k, v in out.items():
+        if "loss" in k and not math.isfinite(v):
+            raise FloatingPointError(f"{fn_name} returned a non-finite loss: {k} = {v}")
+    return out
+
+
+def default_num_threads() -> int:
+    """Threads a worker uses: OMP_NUM_THREADS when set (Ray sets it from the actor's CPUs), else 1."""
+    return int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
