@@ -26,7 +26,7 @@ from framework.data import PartitionedDataset
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.ray_backend import ensure_ray, start_worker
-from framework.engine.worker import UnitReport, UnitTask
+from framework.engine.worker import UnitReport, UnitTask, epoch_metrics
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import EVAL, TRAIN, Assignment, DispatchState, Scheduler, Unit, make_scheduler
 
@@ -224,7 +224,7 @@ class ModelSelection:
         self._configs: dict[int, _Config] = {}
         self._durations: dict[tuple[int, str, int], float] = {}
         self._state_out: dict[Any, Any] = {}  # report ref -> state ref of the same unit
-        self._apply(self.procedure.step([]))
+        self._apply(self.procedure.step([]), 0)
         partitions = sorted(self.availability)
         bar = tqdm(total=0, unit="unit", desc="model selection", disable=not self.progress, dynamic_ncols=True)
         round_ = 0
@@ -239,20 +239,19 @@ class ModelSelection:
                 bar.total += len(units)
                 bar.refresh()
                 t_round = time.time()
-                sums = self._run_round(round_, units, bar)
-                self._close_round(round_, active, sums)
+                reports = self._run_round(round_, units, bar)
+                self._close_round(round_, active, reports)
                 bar.write(self._leaderboard_line(round_, time.time() - t_round))
-                self._apply(self.procedure.step([c.view() for c in sorted(self._configs.values(), key=lambda c: c.id)]))
                 round_ += 1
+                self._apply(self.procedure.step([c.view() for c in sorted(self._configs.values(), key=lambda c: c.id)]), round_)
         finally:
             bar.close()
 
-    def _run_round(self, round_: int, units: list[Unit], bar: tqdm) -> dict:
+    def _run_round(self, round_: int, units: list[Unit], bar: tqdm) -> dict[int, list[UnitReport]]:
         state = DispatchState(units, self.availability, estimate=self._estimate)
         self.scheduler.start_round(state)
         in_flight: dict[Any, tuple[Assignment, Any]] = {}
-        # sums[(config, kind)] = [weighted metric sums, total examples]
-        sums: dict[tuple[int, str], list] = defaultdict(lambda: [defaultdict(float), 0])
+        reports: dict[int, list[UnitReport]] = defaultdict(list)  # config -> its completed units this round
         while not state.finished:
             for a in self.scheduler.select(state):
                 state.start(a)
@@ -270,9 +269,9 @@ class ModelSelection:
             except ray.exceptions.RayActorError as e:
                 self._worker_failed(a.worker, state, e)
                 continue
-            self._handle(round_, a, report, state_ref, state, sums)
+            self._handle(round_, a, report, state_ref, state, reports)
             bar.update(1)
-        return sums
+        return reports
 
     def _submit(self, a: Assignment) -> Any:
         c = self._configs[a.unit.config_id]
@@ -281,7 +280,9 @@ class ModelSelection:
         self._state_out[report_ref] = state_ref
         return report_ref
 
-    def _handle(self, round_: int, a: Assignment, report: UnitReport, state_ref: Any, state: DispatchState, sums: dict) -> None:
+    def _handle(
+        self, round_: int, a: Assignment, report: UnitReport, state_ref: Any, state: DispatchState, reports: dict
+    ) -> None:
         unit, c = a.unit, self._configs[a.unit.config_id]
         if report.error is not None:
             state.complete(unit)
@@ -296,10 +297,7 @@ class ModelSelection:
         state.complete(unit)
         self._catalog.add_unit(round_, report, status="done")
         self._durations[(c.id, unit.kind, a.worker)] = report.end - report.start
-        acc = sums[(c.id, unit.kind)]
-        for k, v in report.metrics.items():
-            acc[0][k] += v * report.num_examples
-        acc[1] += report.num_examples
+        reports[c.id].append(report)
         if unit.kind == TRAIN:
             c.state_ref, c.units = state_ref, c.units + 1
             self._ckpt.submit(c.id, unit.epoch, c.units, lambda ref=state_ref: ray.get(ref))
@@ -311,19 +309,16 @@ class ModelSelection:
         tqdm.write(f"worker {worker} failed ({type(error).__name__}); re-queued {len(lost)} unit(s)")
         self.availability = {p: [w for w in ws if w != worker] for p, ws in self.availability.items()}
 
-    def _close_round(self, round_: int, active: list[_Config], sums: dict) -> None:
+    def _close_round(self, round_: int, active: list[_Config], reports: dict[int, list[UnitReport]]) -> None:
         for c in active:
             if c.status != ACTIVE:
                 continue
-            metrics: dict[str, float] = {}
-            for kind, prefix in ((TRAIN, "train_"), (EVAL, "valid_")):
-                totals, n = sums.get((c.id, kind), ({}, 0))
-                metrics.update({prefix + k: v / n for k, v in totals.items()} if n else {})
+            metrics = epoch_metrics(reports[c.id])
             c.history.append(metrics)
             self._catalog.add_epoch(c.id, len(c.history) - 1, round_, metrics)
             self._catalog.update_config(c.id, epochs=len(c.history))
 
-    def _apply(self, decision: Decision) -> None:
+    def _apply(self, decision: Decision, next_round: int) -> None:
         if not isinstance(decision, Decision):
             raise TypeError(f"{type(self.procedure).__name__}.step returned {decision!r}, but must return a Decision")
         for cid in decision.stop:
@@ -342,7 +337,7 @@ class ModelSelection:
                     raise ValueError(f"{type(self.procedure).__name__} cloned config {source!r}, which does not exist")
                 c.state_ref = self._configs[source].state_ref
             self._configs[cid] = c
-            self._catalog.add_config(cid, c.config, ACTIVE, parent=source)
+            self._catalog.add_config(cid, c.config, ACTIVE, parent=source, first_round=next_round)
 
     def _estimate(self, unit: Unit, worker: int) -> float:
         """Measured duration of this config's last unit of this kind on this worker (or any worker), else 1."""

@@ -21,7 +21,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS configs (
     id INTEGER PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL, epochs INTEGER NOT NULL DEFAULT 0,
-    parent INTEGER, error TEXT);
+    parent INTEGER, error TEXT, first_round INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS units (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL, config_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
     partition INTEGER NOT NULL, kind TEXT NOT NULL, worker INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL,
@@ -70,10 +70,14 @@ class SQLiteCatalog:
         return {k: json.loads(v) for k, v in self._read("SELECT key, value FROM meta")}
 
     # ---- configs ------------------------------------------------------------------------------------------------
-    def add_config(self, config_id: int, config: dict[str, Any], status: str, parent: int | None = None) -> None:
+    def add_config(
+        self, config_id: int, config: dict[str, Any], status: str, parent: int | None = None, first_round: int = 0
+    ) -> None:
+        """Record a new config; `first_round` is the round it first trains in (a clone starts from its parent's
+        state at the end of the round before)."""
         self._write(
-            "INSERT INTO configs (id, config, status, epochs, parent) VALUES (?, ?, ?, 0, ?)",
-            (config_id, json.dumps(config, default=str), status, parent),
+            "INSERT INTO configs (id, config, status, epochs, parent, first_round) VALUES (?, ?, ?, 0, ?, ?)",
+            (config_id, json.dumps(config, default=str), status, parent, first_round),
         )
 
     def update_config(self, config_id: int, *, status: str | None = None, epochs: int | None = None, error: str | None = None) -> None:
@@ -86,8 +90,8 @@ class SQLiteCatalog:
             self._write(f"UPDATE configs SET {', '.join(sets)} WHERE id = ?", (*args, config_id))
 
     def configs(self) -> pd.DataFrame:
-        rows = self._read("SELECT id, config, status, epochs, parent, error FROM configs ORDER BY id")
-        df = pd.DataFrame(rows, columns=["config_id", "config", "status", "epochs", "parent", "error"])
+        rows = self._read("SELECT id, config, status, epochs, parent, error, first_round FROM configs ORDER BY id")
+        df = pd.DataFrame(rows, columns=["config_id", "config", "status", "epochs", "parent", "error", "first_round"])
         df["config"] = df["config"].map(json.loads)
         return df
 

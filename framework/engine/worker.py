@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from framework.data import concat_data, data_len
-from framework.scheduling import TRAIN, Unit
+from framework.scheduling import EVAL, TRAIN, Unit
 
 # {"model": state_dict, "optimizer": state_dict or None, "visited": {epoch: [partitions absorbed, in order]}},
 # tensors on CPU; loadable with torch.load(weights_only=True).
@@ -187,6 +187,23 @@ class Worker:
             new_state, report.error = None, traceback.format_exc()
         report.end = time.time()
         return new_state, report
+
+
+def epoch_metrics(reports: list[UnitReport]) -> dict[str, float]:
+    """A config's metrics for one epoch: example-weighted means over its units, `train_`/`valid_` prefixed."""
+    out: dict[str, float] = {}
+    for kind, prefix in ((TRAIN, "train_"), (EVAL, "valid_")):
+        sums: dict[str, float] = {}
+        n = 0
+        for r in reports:
+            if r.unit.kind != kind:
+                continue
+            n += r.num_examples
+            for k, v in r.metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * r.num_examples
+        if n:
+            out.update({prefix + k: v / n for k, v in sums.items()})
+    return out
 
 
 def _check_metrics(metrics: Any, fn_name: str) -> dict[str, float]:

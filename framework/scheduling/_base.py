@@ -79,8 +79,15 @@ class DispatchState:
         self.units = sorted(set(self.units))
         self.pending = set(self.units)
         self._by_partition: dict[int, set[Unit]] = {}
+        self._by_config: dict[int, set[Unit]] = {}
         for u in self.units:
             self._by_partition.setdefault(u.partition, set()).add(u)
+            self._by_config.setdefault(u.config_id, set()).add(u)
+        # config -> estimated pending work, built lazily on the first `work_left` call, then kept up to date
+        self._cost: dict[Unit, float] | None = None
+        self._work: dict[int, float] = {}
+        self._busy_workers: set[int] = set()
+        self._busy_configs: set[int] = set()
         self.availability = {p: set(ws) for p, ws in self.availability.items()}
         self.workers: set[int] = set().union(*self.availability.values()) if self.availability else set()
         missing = {u.partition for u in self.units} - set(self.availability)
@@ -99,15 +106,15 @@ class DispatchState:
 
     @property
     def busy_workers(self) -> set[int]:
-        return set(self.running.values())
+        return set(self._busy_workers)
 
     @property
     def busy_configs(self) -> set[int]:
-        return {u.config_id for u in self.running}
+        return set(self._busy_configs)
 
     def idle_workers(self) -> list[int]:
         """Live workers with no unit running, in ascending id order."""
-        busy = self.busy_workers
+        busy = self._busy_workers
         return sorted(w for w in self.workers if w not in busy)
 
     def partitions_of(self, worker: int) -> set[int]:
@@ -117,27 +124,55 @@ class DispatchState:
         return (
             unit in self.pending
             and worker in self.workers
-            and worker not in self.busy_workers
-            and unit.config_id not in self.busy_configs
+            and worker not in self._busy_workers
+            and unit.config_id not in self._busy_configs
             and worker in self.availability.get(unit.partition, ())
             and (unit.kind == TRAIN or self._train_left.get(unit.config_id, 0) == 0)
         )
 
     def eligible(self, worker: int) -> list[Unit]:
         """Pending units that `worker` may start now, in a deterministic (sorted) order."""
-        if worker not in self.workers or worker in self.busy_workers:
+        return sorted(self.eligible_unsorted(worker))
+
+    def eligible_unsorted(self, worker: int) -> list[Unit]:
+        """Same units as `eligible`, in no particular order (cheaper; for policies that rank candidates anyway)."""
+        if worker not in self.workers or worker in self._busy_workers:
             return []
-        busy = self.busy_configs
-        return sorted(
+        busy = self._busy_configs
+        left = self._train_left
+        return [
             u
             for p in self.partitions_of(worker)
             for u in self._by_partition.get(p, ())
-            if u.config_id not in busy and (u.kind == TRAIN or self._train_left.get(u.config_id, 0) == 0)
-        )
+            if u.config_id not in busy and (u.kind == TRAIN or left.get(u.config_id, 0) == 0)
+        ]
 
     def remaining(self, config_id: int) -> list[Unit]:
         """Units of a config still pending (not running, not done)."""
-        return [u for u in self.pending if u.config_id == config_id]
+        return sorted(self._by_config.get(config_id, ()))
+
+    def unit_cost(self, unit: Unit) -> float:
+        """Estimated time of `unit` on its fastest holder (cached at first use; used as a policy-neutral weight)."""
+        if self._cost is None:
+            self._build_work()
+        assert self._cost is not None
+        return self._cost[unit]
+
+    def work_left(self, config_id: int) -> float:
+        """Estimated pending (not started) work of a config: sum of `unit_cost` over its pending units."""
+        if self._cost is None:
+            self._build_work()
+        return self._work.get(config_id, 0.0)
+
+    def _build_work(self) -> None:
+        cost: dict[Unit, float] = {}
+        for u in self.units:
+            holders = self.availability.get(u.partition) or ()
+            cost[u] = min((float(self.estimate(u, w)) for w in holders), default=0.0)
+        self._cost = cost
+        self._work = {}
+        for c, us in self._by_config.items():
+            self._work[c] = sum(cost[u] for u in us)
 
     def stalled_partitions(self) -> set[int]:
         """Partitions with pending units that no live worker holds (the run must wait for one)."""
@@ -150,20 +185,33 @@ class DispatchState:
             raise ValueError(f"{unit} is not eligible on worker {worker}")
         self.pending.remove(unit)
         self._by_partition[unit.partition].discard(unit)
+        self._by_config[unit.config_id].discard(unit)
+        if self._cost is not None:
+            self._work[unit.config_id] -= self._cost[unit]
         self.running[unit] = worker
+        self._busy_workers.add(worker)
+        self._busy_configs.add(unit.config_id)
+
+    def _release(self, unit: Unit) -> None:
+        worker = self.running.pop(unit)
+        self._busy_workers.discard(worker)
+        self._busy_configs.discard(unit.config_id)
 
     def complete(self, unit: Unit) -> None:
-        self.running.pop(unit)
+        self._release(unit)
         self.done.append(unit)
         if unit.kind == TRAIN:
             self._train_left[unit.config_id] -= 1
 
     def requeue(self, unit: Unit) -> None:
         """The unit's worker failed (or the unit must be re-run whole): back from Q' to Q (Cerebro 5.6)."""
-        self.running.pop(unit)
+        self._release(unit)
         if unit.config_id not in self.dropped:
             self.pending.add(unit)
             self._by_partition[unit.partition].add(unit)
+            self._by_config[unit.config_id].add(unit)
+            if self._cost is not None:
+                self._work[unit.config_id] += self._cost[unit]
 
     def drop_config(self, config_id: int) -> None:
         """Remove a config (failed or stopped) from the round: its pending units are discarded."""
@@ -172,6 +220,9 @@ class DispatchState:
         self.pending -= gone
         for u in gone:
             self._by_partition[u.partition].discard(u)
+            self._by_config[u.config_id].discard(u)
+        if self._cost is not None:
+            self._work[config_id] = 0.0
 
     def remove_worker(self, worker: int) -> list[Unit]:
         """A worker died or was drained: requeue what it ran and forget its partitions. Returns requeued units."""

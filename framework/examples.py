@@ -1,0 +1,81 @@
+"""Ready-made user functions (an MLP classifier on tensors) used by the demo, the tests and the benchmarks.
+
+They double as a reference for writing your own: `model_fn(config) -> (model, optimizer)`,
+`train_fn(model, optimizer, data, config) -> dict` (one pass over `data`), `eval_fn(model, data, config) -> dict`.
+`data` is whatever the partition holds; here a tuple `(x, y)` of tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def mlp_model_fn(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """An MLP: `in_features` -> `hidden` x `layers` -> `classes`; SGD (momentum 0.9) or Adam."""
+    d, h, k = int(config.get("in_features", 64)), int(config.get("hidden", 64)), int(config.get("classes", 10))
+    layers: list[torch.nn.Module] = []
+    for _ in range(int(config.get("layers", 1))):
+        layers += [torch.nn.Linear(d, h), torch.nn.ReLU()]
+        d = h
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(d, k))
+    lr, wd = float(config.get("lr", 0.01)), float(config.get("weight_decay", 0.0))
+    if config.get("optimizer", "sgd") == "adam":
+        opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd)
+    return model, opt
+
+
+def classifier_train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: dict) -> dict:
+    """One shuffled pass of mini-batch SGD over the partition; returns the mean training loss and accuracy."""
+    x, y = data  # (N, D), (N,)
+    device = next(model.parameters()).device
+    bs = int(config.get("batch_size", 32))
+    perm = torch.randperm(len(x))
+    total_loss, correct = 0.0, 0
+    for i in range(0, len(x), bs):
+        idx = perm[i : i + bs]
+        xb, yb = x[idx].to(device), y[idx].to(device)
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(xb)  # (B, classes)
+        loss = F.cross_entropy(logits, yb)
+        loss.backward()
+        optimizer.step()
+        total_loss += loss.item() * len(idx)
+        correct += (logits.argmax(1) == yb).sum().item()
+    return {"loss": total_loss / len(x), "accuracy": correct / len(x), "num_examples": len(x)}
+
+
+def classifier_eval_fn(model: torch.nn.Module, data: Any, config: dict) -> dict:
+    """Loss and accuracy on the partition (called under no_grad by the engine)."""
+    x, y = data
+    device = next(model.parameters()).device
+    logits = model(x.to(device))
+    y = y.to(device)
+    return {
+        "loss": F.cross_entropy(logits, y).item(),
+        "accuracy": (logits.argmax(1) == y).float().mean().item(),
+        "num_examples": len(x),
+    }
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled digits (1797 x 64, 10 classes), scaled to [0, 1]; works offline."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return (x / 16.0).astype(np.float32), y.astype(np.int64)
+
+
+def synthetic_classification(n: int, d: int, classes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A learnable synthetic tabular task: labels from a random 2-layer teacher network plus noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    w1 = rng.standard_normal((d, 64)).astype(np.float32) / np.sqrt(d)
+    w2 = rng.standard_normal((64, classes)).astype(np.float32) / 8.0
+    logits = np.maximum(x @ w1, 0) @ w2 + 0.1 * rng.standard_normal((n, classes)).astype(np.float32)
+    return x, logits.argmax(1).astype(np.int64)

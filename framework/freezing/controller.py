@@ -1,0 +1,374 @@
+"""`FreezingController`: Egeria's layer freezing driven from a user's training loop (Egeria sections 3-4).
+
+The loop replaces ``model(x)`` by ``controller.forward(x, sample_ids)`` and calls ``controller.after_step(loss, lr)``
+after each optimizer step::
+
+    controller = FreezingController(model, split_by_size(model, 4), eval_interval=20, cache_dir=tmp)
+    for epoch in range(epochs):
+        batches = list(loader)                                  # (x, y, ids) batches in this epoch's order
+        controller.set_upcoming([ids for _, _, ids in batches])  # optional: lets the cache prefetch
+        for x, y, ids in batches:
+            loss = F.cross_entropy(controller.forward(x, ids), y)
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+            controller.after_step(loss, optimizer.param_groups[0]["lr"])
+    controller.close()
+
+What happens inside: a bootstrapping stage until the interval-mean training loss changes by less than 10%; then an
+int8 reference snapshot is built on a background thread and, every `eval_interval` steps, the activation of the
+frontmost active layer module is compared with the reference's for the same batch (SP loss). The policy freezes that
+module when its plasticity is flat (parameters get ``requires_grad=False``, the module runs in eval mode so batch norm
+uses its running statistics), and unfreezes everything when the LR has dropped 10x since the first freeze. With a
+`cache_dir`, the frozen prefix's outputs are stored per sample id and read back (prefetched when the upcoming id
+order is known), so the prefix's forward pass is skipped too.
+
+Caching assumes a sample id always stands for the same input tensor (no random augmentation, or ids that encode
+the augmentation). The controller is not picklable (it owns threads); its `state_dict()` is, and is what travels.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .cache import ActivationPrefetcher, ActivationStore, MemmapActivationStore
+from .modules import LayerModule, is_sequential_chain, split_children
+from .policy import FreezingPolicy, FreezingPolicyConfig
+from .reference import QUANTIZE_MODES, AsyncReferenceRunner, make_reference
+
+STATE_VERSION = 1
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` is {value!r}, but must be an int")
+    if value < 1:
+        raise ValueError(f"`{name}` is {value}, but must be >= 1")
+
+
+def frozen_parameter_names(model: nn.Module, state: Mapping[str, Any], *, include_buffers: bool = False) -> list[str]:
+    """Names of the parameters of `model` frozen according to a `FreezingController.state_dict()`.
+
+    With ``include_buffers=True`` the names are ``model.state_dict()`` keys and include the frozen modules' buffers
+    (batch-norm running statistics do not change while frozen either). A model hop can leave these entries out when
+    the destination already holds the config's weights of the same ``state["generation"]``.
+    """
+    modules = [
+        LayerModule(name, tuple(members)) for name, members in zip(state["module_names"], state["modules"], strict=True)
+    ]
+    names: list[str] = []
+    for lm in modules[: state["policy"]["frozen"]]:
+        names.extend(lm.state_keys(model) if include_buffers else lm.parameter_names(model))
+    return names
+
+
+class FreezingController:
+    """Freezes converged front layer modules of `model` while it trains (Egeria, EuroSys 2023).
+
+    Args:
+        model: the model being trained (modified in place: ``requires_grad`` and train/eval mode of frozen modules).
+        modules: layer modules in forward order (`split_children`, `split_regex`, `split_by_size`); default: one per
+            top-level child.
+        eval_interval: steps between evaluations (bootstrapping check, plasticity reading, LR check); Egeria's T.
+        policy: `FreezingPolicyConfig` (window W, tolerance, bootstrapping rate, LR drop factor).
+        reference_refresh: evaluations between rebuilds of the reference model from the latest weights.
+        reference_mode: ``"dynamic"`` (int8 dynamic quantization, float fallback) or ``"float"``.
+        reference_threads: torch intra-op threads of the reference's background thread.
+        cache_dir: if set, cache the frozen prefix's activations under this directory (needs a sequential chain,
+            see `is_sequential_chain`); the directory should be private to this config on this worker.
+        prefetch_depth: batches of cached activations read ahead.
+        store_factory: builds the `ActivationStore` for a directory (default `MemmapActivationStore`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        modules: Sequence[LayerModule] | None = None,
+        *,
+        eval_interval: int = 50,
+        policy: FreezingPolicyConfig | None = None,
+        reference_refresh: int = 10,
+        reference_mode: str = "dynamic",
+        reference_threads: int = 1,
+        cache_dir: str | Path | None = None,
+        prefetch_depth: int = 4,
+        store_factory: type[ActivationStore] | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"`model` is {type(model).__name__}, but must be a torch.nn.Module")
+        _check_positive_int("eval_interval", eval_interval)
+        _check_positive_int("reference_refresh", reference_refresh)
+        _check_positive_int("reference_threads", reference_threads)
+        _check_positive_int("prefetch_depth", prefetch_depth)
+        if reference_mode not in QUANTIZE_MODES:
+            raise ValueError(f"`reference_mode` is {reference_mode!r}, but must be one of {QUANTIZE_MODES}")
+        if policy is not None and not isinstance(policy, FreezingPolicyConfig):
+            raise TypeError(f"`policy` is {type(policy).__name__}, but must be a FreezingPolicyConfig or None")
+        modules = list(split_children(model) if modules is None else modules)
+        if not modules:
+            raise ValueError("`modules` is empty, but must hold at least one LayerModule")
+        known = dict(model.named_modules())
+        for lm in modules:
+            for m in lm.members:
+                if m not in known:
+                    raise ValueError(f"`modules` names member {m!r} of {lm.name!r}, but it must be a module of `model`")
+        if cache_dir is not None and not is_sequential_chain(model, modules):
+            raise ValueError(
+                f"`cache_dir` is {str(cache_dir)!r}, but caching needs `modules` to form a sequential chain "
+                "(an nn.Sequential model whose members, in order, compose to its forward); pass cache_dir=None"
+            )
+        self.model = model
+        self.modules = modules
+        self.eval_interval = eval_interval
+        self.reference_refresh = reference_refresh
+        self.reference_mode = reference_mode
+        self.policy = FreezingPolicy(len(modules), policy)
+        self.cache_dir = None if cache_dir is None else Path(cache_dir)
+        self._store_factory = store_factory or MemmapActivationStore
+        self._prefetch_depth = prefetch_depth
+        self._chain = [model.get_submodule(m) for lm in modules for m in lm.members]
+        self._chain_start = [0]  # index into _chain of each layer module's first member
+        for lm in modules:
+            self._chain_start.append(self._chain_start[-1] + len(lm.members))
+
+        self.step = 0
+        self._loss_sum = 0.0
+        self._loss_count = 0
+        self._evals_since_refresh = 0
+        self.events: list[tuple[int, str, int]] = []  # (step, "bootstrap_end" | "freeze" | "unfreeze", module)
+        self.overhead_seconds = 0.0  # training-thread time spent on reference work (snapshot, capture, submit, poll)
+        self.readings: list[tuple[int, int, float]] = []  # (step submitted, module, plasticity)
+
+        self._runner: AsyncReferenceRunner | None = None
+        self._reference_threads = reference_threads
+        self._store: ActivationStore | None = None
+        self._prefetcher: ActivationPrefetcher | None = None
+        self._upcoming: list[torch.Tensor | Sequence[int]] = []
+        self._upcoming_cursor = 0
+
+    # ----------------------------------------------------------------------------------------------- properties
+    @property
+    def frozen(self) -> int:
+        """Number of frozen front layer modules."""
+        return self.policy.frozen
+
+    def frozen_parameter_names(self) -> list[str]:
+        """Qualified names of the parameters that are frozen now."""
+        return [n for lm in self.modules[: self.frozen] for n in lm.parameter_names(self.model)]
+
+    def freeze(self, num_modules: int, lr: float | None = None) -> None:
+        """Freeze exactly the first `num_modules` layer modules now (a manual override of the policy).
+
+        `lr` is the current LR, remembered for the unfreeze-on-LR-drop rule (None: never unfreeze by LR).
+        """
+        self.policy.force(num_modules, lr)
+        self._apply_frozen()
+
+    # ------------------------------------------------------------------------------------------ training loop API
+    def set_upcoming(self, id_batches: Iterable[torch.Tensor | Sequence[int]]) -> None:
+        """Announce the sample-id batches of the coming forward calls, in order (e.g. one epoch's worth).
+
+        Lets the activation cache prefetch; without it cached activations are read synchronously.
+        """
+        self._upcoming = list(id_batches)
+        self._upcoming_cursor = 0
+        self._restart_prefetch()
+
+    def forward(self, inputs: torch.Tensor, sample_ids: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
+        """The model's output for `inputs`, skipping the frozen prefix's forward pass where it is cached.
+
+        `sample_ids` (one per row of `inputs`) key the activation cache; without them the whole model runs.
+        """
+        for lm in self.modules[: self.frozen]:
+            for m in lm.members:
+                self.model.get_submodule(m).eval()
+        evaluate = self._is_eval_step()
+        capture: list[torch.Tensor] = []
+        handle = None
+        if evaluate:
+            member = self.modules[self.policy.active].members[-1]  # type: ignore[index]
+            handle = self.model.get_submodule(member).register_forward_hook(
+                lambda _m, _i, out: capture.append(out.detach().clone())
+            )
+        try:
+            if self._store is not None and sample_ids is not None:
+                out = self._forward_cached(inputs, sample_ids)
+            else:
+                out = self.model(inputs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        if self._upcoming:
+            self._upcoming_cursor += 1
+        if evaluate and capture:
+            start = time.perf_counter()
+            active = self.policy.active
+            self._runner.submit(  # type: ignore[union-attr]
+                self.step, active, self.modules[active].members[-1], inputs.detach().cpu().clone(), capture[0].cpu()
+            )
+            self.overhead_seconds += time.perf_counter() - start
+        return out
+
+    def after_step(self, loss: float | torch.Tensor, lr: float) -> list[tuple[int, str, int]]:
+        """Record one finished optimizer step; returns the events it triggered as ``(step, kind, module)``.
+
+        Never waits for the reference model: readings that are not back yet are used at a later step.
+        """
+        self.step += 1
+        self._loss_sum += float(loss)
+        self._loss_count += 1
+        events: list[tuple[int, str, int]] = []
+        if self.step % self.eval_interval == 0:
+            mean_loss = self._loss_sum / self._loss_count
+            self._loss_sum, self._loss_count = 0.0, 0
+            if self.policy.on_lr(lr):
+                events.append((self.step, "unfreeze", 0))
+            if self.policy.bootstrapping:
+                if self.policy.on_loss(mean_loss):
+                    events.append((self.step, "bootstrap_end", 0))
+                    self._refresh_reference()
+            else:
+                self._evals_since_refresh += 1
+                if self._evals_since_refresh >= self.reference_refresh:
+                    self._refresh_reference()
+        if self._runner is not None:
+            start = time.perf_counter()
+            readings = self._runner.poll()
+            self.overhead_seconds += time.perf_counter() - start
+            if self._runner.error is not None:
+                error, self._runner.error = self._runner.error, None
+                raise RuntimeError("the reference model failed on its background thread") from error
+            for r in readings:
+                self.readings.append((r.step, r.module, r.value))
+                if self.policy.on_plasticity(r.module, r.value, lr):
+                    events.append((self.step, "freeze", r.module))
+        if events:
+            self.events.extend(events)
+            self._apply_frozen()
+        return events
+
+    # ------------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Plain numbers, strings and lists (no tensors, no threads): what travels with a config between workers."""
+        if self._store is not None:
+            self._store.flush()
+        return {
+            "version": STATE_VERSION,
+            "step": self.step,
+            "loss_sum": self._loss_sum,
+            "loss_count": self._loss_count,
+            "evals_since_refresh": self._evals_since_refresh,
+            "module_names": [lm.name for lm in self.modules],
+            "modules": [list(lm.members) for lm in self.modules],
+            "policy": self.policy.state_dict(),
+            "generation": self.policy.generation,
+            "events": [list(e) for e in self.events],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a `state_dict()` (possibly from another worker) and re-apply the frozen prefix to the model.
+
+        The reference model is rebuilt from the current weights in the background; the activation cache is reopened
+        from this controller's `cache_dir` (rows flushed there by an earlier visit with the same frozen weights are
+        reused).
+        """
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"`state['version']` is {state.get('version')!r}, but must be {STATE_VERSION}")
+        members = [list(lm.members) for lm in self.modules]
+        if [list(m) for m in state["modules"]] != members:
+            raise ValueError(f"`state['modules']` is {state['modules']}, but must equal this controller's {members}")
+        self.policy.load_state_dict(dict(state["policy"]))
+        self.step = int(state["step"])
+        self._loss_sum, self._loss_count = float(state["loss_sum"]), int(state["loss_count"])
+        self._evals_since_refresh = int(state["evals_since_refresh"])
+        self.events = [(int(s), str(k), int(m)) for s, k, m in state["events"]]
+        self._apply_frozen()
+        if not self.policy.bootstrapping:
+            self._refresh_reference()
+
+    def close(self) -> None:
+        """Stop background threads and flush the cache; the controller should not be used afterwards."""
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
+        if self._runner is not None:
+            self._runner.close()
+        if self._store is not None:
+            self._store.flush()
+
+    def __enter__(self) -> FreezingController:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------------- internals
+    def _is_eval_step(self) -> bool:
+        """Capture activations on the last step of each interval, once a reference exists and a module is active."""
+        return (
+            self.step % self.eval_interval == self.eval_interval - 1
+            and self.policy.active is not None
+            and self._runner is not None
+            and self._runner.ready
+        )
+
+    def _refresh_reference(self) -> None:
+        start = time.perf_counter()
+        if self._runner is None:
+            mode = self.reference_mode
+            self._runner = AsyncReferenceRunner(self._reference_threads, lambda snap: make_reference(snap, mode)[0])
+        snapshot = copy.deepcopy(self.model)  # on the training thread: consistent weights; quantized in background
+        if self._runner.refresh(snapshot):
+            self._evals_since_refresh = 0
+        self.overhead_seconds += time.perf_counter() - start
+
+    def _apply_frozen(self) -> None:
+        """Make requires_grad and train/eval mode match the policy, and switch the activation cache."""
+        for i, lm in enumerate(self.modules):
+            frozen = i < self.frozen
+            for m in lm.members:
+                sub = self.model.get_submodule(m)
+                for p in sub.parameters():
+                    p.requires_grad_(not frozen)
+                    if frozen:
+                        p.grad = None
+                sub.train(not frozen and self.model.training)
+        if self.cache_dir is not None:
+            self._switch_store()
+
+    def _switch_store(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
+            self._prefetcher = None
+        if self._store is not None:
+            self._store.flush()
+        self._store = None
+        if self.frozen == 0:
+            return
+        directory = self.cache_dir / f"gen{self.policy.generation}_prefix{self.frozen}"  # type: ignore[operator]
+        self._store = self._store_factory(directory)
+        self._prefetcher = ActivationPrefetcher(self._store, self._prefetch_depth)
+        self._restart_prefetch()
+
+    def _restart_prefetch(self) -> None:
+        if self._prefetcher is not None and self._upcoming:
+            self._prefetcher.schedule(self._upcoming[self._upcoming_cursor :])
+
+    def _forward_cached(self, inputs: torch.Tensor, sample_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        split = self._chain_start[self.frozen]
+        cached = self._prefetcher.take(sample_ids)  # type: ignore[union-attr]
+        if cached is None:
+            with torch.no_grad():
+                x = inputs
+                for module in self._chain[:split]:
+                    x = module(x)
+            self._store.put(sample_ids, x)  # type: ignore[union-attr]
+        else:
+            x = cached.to(inputs.device)
+        for module in self._chain[split:]:
+            x = module(x)
+        return x

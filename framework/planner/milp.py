@@ -1,0 +1,242 @@
+"""Materialization optimization (Nautilus section 4.2, equations 9-10) and the FLOPs-optimal bound (equation 11).
+
+Costs are FLOPs per record. ``c_comp`` is 1x / 2x / 3x the forward FLOPs for a materializable / frozen (not
+materializable) / trainable layer. ``c_load`` is the disk read time of the layer's output, converted to missed FLOPs
+with the machine's compute throughput. Input layers are always "materialized" (they are the stored records): they
+are loaded at the input's load cost and do not count against the storage budget.
+
+The MILP is written over *units*: a unit is one model, or a fused group of models whose shared layers appear once
+(section 4.3.2 reuses the same program with the set of materialized layers fixed). Constraint (c) is written per parent (a computed layer needs *every* input present). Solved with OR-Tools (SCIP, or CBC
+as a fall-back); no commercial solver.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from ortools.linear_solver import pywraplp
+
+from framework.planner.multimodel import MultiModelGraph
+from framework.planner.profile import LayerNode
+
+PRUNE, COMPUTE, LOAD = "prune", "compute", "load"
+
+
+def _check_positive(name: str, value: float, *, allow_inf: bool = False) -> None:
+    if not isinstance(value, (int, float)) or math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"`{name}` is {value!r}, but must be a positive finite number")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Machine throughputs: compute in FLOP/s, disk (feature store) reads in bytes/s; inf disk = free loads."""
+
+    flops_per_s: float
+    disk_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        _check_positive("flops_per_s", self.flops_per_s)
+        _check_positive("disk_bytes_per_s", self.disk_bytes_per_s, allow_inf=True)
+
+    def load_cost(self, nbytes: float) -> float:
+        """Missed FLOPs while reading ``nbytes``."""
+        return nbytes / self.disk_bytes_per_s * self.flops_per_s
+
+    def seconds(self, flops: float) -> float:
+        return flops / self.flops_per_s
+
+
+def measure_cost_model(
+    *, flops_per_s: float | None = None, disk_bytes_per_s: float | None = None, size: int = 256, nbytes: int = 1 << 24
+) -> CostModel:
+    """Measure compute throughput (a float32 matmul) and memory-mapped read throughput; arguments override."""
+    if flops_per_s is None:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        reps, t0 = 20, time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        flops_per_s = 2 * size**3 * reps / max(time.perf_counter() - t0, 1e-9)
+    if disk_bytes_per_s is None:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(suffix=".npy") as f:
+            np.save(f.name, np.random.rand(nbytes // 8))
+            t0 = time.perf_counter()
+            arr = np.load(f.name, mmap_mode="r")
+            float(np.asarray(arr[:: max(1, len(arr) // (nbytes // 8))]).sum())
+            np.array(arr).sum()
+            disk_bytes_per_s = nbytes / max(time.perf_counter() - t0, 1e-9)
+    return CostModel(float(flops_per_s), float(disk_bytes_per_s))
+
+
+def compute_cost(node: LayerNode) -> float:
+    """c_comp: forward FLOPs x 1 (materializable), 2 (frozen: forward + input gradient), 3 (trainable)."""
+    if node.op == "placeholder":
+        return 0.0
+    mult = 1.0 if node.materializable else (2.0 if node.frozen else 3.0)
+    return mult * node.flops
+
+
+def flops_optimal_speedup(mm: MultiModelGraph, epochs: Sequence[int]) -> float:
+    """Equation 11: total training cost over the cost of the non-materializable layers only."""
+    if len(epochs) != len(mm.models):
+        raise ValueError(f"`epochs` has {len(epochs)} entries, but there are {len(mm.models)} models")
+    total = nonmat = 0.0
+    for g, e in zip(mm.models, epochs, strict=True):
+        for node in g.nodes.values():
+            c = compute_cost(node) * e
+            total += c
+            nonmat += 0.0 if node.materializable else c
+    return total / nonmat if nonmat > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    """Actions of one unit (a model or a fused group): key -> prune / compute / load, and its cost per record."""
+
+    actions: Mapping[str, str]
+    cost: float  # FLOPs per record per epoch (equation 5)
+
+    def keys(self, action: str) -> list[str]:
+        return [k for k, a in self.actions.items() if a == action]
+
+
+@dataclass(frozen=True)
+class MaterializationPlan:
+    """V (materialized keys, inputs excluded) and one optimal reuse plan per unit."""
+
+    materialized: tuple[str, ...]
+    reuse: tuple[ReusePlan, ...]
+    objective: float  # equation 9: sum of unit cost x records x epochs
+    storage_bytes: float  # of V at ``records``
+    records: int
+
+
+@dataclass(frozen=True)
+class _Unit:
+    keys: tuple[str, ...]  # topological
+    outputs: tuple[str, ...]
+    epochs: int
+
+
+def units_for(mm: MultiModelGraph, groups: Sequence[Sequence[int]], epochs: Sequence[int]) -> list[_Unit]:
+    """One unit per group of models (a fused group shares its merged layers); epochs of a group: its maximum."""
+    units = []
+    for grp in groups:
+        keys: dict[str, None] = {}
+        for i in grp:
+            for k in mm.model_keys(i):
+                keys.setdefault(k)
+        units.append(_Unit(tuple(keys), tuple(dict.fromkeys(mm.output_key(i) for i in grp)), max(epochs[i] for i in grp)))
+    return units
+
+
+def solve_reuse(
+    mm: MultiModelGraph,
+    units: Sequence[_Unit],
+    cost_model: CostModel,
+    *,
+    records: int,
+    disk_budget: float = math.inf,
+    fixed: Iterable[str] | None = None,
+    time_limit_s: float = 30.0,
+) -> MaterializationPlan:
+    """Solve equations 9-10 over ``units``. With ``fixed`` (a set V), Z is fixed and the budget dropped (4.3.2)."""
+    _check_positive("records", records)
+    if not isinstance(disk_budget, (int, float)) or math.isnan(disk_budget) or disk_budget < 0:
+        raise ValueError(f"`disk_budget` is {disk_budget!r}, but must be a number >= 0 (bytes)")
+    solver = pywraplp.Solver.CreateSolver("SCIP") or pywraplp.Solver.CreateSolver("CBC")
+    assert solver is not None, "OR-Tools ships SCIP and CBC"
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    layers = mm.layers
+    loadable = [k for k in mm.materializable if layers[k].per_record]
+    fixed_set = set(fixed) if fixed is not None else None
+    z = {}
+    for k in loadable:
+        if layers[k].op == "placeholder":
+            z[k] = 1
+        elif fixed_set is not None:
+            z[k] = 1 if k in fixed_set else 0
+        else:
+            z[k] = solver.BoolVar(f"z[{k}]")
+    objective = []
+    xy = []
+    for u_idx, u in enumerate(units):
+        x = {k: solver.BoolVar(f"x[{u_idx},{k}]") for k in u.keys}
+        y = {k: solver.BoolVar(f"y[{u_idx},{k}]") for k in u.keys}
+        xy.append((x, y))
+        for k in u.keys:
+            node = layers[k]
+            c_comp = compute_cost(node)
+            c_load = cost_model.load_cost(node.out_bytes) if k in z else 0.0
+            if k in u.outputs:
+                solver.Add(x[k] >= 1)  # (a)
+            solver.Add(x[k] - y[k] >= 0)  # (b)
+            # (c), per parent: the paper's sum form would let a multi-input layer run with one input missing
+            for p in mm.parents[k]:
+                solver.Add(x[p] - y[k] >= 0)
+            if node.op == "placeholder":
+                solver.Add(y[k] == 0)  # records are read, never computed
+            if k in z:
+                if isinstance(z[k], int):
+                    if z[k] == 0:
+                        solver.Add(x[k] - y[k] <= 0)
+                else:
+                    solver.Add(x[k] - y[k] <= z[k])  # (d)
+            else:
+                solver.Add(x[k] - y[k] <= 0)  # not storable: computed if present
+            scale = records * u.epochs
+            objective.append((x[k] * c_load + y[k] * (c_comp - c_load)) * scale)
+    free = [k for k in z if not isinstance(z[k], int)]
+    if free and not math.isinf(disk_budget):
+        solver.Add(sum(z[k] * layers[k].out_bytes * records for k in free) <= disk_budget)  # (e)
+    # a tiny storage penalty keeps unused layers out of V
+    solver.Minimize(sum(objective) + 1e-9 * sum(z[k] * layers[k].out_bytes for k in free))
+    status = solver.Solve()
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        raise RuntimeError(f"materialization MILP has no solution (status {status})")
+    reuse = []
+    loaded: set[str] = set()
+    for u, (x, y) in zip(units, xy, strict=True):
+        actions, cost = {}, 0.0
+        for k in u.keys:
+            xv, yv = x[k].solution_value() > 0.5, y[k].solution_value() > 0.5
+            act = COMPUTE if yv else (LOAD if xv else PRUNE)
+            actions[k] = act
+            if act == COMPUTE:
+                cost += compute_cost(layers[k])
+            elif act == LOAD:
+                cost += cost_model.load_cost(layers[k].out_bytes)
+                loaded.add(k)
+        reuse.append(ReusePlan(actions, cost))
+    # post-processing: V keeps only layers some unit loads (inputs are the records themselves)
+    mat = tuple(k for k in loadable if k in loaded and layers[k].op != "placeholder")
+    obj = sum(r.cost * records * u.epochs for r, u in zip(reuse, units, strict=True))
+    return MaterializationPlan(mat, tuple(reuse), obj, sum(layers[k].out_bytes for k in mat) * records, records)
+
+
+def optimize_materialization(
+    mm: MultiModelGraph,
+    cost_model: CostModel,
+    *,
+    records: int,
+    epochs: Sequence[int],
+    disk_budget: float = math.inf,
+    time_limit_s: float = 30.0,
+) -> MaterializationPlan:
+    """Nautilus equations 9-10: the materialized set V and each model's optimal reuse plan."""
+    if len(epochs) != len(mm.models):
+        raise ValueError(f"`epochs` has {len(epochs)} entries, but there are {len(mm.models)} models")
+    for e in epochs:
+        if not isinstance(e, int) or e < 1:
+            raise ValueError(f"`epochs` holds {e!r}, but every entry must be an int >= 1")
+    units = units_for(mm, [[i] for i in range(len(mm.models))], epochs)
+    return solve_reuse(
+        mm, units, cost_model, records=records, disk_budget=disk_budget, time_limit_s=time_limit_s
+    )
