@@ -1,16 +1,77 @@
-"""AutoML procedures on the epoch-level template (no Ray imports)."""
+"""AutoML procedures on the epoch-level template (no Ray imports).
 
-from automl._base import ACTIVE, FAILED, STATUSES, STOPPED, ConfigState, Decision, FixedEpochsProcedure, Procedure
+The contract (`Procedure.step(states) -> Decision`, `ConfigState`, `Procedure.bind`) lives in `automl._base`;
+search spaces in `automl.space`; each procedure in its own module; `automl.testing.run_procedure_offline` drives a
+procedure in pure Python.
+"""
+
+from automl._base import (
+    ACTIVE,
+    FAILED,
+    STATUSES,
+    STOPPED,
+    ConfigState,
+    Decision,
+    FixedEpochsProcedure,
+    Procedure,
+    check_states,
+)
+from automl.asha import ASHA, asha_promotable, asha_rungs
 from automl.grid import GridSearch
+from automl.hyperband import Bracket, HyperBand, Rung, hyperband_brackets
+from automl.pbt import PBT, perturb
+from automl.plugins import available_procedures, load_procedure
+from automl.random_search import RandomSearch
+from automl.space import (
+    Categorical,
+    Constant,
+    Domain,
+    LogUniform,
+    RandInt,
+    SearchSpace,
+    Uniform,
+    loguniform,
+    randint,
+    uniform,
+)
+from automl.testing import OfflineEngine, OfflineRun, run_procedure_offline
+from automl.tpe import TPE
 
 __all__ = [
     "ACTIVE",
+    "ASHA",
     "FAILED",
+    "PBT",
     "STATUSES",
     "STOPPED",
+    "TPE",
+    "Bracket",
+    "Categorical",
     "ConfigState",
+    "Constant",
     "Decision",
+    "Domain",
     "FixedEpochsProcedure",
     "GridSearch",
+    "HyperBand",
+    "LogUniform",
+    "OfflineEngine",
+    "OfflineRun",
     "Procedure",
+    "RandInt",
+    "RandomSearch",
+    "Rung",
+    "SearchSpace",
+    "Uniform",
+    "asha_promotable",
+    "asha_rungs",
+    "available_procedures",
+    "check_states",
+    "hyperband_brackets",
+    "load_procedure",
+    "loguniform",
+    "perturb",
+    "randint",
+    "run_procedure_offline",
+    "uniform",
 ]

@@ -93,16 +93,55 @@ class Procedure(abc.ABC):
     def step(self, states: list[ConfigState]) -> Decision:
         """Decide which configs to add, stop or clone after a round (see the class docstring)."""
 
-    def bind(self, metric: str, mode: str, storage_path: str | None = None) -> None:
-        """Called once by the engine before the first `step`: the run's metric, mode and storage directory."""
-        self.metric, self.mode = metric, mode
+    #: The run's storage directory (Optuna studies live there) and the engine's concurrency hint, set by `bind`.
+    storage_path: str | None = None
+    num_workers: int | None = None
 
-    def score(self, state: ConfigState) -> float:
-        """The state's latest metric as a value to maximise (NaN-safe: missing or NaN ranks last)."""
-        v = state.last(self.metric)
+    def bind(self, metric: str, mode: str, storage_path: str | None = None, *, num_workers: int | None = None) -> None:
+        """Called once by the engine before the first `step` (and again with the same arguments on resume).
+
+        Args:
+            metric: the run's metric (a `train_*`/`valid_*` key of the history dicts). Ignored when the procedure
+                set its own `metric` in its constructor (an instance attribute wins over the run's).
+            mode: "min" or "max"; same rule as `metric`.
+            storage_path: the run's storage directory; procedures that keep an Optuna study put `optuna.db` there.
+                None keeps everything in memory.
+            num_workers: how many configs the engine can train at once (its workers); a hint that procedures that
+                keep a fixed number of configs running (ASHA, TPE) use as their concurrency. None when unknown.
+
+        Subclasses that override `bind` must call `super().bind(...)`.
+        """
+        if mode not in ("min", "max"):
+            raise ValueError(f"`mode` is {mode!r}, but must be 'min' or 'max'")
+        if num_workers is not None and (
+            isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1
+        ):
+            raise ValueError(f"`num_workers` is {num_workers!r}, but must be None or an int >= 1")
+        own = vars(self)
+        if "metric" not in own or own.get("_metric_from_bind", False):
+            self.metric, self.mode = metric, mode
+            self._metric_from_bind = True
+        self.storage_path = storage_path
+        self.num_workers = num_workers
+
+    def score(self, state: ConfigState, epochs: int | None = None) -> float:
+        """The state's metric as a value to maximise (NaN-safe: missing or NaN ranks last).
+
+        The latest value by default; with `epochs`, the value after that many epochs (-inf if it has not got there).
+        """
+        if epochs is None:
+            v = state.last(self.metric)
+        elif 1 <= epochs <= state.epochs:
+            v = float(state.history[epochs - 1].get(self.metric, math.nan))
+        else:
+            v = math.nan
         if math.isnan(v):
             return -math.inf
         return -v if self.mode == "min" else v
+
+    def rank(self, states: list[ConfigState], epochs: int | None = None) -> list[int]:
+        """Ids of `states`, best first by `score(state, epochs)`; ties (and missing values) go to the smaller id."""
+        return [s.id for s in sorted(states, key=lambda s: (-self.score(s, epochs), s.id))]
 
 
 class FixedEpochsProcedure(Procedure):
@@ -123,3 +162,14 @@ class FixedEpochsProcedure(Procedure):
             self._started = True
             return Decision(add=self.configs())
         return Decision(stop=[s.id for s in states if s.status == ACTIVE and s.epochs >= self.epochs])
+
+
+def check_states(states: list[ConfigState], issued: int) -> None:
+    """Raise when `states` is not what the engine promised: the `issued` configs so far, ids 0..issued-1 in order.
+
+    Procedures that predict ids (the engine numbers `add` entries, then `clone` entries, of each decision in order,
+    from 0) call this at the top of `step` so a mismatch fails loudly instead of misattributing results.
+    """
+    if len(states) != issued or any(s.id != i for i, s in enumerate(states)):
+        ids = [s.id for s in states]
+        raise RuntimeError(f"`states` has ids {ids}, but the procedure issued {issued} configs (ids 0..{issued - 1})")

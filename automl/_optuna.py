@@ -1,0 +1,113 @@
+"""The Optuna study behind ASHA and TPE: opened lazily, in `<storage_path>/optuna.db` when the run has a storage
+directory (else in memory), named after the procedure class and seed; every epoch reported, every end told."""
+
+from __future__ import annotations
+
+import abc
+import math
+import os
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from automl._base import ACTIVE, FAILED, ConfigState, Procedure
+from automl.space import SearchSpace
+
+
+class OptunaProcedure(Procedure):
+    """Private base: a procedure whose configs are Optuna trials (config id -> trial)."""
+
+    space: SearchSpace
+    seed: int
+
+    def __init__(self) -> None:
+        self._sampler = self._make_sampler()
+        self._storage_url: str | None = None
+        self._study: optuna.Study | None = None
+        self._trial_ids: dict[int, int] = {}  # config id -> Optuna trial id (storage key)
+        self._trial_numbers: dict[int, int] = {}  # config id -> trial number
+        self._reported: dict[int, int] = {}  # config id -> epochs reported so far
+        self._told: set[int] = set()
+
+    @abc.abstractmethod
+    def _make_sampler(self) -> optuna.samplers.BaseSampler: ...
+
+    @property
+    def study_name(self) -> str:
+        return f"{type(self).__name__}-seed{self.seed}"
+
+    def bind(self, metric: str, mode: str, storage_path: str | None = None, *, num_workers: int | None = None) -> None:
+        super().bind(metric, mode, storage_path, num_workers=num_workers)
+        url = None if storage_path is None else "sqlite:///" + os.path.join(os.path.abspath(storage_path), "optuna.db")
+        if url != self._storage_url:
+            if self._trial_ids:
+                raise RuntimeError(f"`storage_path` is {storage_path!r}, but the study already has trials elsewhere")
+            self._storage_url, self._study = url, None
+
+    @property
+    def study(self) -> optuna.Study:
+        """The study (created on first use, or loaded when it exists: a resumed run continues it)."""
+        if self._study is None:
+            if self._storage_url is not None:
+                os.makedirs(self._storage_url.removeprefix("sqlite:///").rsplit(os.sep, 1)[0], exist_ok=True)
+            self._study = optuna.create_study(
+                storage=self._storage_url,
+                sampler=self._sampler,
+                study_name=self.study_name,
+                direction="minimize" if self.mode == "min" else "maximize",
+                load_if_exists=True,
+            )
+        return self._study
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        if self._storage_url is not None:
+            state["_study"] = None  # the database holds it; reopened (with the pickled sampler) on first use
+        return state
+
+    def _ask(self, config_id: int) -> dict[str, Any]:
+        """A new trial for config `config_id`; returns its config."""
+        trial = self.study.ask(self.space.to_optuna())
+        self._trial_ids[config_id] = trial._trial_id
+        self._trial_numbers[config_id] = trial.number
+        self._reported[config_id] = 0
+        return self.space.from_optuna(trial.params)
+
+    def _report(self, states: list[ConfigState]) -> None:
+        """`trial.report(value, step=epochs)` for every epoch not reported yet (step counts epochs from 1)."""
+        for s in states:
+            done = self._reported.get(s.id)
+            if done is None or done >= s.epochs:
+                continue
+            trial = optuna.Trial(self.study, self._trial_ids[s.id])
+            for e in range(done, s.epochs):
+                value = float(s.history[e].get(self.metric, math.nan))
+                if not math.isnan(value):
+                    trial.report(value, step=e + 1)
+            self._reported[s.id] = s.epochs
+
+    def _tell(self, state: ConfigState, pruned: bool) -> None:
+        """End the trial of a stopped config: PRUNED (Optuna keeps its last report as value) or COMPLETE."""
+        if state.id in self._told:
+            return
+        self._told.add(state.id)
+        number = self._trial_numbers[state.id]
+        if pruned:
+            self.study.tell(number, state=TrialState.PRUNED)
+            return
+        value = state.last(self.metric)
+        if math.isnan(value):
+            self.study.tell(number, state=TrialState.FAIL)
+        else:
+            self.study.tell(number, value)
+
+    def _tell_failed(self, states: list[ConfigState]) -> None:
+        for s in states:
+            if s.status == FAILED and s.id in self._trial_numbers and s.id not in self._told:
+                self._told.add(s.id)
+                self.study.tell(self._trial_numbers[s.id], state=TrialState.FAIL)
+
+    @staticmethod
+    def _active(states: list[ConfigState]) -> list[ConfigState]:
+        return [s for s in states if s.status == ACTIVE]

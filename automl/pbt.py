@@ -1,0 +1,122 @@
+"""Population based training (Jaderberg, Dalibard, Osindero, Czarnecki, Donahue, Razavi, Vinyals, Green, Dunning,
+Simonyan, Fernando and Kavukcuoglu, "Population Based Training of Neural Networks", arXiv:1711.09846, 2017), on
+Cerebro's epoch-level template (Cerebro, VLDB 2020, section 4.2)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from automl._base import ACTIVE, FAILED, ConfigState, Decision, Procedure, check_states
+from automl._checks import check_int, check_seed
+from automl.space import Categorical, Constant, RandInt, SearchSpace, Uniform
+
+
+def perturb(space: SearchSpace, config: dict[str, Any], rng: np.random.Generator, resample_probability: float) -> dict:
+    """PBT's explore step: each searched hyper-parameter of `config` moved a little, kept inside `space`.
+
+    Floats and ints are multiplied by 0.8 or 1.2 (each with probability 1/2) and clipped to `[lo, hi]` (ints
+    rounded); a categorical value is redrawn from its list with probability `resample_probability`, else moved to a
+    neighbouring entry of the list (clipped at the ends). Constants stay. Draws happen in the space's key order.
+    """
+    out = {}
+    for name, domain in space.domains.items():
+        value = config[name]
+        if isinstance(domain, Constant):
+            out[name] = value
+        elif isinstance(domain, (Uniform, RandInt)):
+            out[name] = domain.clip(value * (0.8 if rng.random() < 0.5 else 1.2))
+        elif isinstance(domain, Categorical):
+            if rng.random() < resample_probability:
+                out[name] = domain.sample(rng)
+            else:
+                i = domain.index(value) + (-1 if rng.random() < 0.5 else 1)
+                out[name] = domain.choices[min(max(i, 0), len(domain.choices) - 1)]
+        else:
+            raise TypeError(f"`space[{name!r}]` is {domain!r}, which PBT cannot perturb")
+    return out
+
+
+class PBT(Procedure):
+    """Synchronous PBT with truncation selection on the round template.
+
+    `population` configs drawn from `space` start in the first round. Every `perturbation_interval` epochs the
+    members are ranked by the metric; the bottom `quantile_fraction` (ceil of it, at most half the population) are
+    stopped and each is replaced by a clone of a top-quantile donor (exploit: `Decision.clone=(donor_id, config)`,
+    which starts from the donor's latest weights) with perturbed hyper-parameters (explore: `perturb`). The i-th
+    worst member gets the (i mod q)-th best donor, so the best donor is copied first. A member that failed is
+    replaced at the next perturbation as well. No exploit happens at the last epoch.
+
+    Epoch counting: the engine's `ConfigState.epochs` of a clone restarts at 0, though its weights have already
+    seen its donor's epochs. PBT keeps `offsets[id]` (the donor's lineage epochs at cloning time) and uses
+    `offsets[id] + epochs` as a member's progress: perturbations happen when it reaches a multiple of
+    `perturbation_interval`, and a member stops when it reaches `epochs`, so every lineage trains exactly `epochs`
+    epochs and the population stays in lockstep (a clone trains in the round after its donor's perturbation, as
+    its donor does).
+    """
+
+    #: Probability that a categorical hyper-parameter is redrawn instead of moved to a neighbour (as Ray Tune).
+    resample_probability = 0.25
+
+    def __init__(
+        self,
+        space: dict[str, Any],
+        population: int,
+        epochs: int,
+        perturbation_interval: int,
+        quantile_fraction: float = 0.25,
+        seed: int = 0,
+    ) -> None:
+        self.space = SearchSpace(space)
+        self.population = check_int("population", population, 2)
+        self.epochs = check_int("epochs", epochs, 1)
+        self.perturbation_interval = check_int("perturbation_interval", perturbation_interval, 1)
+        if (
+            isinstance(quantile_fraction, bool)
+            or not isinstance(quantile_fraction, (int, float))
+            or not 0 < quantile_fraction <= 0.5
+        ):
+            raise ValueError(f"`quantile_fraction` is {quantile_fraction!r}, but must be in (0, 0.5]")
+        self.quantile_fraction = float(quantile_fraction)
+        self.seed = check_seed(seed)
+        self._rng = np.random.default_rng(seed)
+        self._issued = 0
+        self.members: list[int] = []  # the current population, one id per slot
+        self.offsets: dict[int, int] = {}  # id -> lineage epochs inherited from its donor
+
+    def progress(self, state: ConfigState) -> int:
+        """Epochs of `state`'s lineage: inherited ones plus its own."""
+        return self.offsets[state.id] + state.epochs
+
+    def step(self, states: list[ConfigState]) -> Decision:
+        if self._issued == 0:
+            add = [self.space.sample(self._rng) for _ in range(self.population)]
+            self.members = list(range(self.population))
+            self.offsets = dict.fromkeys(self.members, 0)
+            self._issued = self.population
+            return Decision(add=add)
+        check_states(states, self._issued)
+        alive = [states[m] for m in self.members if states[m].status == ACTIVE]
+        if not alive:
+            return Decision()
+        t = max(self.progress(s) for s in alive)
+        if t >= self.epochs:
+            return Decision(stop=[s.id for s in alive if self.progress(s) >= self.epochs])
+        if t % self.perturbation_interval or any(self.progress(s) != t for s in alive):
+            return Decision()
+        ranked = self.rank(alive)
+        n_q = min(math.ceil(len(alive) * self.quantile_fraction), len(alive) // 2)
+        donors = ranked[: max(n_q, 1)]
+        bottom = ranked[::-1][:n_q]  # worst first
+        failed = [m for m in self.members if states[m].status == FAILED]
+        clone = []
+        for j, victim in enumerate(bottom + failed):
+            donor = donors[j % len(donors)]
+            clone.append((donor, perturb(self.space, states[donor].config, self._rng, self.resample_probability)))
+            new_id = self._issued
+            self._issued += 1
+            self.offsets[new_id] = self.progress(states[donor])
+            self.members[self.members.index(victim)] = new_id
+        return Decision(stop=sorted(bottom), clone=clone)
