@@ -234,7 +234,7 @@ class FreezingController:
                     self._refresh_reference()
             else:
                 self._evals_since_refresh += 1
-                if self._evals_since_refresh >= self.reference_refresh:
+                if self._runner is None or self._evals_since_refresh >= self.reference_refresh:
                     self._refresh_reference()
         if self._runner is not None:
             start = time.perf_counter()

@@ -168,9 +168,9 @@ class FreezingPolicy:
         """Set the frozen prefix by hand (an override for users and tests); leaves bootstrapping."""
         if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= self.num_modules:
             raise ValueError(f"`frozen` is {frozen!r}, but must be an int in [0, {self.num_modules}]")
+        self.bootstrapping = False
         if frozen == self.frozen:
             return
-        self.bootstrapping = False
         self.frozen = frozen
         self.generation += 1
         self.lr_at_first_freeze = lr if frozen > 0 else None
