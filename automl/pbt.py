@@ -103,7 +103,7 @@ class PBT(Procedure):
             return Decision()
         t = max(self.progress(s) for s in alive)
         if t >= self.epochs:
-            return Decision(stop=[s.id for s in alive if self.progress(s) >= self.epochs])
+            return Decision(stop=sorted(s.id for s in alive if self.progress(s) >= self.epochs))
         if t % self.perturbation_interval or any(self.progress(s) != t for s in alive):
             return Decision()
         ranked = self.rank(alive)
