@@ -1,0 +1,89 @@
+"""Bad input is rejected at construction, before any work (and before Ray starts), with a message naming it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import automl
+import framework
+from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+
+X = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
+Y = (X[:, 0] > 0).astype(np.int64)
+
+
+def _make(**overrides):
+    kw = dict(
+        model_fn=mlp_model_fn, train_fn=classifier_train_fn, eval_fn=classifier_eval_fn,
+        dataset=framework.PartitionedDataset.from_arrays(X, Y, num_partitions=2),
+        procedure=automl.GridSearch({"lr": [0.1]}, epochs=1), progress=False,
+    )
+    kw.update(overrides)
+    return framework.ModelSelection(**kw)
+
+
+def test_validation_rejects_more_workers_than_partitions():
+    with pytest.raises(ValueError, match=r"`num_workers` is 3, but must be <= the number of partitions \(2\)"):
+        _make(num_workers=3)
+
+
+def test_validation_rejects_non_callable_functions():
+    with pytest.raises(TypeError, match="`train_fn` is 5, but must be callable"):
+        _make(train_fn=5)
+
+
+def test_validation_rejects_unknown_scheduler():
+    with pytest.raises(ValueError, match="`scheduler` is 'fifo', but must be one of"):
+        _make(scheduler="fifo")
+
+
+def test_validation_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="`mode` is 'lowest', but must be one of"):
+        _make(mode="lowest")
+
+
+def test_validation_rejects_unknown_executor():
+    with pytest.raises(ValueError, match="`executor` is 'dask'"):
+        _make(executor="dask")
+
+
+def test_validation_rejects_metric_without_prefix():
+    with pytest.raises(ValueError, match="`metric` is 'loss'"):
+        _make(metric="loss")
+
+
+def test_validation_rejects_non_procedure():
+    with pytest.raises(TypeError, match="`procedure` is"):
+        _make(procedure=object())
+
+
+def test_validation_rejects_empty_space():
+    with pytest.raises(ValueError, match="`space` is {}"):
+        automl.GridSearch({}, epochs=1)
+
+
+def test_validation_rejects_empty_value_list():
+    with pytest.raises(ValueError, match=r"`space\['lr'\]` is \[\]"):
+        automl.GridSearch({"lr": []}, epochs=1)
+
+
+def test_validation_rejects_no_partitions():
+    with pytest.raises(ValueError, match="`train` has 0 partitions"):
+        framework.PartitionedDataset.from_files(train=[], valid=[])
+
+
+def test_validation_rejects_too_many_partitions_for_rows():
+    with pytest.raises(ValueError, match="`num_partitions` is 90"):
+        framework.PartitionedDataset.from_arrays(X, Y, num_partitions=90)
+
+
+def test_validation_rejects_negative_resources():
+    with pytest.raises(ValueError, match=r"`worker_resources\['CPU'\]` is -1"):
+        _make(worker_resources={"CPU": -1})
+
+
+def test_validation_rejects_existing_run_directory(tmp_path):
+    (tmp_path / "run.db").write_text("")
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        _make(storage_path=str(tmp_path))

@@ -1,0 +1,111 @@
+"""End-to-end runs of ModelSelection on the session's real local Ray cluster with real torch training."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import automl
+import framework
+from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from tests.schedule_checks import assert_mop_invariants
+
+pytestmark = pytest.mark.ray
+
+SPACE = {"hidden": [32], "lr": [0.05, 0.2], "batch_size": [32]}
+
+
+def _run(ds, tmp_path, name, procedure=None, **kw):
+    procedure = procedure or automl.GridSearch(SPACE, epochs=3)
+    return framework.ModelSelection(
+        mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds, procedure,
+        storage_path=str(tmp_path / name), progress=False, **kw,
+    ).run()
+
+
+def test_mop_grid_search_obeys_invariants_and_writes_results(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=3, seed=0)
+    result = _run(ds, tmp_path, "mop")
+    assert len(result.configs) == 2
+    assert set(result.metrics.epoch) == {0, 1, 2}
+    assert {"train_loss", "valid_loss", "valid_accuracy"} <= set(result.metrics.columns)
+    assert_mop_invariants(result.schedule, partitions=[0, 1, 2], availability={0: [0], 1: [1], 2: [2]})
+    assert (result.schedule.kind == "eval").sum() == 2 * 3 * 3
+    assert result.best_config_id in result.configs
+    assert (tmp_path / "mop" / "metrics.csv").exists() and (tmp_path / "mop" / "schedule.csv").exists()
+    # every config absorbed each partition exactly once per epoch (the counter inside its state)
+    for cid in result.configs:
+        visited = result.load_state(cid)["visited"]
+        assert {e: sorted(ps) for e, ps in visited.items()} == {e: [0, 1, 2] for e in range(3)}
+    model = result.load_model()
+    assert isinstance(model, torch.nn.Module)
+
+
+def test_mop_accuracy_matches_sequential_baseline(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    space = {"hidden": [64], "lr": [0.05], "batch_size": [32]}
+    mop = _run(ds, tmp_path, "mop", automl.GridSearch(space, epochs=4))
+    seq = _run(ds, tmp_path, "seq", automl.GridSearch(space, epochs=4), executor="sequential")
+    best = lambda r: r.metrics.valid_accuracy.max()  # noqa: E731
+    assert best(seq) > 0.9
+    assert abs(best(mop) - best(seq)) <= 0.02
+    assert set(seq.schedule.worker) == {0} and set(seq.schedule.partition) == {0}
+
+
+def test_task_parallel_executor_holds_full_data_on_every_worker(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    result = _run(ds, tmp_path, "tp", automl.GridSearch(SPACE, epochs=1), executor="task_parallel")
+    assert set(result.schedule.partition) == {0}
+    assert (result.schedule.kind == "train").sum() == 2  # one whole-epoch unit per config
+    assert_mop_invariants(result.schedule, partitions=[0])
+
+
+def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=3, seed=1)
+    result = _run(ds, tmp_path, "run", automl.GridSearch(SPACE, epochs=2), seed=7)
+    again = framework.replay(result.storage_path)
+    for cid in result.configs:
+        a, b = result.load_state(cid), again.load_state(cid)
+        assert a["visited"] == b["visited"]
+        for k in a["model"]:
+            assert torch.equal(a["model"][k], b["model"][k]), f"config {cid} {k} differs after replay"
+    merged = result.metrics.merge(again.metrics, on=["config_id", "epoch"], suffixes=("", "_replay"))
+    assert (merged.valid_loss == merged.valid_loss_replay).all()
+
+
+def _failing_model_fn(config):
+    if config["hidden"] == 13:
+        raise RuntimeError("model_fn exploded on purpose")
+    return mlp_model_fn(config)
+
+
+def _nan_train_fn(model, optimizer, data, config):
+    metrics = classifier_train_fn(model, optimizer, data, config)
+    return {**metrics, "loss": float("nan")} if config["lr"] == 1e6 else metrics
+
+
+def test_failing_configs_are_reported_and_the_rest_finish(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    space = {"hidden": [13, 32], "lr": [0.05, 1e6], "batch_size": [32]}  # hidden=13 raises; lr=1e6 reports NaN
+    result = framework.ModelSelection(
+        _failing_model_fn, _nan_train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=3),
+        storage_path=str(tmp_path / "fail"), progress=False,
+    ).run()
+    status = result.status.set_index("config_id")
+    by_cfg = {cid: cfg for cid, cfg in result.configs.items()}
+    for cid, cfg in by_cfg.items():
+        if cfg["hidden"] == 13:
+            assert status.loc[cid, "status"] == "failed"
+            assert "model_fn exploded on purpose" in status.loc[cid, "error"]
+        elif cfg["lr"] == 1e6:
+            assert status.loc[cid, "status"] == "failed"
+            assert "non-finite loss" in status.loc[cid, "error"]
+        else:
+            assert status.loc[cid, "status"] == "stopped"
+            assert status.loc[cid, "epochs"] == 3
+    healthy = [cid for cid, c in by_cfg.items() if c["hidden"] == 32 and c["lr"] == 0.05]
+    assert result.best_config_id == healthy[0]
+    assert len(result.failures) == 3
+    assert not math.isnan(result.leaderboard().iloc[0]["valid_loss"])
