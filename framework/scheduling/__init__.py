@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from framework.scheduling._base import (
     EVAL,
     KINDS,
@@ -13,34 +15,97 @@ from framework.scheduling._base import (
     UnitTimeEstimate,
     greedy_select,
 )
+from framework.scheduling._plan import (
+    FEASIBLE,
+    HEURISTIC,
+    OPTIMAL,
+    OfflineSolver,
+    Schedule,
+    ScheduledUnit,
+    ShopProblem,
+    left_shift,
+)
+from framework.scheduling._replay import replay
+from framework.scheduling.approx import DenseApproxSolver
+from framework.scheduling.cpsat import CPSATSolver
+from framework.scheduling.lookahead import LookaheadScheduler, LookaheadSolver
+from framework.scheduling.lpt import LPTScheduler
+from framework.scheduling.milp import MILPSolver
+from framework.scheduling.mwr import MWRScheduler
+from framework.scheduling.plan import PlanScheduler
 from framework.scheduling.randomized import RandomizedScheduler
 
-#: name -> factory(seed) of every online policy the engine accepts as `scheduler=...`.
-SCHEDULERS = {
+
+def _plan(solver_cls: type[OfflineSolver], name: str) -> Callable[..., Scheduler]:
+    def factory(seed: int = 0, **options) -> Scheduler:
+        return PlanScheduler(solver_cls(seed=seed, **options), seed=seed, name=name)
+
+    factory.__name__ = f"{name}_plan"
+    return factory
+
+
+#: name -> factory(seed, **options) of every online policy the engine accepts as `scheduler=...`.
+#: "cpsat", "milp" and "approx" solve the round at `start_round` and follow each worker's planned order.
+SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
     "randomized": RandomizedScheduler,
+    "mwr": MWRScheduler,
+    "lpt": LPTScheduler,
+    "lookahead": LookaheadScheduler,
+    "approx": _plan(DenseApproxSolver, "approx"),
+    "cpsat": _plan(CPSATSolver, "cpsat"),
+    "milp": _plan(MILPSolver, "milp"),
+}
+
+#: name -> offline solver class (ShopProblem -> Schedule)
+SOLVERS: dict[str, type[OfflineSolver]] = {
+    "approx": DenseApproxSolver,
+    "cpsat": CPSATSolver,
+    "milp": MILPSolver,
+    "lookahead": LookaheadSolver,
 }
 
 
-def make_scheduler(name: str | Scheduler, seed: int = 0) -> Scheduler:
-    """A scheduler by name (see `SCHEDULERS`), or `name` itself when it already is a `Scheduler`."""
+def make_scheduler(name: str | Scheduler, seed: int = 0, **options) -> Scheduler:
+    """A scheduler by name (see `SCHEDULERS`), or `name` itself when it already is a `Scheduler`.
+
+    `options` go to the factory, e.g. `make_scheduler("cpsat", time_limit_s=5)`; unknown ones raise `TypeError`.
+    """
     if isinstance(name, Scheduler):
         return name
     if name not in SCHEDULERS:
         raise ValueError(f"`scheduler` is {name!r}, but must be one of {sorted(SCHEDULERS)} or a Scheduler instance")
-    return SCHEDULERS[name](seed=seed)
+    return SCHEDULERS[name](seed=seed, **options)
 
 
 __all__ = [
     "EVAL",
+    "FEASIBLE",
+    "HEURISTIC",
     "KINDS",
+    "OPTIMAL",
     "SCHEDULERS",
+    "SOLVERS",
     "TRAIN",
     "Assignment",
+    "CPSATSolver",
+    "DenseApproxSolver",
     "DispatchState",
+    "LPTScheduler",
+    "LookaheadScheduler",
+    "LookaheadSolver",
+    "MILPSolver",
+    "MWRScheduler",
+    "OfflineSolver",
+    "PlanScheduler",
     "RandomizedScheduler",
+    "Schedule",
+    "ScheduledUnit",
     "Scheduler",
+    "ShopProblem",
     "Unit",
     "UnitTimeEstimate",
     "greedy_select",
+    "left_shift",
     "make_scheduler",
+    "replay",
 ]

@@ -264,7 +264,9 @@ class Scheduler(abc.ABC):
         """Assignments to start now (see the class docstring)."""
 
 
-def greedy_select(state: DispatchState, pick: Callable[[int, list[Unit]], Unit | None], workers: list[int]) -> list[Assignment]:
+def greedy_select(
+    state: DispatchState, pick: Callable[[int, list[Unit]], Unit | None], workers: list[int]
+) -> list[Assignment]:
     """Assign idle `workers` in the given order; `pick(worker, candidates)` chooses among still-eligible units."""
     out: list[Assignment] = []
     taken_configs: set[int] = set()

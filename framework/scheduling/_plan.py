@@ -81,14 +81,15 @@ class ShopProblem:
 
     @classmethod
     def from_state(cls, state: DispatchState) -> ShopProblem:
-        """The pending units of a round with `state.estimate` on every live worker that holds their partition."""
-        units = tuple(sorted(state.pending))
+        """The pending units of a round with `state.estimate` on every live worker that holds their partition.
+
+        Units whose partition has no live holder are left out (a plan-following policy treats them as unplanned)."""
         durations: dict[tuple[Unit, int], float] = {}
-        for u in units:
+        for u in sorted(state.pending):
             for w in sorted(state.availability.get(u.partition, ())):
                 if w in state.workers:
                     durations[(u, w)] = float(state.estimate(u, w))
-        return cls(units=units, durations=durations)
+        return cls(units=tuple(sorted({u for u, _ in durations})), durations=durations)
 
     @classmethod
     def from_matrix(cls, times: Iterable[Iterable[float]], epoch: int = 0) -> ShopProblem:

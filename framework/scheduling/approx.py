@@ -10,11 +10,11 @@ from framework.scheduling._plan import HEURISTIC, OfflineSolver, Schedule, ShopP
 class DenseApproxSolver(OfflineSolver):
     """The better of two dense (non-idling) list schedules, most-work-remaining and longest-unit-first.
 
-    Guarantee (stated for the classic open shop, one holder per partition): a dense schedule never leaves a worker
-    idle while it has an eligible unit, so for the worker w that finishes last, every idle moment of w is covered by
-    one of w's pending configs running elsewhere; hence C <= L_w + (sum of w's other configs' work) and
-    C <= LB + (min(|S|, p) - 1) * T_max <= 2 * C* (Aksjonov 1988; Baerwald-style counting). The bound is tight up to
-    lower-order terms for some instances; no polynomial algorithm beats 5/4 unless P = NP (Williamson et al. 1997).
+    Guarantee (classic open shop, one holder per partition): a dense schedule never leaves a worker idle while it has
+    an eligible unit. Take the unit (c, w) that finishes last: before it starts, at every moment w is busy or c is
+    busy elsewhere, so C <= load(w) + work(c) <= 2 * LB <= 2 * C*; counting only c's other units (at most p - 1) or
+    w's other configs (at most |S| - 1) gives C <= LB + (min(|S|, p) - 1) * T_max as well. No polynomial algorithm
+    beats 5/4 unless P = NP (Williamson et al. 1997).
     With replicas the schedule is still feasible and dense but the factor-2 proof does not carry over, so no
     guarantee is claimed there. This is not Sevastyanov's vector rearrangement, whose optimality threshold
     (L_max >= (p^2 + p - 1) T_max as quoted by Cerebro) we did not implement; `Schedule.info["guarantee"]` holds the

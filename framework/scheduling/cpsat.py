@@ -6,7 +6,15 @@ import math
 import time
 
 from framework.scheduling._base import TRAIN
-from framework.scheduling._plan import FEASIBLE, OPTIMAL, OfflineSolver, Schedule, ScheduledUnit, ShopProblem, left_shift
+from framework.scheduling._plan import (
+    FEASIBLE,
+    OPTIMAL,
+    OfflineSolver,
+    Schedule,
+    ScheduledUnit,
+    ShopProblem,
+    left_shift,
+)
 
 
 def integer_durations(problem: ShopProblem, resolution: int = 1000) -> tuple[dict, float, float]:
@@ -54,7 +62,7 @@ class CPSATSolver(OfflineSolver):
             return Schedule(warm.entries, OPTIMAL, lb, self.name, time.perf_counter() - t0, {"skipped": "UB == LB"})
         dur, scale, alpha = integer_durations(problem)
         hint = left_shift(warm.entries, lambda u, w: dur[(u, w)])
-        horizon = max(e.end for e in hint)
+        horizon = int(math.ceil(max(e.end for e in hint)))
 
         m = cp_model.CpModel()
         by_worker: dict[int, list] = {}

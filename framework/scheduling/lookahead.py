@@ -29,7 +29,7 @@ class _PerturbedMWR(MWRScheduler):
 
 
 class LookaheadSolver(OfflineSolver):
-    """Best of up to `tries` dense MWR dispatches on estimated times: plain MWR, then random priority perturbations.
+    """Best of up to `tries` dense dispatches on estimated times: plain MWR and LPT, then perturbed MWR priorities.
 
     Stops as soon as a dispatch reaches the lower bound (then it is optimal, status "optimal"), or after `tries`
     dispatches or `budget_s` seconds (None: no time limit, which keeps it deterministic). A randomized local search, not an exact method: no proof when it stops above the
@@ -38,27 +38,36 @@ class LookaheadSolver(OfflineSolver):
 
     name = "lookahead"
 
-    def __init__(self, seed: int = 0, tries: int = 200, budget_s: float | None = None, eps: tuple[float, ...] = (0.3, 1.0)):
+    def __init__(
+        self, seed: int = 0, tries: int = 200, budget_s: float | None = None, eps: tuple[float, ...] = (0.3, 1.0)
+    ):
         if tries < 1:
             raise ValueError(f"`tries` is {tries}, but must be >= 1")
         self.seed, self.tries, self.budget_s, self.eps = seed, tries, budget_s, eps
 
     def solve(self, problem: ShopProblem) -> Schedule:
         from framework.scheduling._replay import replay
+        from framework.scheduling.approx import DenseApproxSolver
 
         t0 = time.perf_counter()
         lb = problem.lower_bound()
-        best = replay(problem, MWRScheduler())
+        best = DenseApproxSolver().solve(problem)  # best of plain MWR and LPT
         i = 0
         for i in range(1, self.tries):
-            if best.makespan <= lb * (1 + 1e-9) or (self.budget_s is not None and time.perf_counter() - t0 > self.budget_s):
+            if best.makespan <= lb * (1 + 1e-9) or (
+                self.budget_s is not None and time.perf_counter() - t0 > self.budget_s
+            ):
                 break
             cand = replay(problem, _PerturbedMWR(self.seed * 100_003 + i, self.eps[i % len(self.eps)]))
             if cand.makespan < best.makespan:
                 best = cand
         status = OPTIMAL if best.makespan <= lb * (1 + 1e-9) else "heuristic"
         return Schedule(
-            best.entries, status=status, bound=lb, solver=self.name, runtime_s=time.perf_counter() - t0,
+            best.entries,
+            status=status,
+            bound=lb,
+            solver=self.name,
+            runtime_s=time.perf_counter() - t0,
             info={"dispatches": i + 1},
         )
 

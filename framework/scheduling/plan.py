@@ -11,8 +11,9 @@ from framework.scheduling._plan import OfflineSolver, Schedule, ShopProblem
 class PlanScheduler(Scheduler):
     """Solve the round once in `start_round` (on `state.estimate`), then dispatch each worker's units in plan order.
 
-    Only the *order* of the plan is followed, never its absolute times: a worker whose next planned unit is not
-    eligible yet (its config still runs elsewhere, or its training is not done) waits for it. Waiting cannot
+    Only the *orders* of the plan are followed (each worker's and each config's), never its absolute times: a worker
+    whose next planned unit is not the next of its config yet, or not eligible yet (its config still runs elsewhere,
+    its training is not done), waits for it. Waiting cannot
     deadlock, because every wait points to a unit that starts earlier in the plan. Units the plan cannot place any
     more (their planned worker failed or left, or they were not in the plan) go to idle workers by most work
     remaining, as does everything if nothing is running and no planned unit can start. With exact times the
@@ -32,6 +33,8 @@ class PlanScheduler(Scheduler):
         self._orders: dict[int, list[Unit]] = {}
         self._planned: dict[Unit, int] = {}
         self._ptr: dict[int, int] = {}
+        self._corders: dict[int, list[Unit]] = {}
+        self._cptr: dict[int, int] = {}
 
     def start_round(self, state: DispatchState) -> None:
         t0 = time.perf_counter()
@@ -41,17 +44,39 @@ class PlanScheduler(Scheduler):
         self._orders = self.plan.worker_orders()
         self._planned = {u: w for w, us in self._orders.items() for u in us}
         self._ptr = {w: 0 for w in self._orders}
+        self._corders = {}
+        for e in self.plan.entries:
+            self._corders.setdefault(e.unit.config_id, []).append(e.unit)
+        self._cptr = {c: 0 for c in self._corders}
 
-    def _head(self, state: DispatchState, worker: int) -> Unit | None:
-        order = self._orders.get(worker, ())
-        i = self._ptr.get(worker, 0)
+    @staticmethod
+    def _first_pending(state: DispatchState, order, ptr: dict, key: int) -> Unit | None:
+        i = ptr.get(key, 0)
         while i < len(order) and order[i] not in state.pending and order[i] not in state.running:
             i += 1  # done or dropped: never comes back
-        self._ptr[worker] = i
+        ptr[key] = i
         for u in order[i:]:
             if u in state.pending:
                 return u
         return None
+
+    def _head(self, state: DispatchState, worker: int) -> Unit | None:
+        """The worker's next planned unit, if it is also its config's next planned unit among live-planned ones."""
+        head = self._first_pending(state, self._orders.get(worker, ()), self._ptr, worker)
+        if head is None:
+            return None
+        corder = self._corders.get(head.config_id, ())
+        live = state.workers
+        i = self._cptr.get(head.config_id, 0)
+        while i < len(corder) and corder[i] not in state.pending and corder[i] not in state.running:
+            i += 1
+        self._cptr[head.config_id] = i
+        for u in corder[i:]:
+            if u == head:
+                return head
+            if u in state.pending and self._planned.get(u) in live:
+                return _WAIT  # the config must first visit an earlier planned worker
+        return head
 
     def _orphans(self, state: DispatchState, worker: int, taken: set[int]) -> list[Unit]:
         live = state.workers
@@ -67,7 +92,7 @@ class PlanScheduler(Scheduler):
         any_orphans = bool(set(self._orders) - state.workers) or len(self._planned) < len(state.units)
         for w in state.idle_workers():
             head = self._head(state, w)
-            if head is not None and head.config_id not in taken and state.is_eligible(head, w):
+            if head is not None and head is not _WAIT and head.config_id not in taken and state.is_eligible(head, w):
                 out.append(Assignment(head, w))
                 taken.add(head.config_id)
                 continue
@@ -80,6 +105,9 @@ class PlanScheduler(Scheduler):
         if not out and not state.running and state.pending:
             out = _mwr_fallback(state)
         return out
+
+
+_WAIT = Unit(-1, -1, -1)  # sentinel: the worker has a planned unit but must wait for it
 
 
 def _mwr_fallback(state: DispatchState) -> list[Assignment]:

@@ -1,0 +1,96 @@
+"""Contract suite: every registered online policy and every offline solver, on the same small workloads."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from framework.scheduling import (
+    SCHEDULERS,
+    SOLVERS,
+    DispatchState,
+    ShopProblem,
+    Unit,
+    make_scheduler,
+    replay,
+)
+from simulators import heterogeneous, replicate, simulate, validate_schedule
+
+FAST = {"cpsat": {"time_limit_s": 2.0}, "milp": {"time_limit_s": 2.0}, "lookahead": {"tries": 20}}
+NAMES = sorted(SCHEDULERS)
+
+
+def _make(name: str, seed: int = 0):
+    return make_scheduler(name, seed=seed, **FAST.get(name, {}))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scheduler_schedule_is_feasible(name):
+    w = heterogeneous(6, 3, seed=1)
+    r = simulate(w, _make(name), epochs=2)
+    rep = validate_schedule(r.schedule, w.availability)
+    assert rep.ok, rep.violations
+    assert len(r.schedule) == 2 * 6 * 3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scheduler_replica_schedule_is_feasible(name):
+    w = replicate(heterogeneous(5, 4, seed=2), factor=2, seed=0)
+    r = simulate(w, _make(name))
+    assert validate_schedule(r.schedule, w.availability).ok
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scheduler_same_seed_same_trace(name):
+    w = heterogeneous(6, 3, seed=3)
+    a = simulate(w, _make(name, seed=7)).schedule
+    b = simulate(w, _make(name, seed=7)).schedule
+    assert a.equals(b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scheduler_pickles_after_a_round(name):
+    s = _make(name)
+    simulate(heterogeneous(4, 2, seed=0), s)
+    clone = pickle.loads(pickle.dumps(s))
+    assert type(clone) is type(s) and clone.name == s.name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scheduler_select_returns_eligible_distinct(name):
+    units = [Unit(c, 0, q) for c in range(4) for q in range(3)]
+    state = DispatchState(units, {q: [q] for q in range(3)})
+    s = _make(name)
+    s.start_round(state)
+    chosen = s.select(state)
+    assert chosen and all(state.is_eligible(a.unit, a.worker) for a in chosen)
+    assert len({a.worker for a in chosen}) == len(chosen) == len({a.unit.config_id for a in chosen})
+
+
+@pytest.mark.parametrize("solver", sorted(SOLVERS))
+def test_solver_schedule_is_valid_and_above_bound(solver):
+    rng = np.random.default_rng(0)
+    p = ShopProblem.from_matrix(rng.integers(1, 20, size=(5, 4)))
+    s = SOLVERS[solver](seed=0, **({"time_limit_s": 2.0} if solver in ("cpsat", "milp") else {}))
+    sched = s.solve(p)
+    assert validate_schedule(sched, {q: [q] for q in range(4)}).ok
+    assert sched.makespan >= sched.bound - 1e-9 >= p.lower_bound() - 1e-9
+
+
+def test_make_scheduler_unknown_name_lists_valid():
+    with pytest.raises(ValueError, match="randomized"):
+        make_scheduler("nope")
+
+
+def test_make_scheduler_rejects_unknown_option():
+    with pytest.raises(TypeError):
+        make_scheduler("cpsat", bogus=1)
+
+
+def test_replay_dense_policies_match_between_replay_and_simulator():
+    w = heterogeneous(8, 4, seed=5)
+    from simulators import shop_problem
+
+    assert replay(shop_problem(w), _make("mwr")).makespan == pytest.approx(simulate(w, "mwr").makespan)
