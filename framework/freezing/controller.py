@@ -220,7 +220,7 @@ class FreezingController:
         Never waits for the reference model: readings that are not back yet are used at a later step.
         """
         self.step += 1
-        self._loss_sum += float(loss)
+        self._loss_sum += float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self._loss_count += 1
         events: list[tuple[int, str, int]] = []
         if self.step % self.eval_interval == 0:
@@ -283,13 +283,13 @@ class FreezingController:
         if [list(m) for m in state["modules"]] != members:
             raise ValueError(f"`state['modules']` is {state['modules']}, but must equal this controller's {members}")
         self.policy.load_state_dict(dict(state["policy"]))
+        self._apply_frozen()
+        if not self.policy.bootstrapping:
+            self._refresh_reference()  # the reference never travels; rebuild it here from the arriving weights
         self.step = int(state["step"])
         self._loss_sum, self._loss_count = float(state["loss_sum"]), int(state["loss_count"])
         self._evals_since_refresh = int(state["evals_since_refresh"])
         self.events = [(int(s), str(k), int(m)) for s, k, m in state["events"]]
-        self._apply_frozen()
-        if not self.policy.bootstrapping:
-            self._refresh_reference()
 
     def close(self) -> None:
         """Stop background threads and flush the cache; the controller should not be used afterwards."""

@@ -18,6 +18,15 @@ def tiny_cnn() -> nn.Sequential:
     )
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # the machine is shared: one intra-op thread avoids OpenMP spin-waiting against other processes
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def cnn() -> nn.Sequential:
     torch.manual_seed(0)
