@@ -4,6 +4,17 @@ The engine trains in *rounds*. It calls `procedure.step([])` once at the start, 
 barrier) `procedure.step(states)` with the state of every config it has ever seen. Every config that is active and
 not stopped trains one more epoch in the next round; new configs (`add`, `clone`) join the next round. The run ends
 when no config is active and the procedure adds nothing.
+
+Ids: the engine numbers configs from 0 in the order they appear in decisions: first every `add` entry of a decision
+in order, then every `clone` entry in order, then the next decision's. Procedures may rely on this to know the id of
+a config they asked for (`check_states` verifies it).
+
+Clones (PBT): `Decision.clone=[(source_id, config)]` starts a new config, with a new id and `parent=source_id`, from
+the source's latest weights (after the source's last completed epoch). Its `epochs` and `history` count only what
+the clone itself trained, so they restart at 0; a procedure that needs the lineage's epoch count keeps the offset
+(see `automl.pbt.PBT`). The source is not stopped by cloning; stop it explicitly if it should stop.
+
+`automl.testing.run_procedure_offline` implements exactly this contract in pure Python.
 """
 
 from __future__ import annotations
@@ -79,7 +90,9 @@ class Procedure(abc.ABC):
     Subclasses implement `step`. The engine guarantees:
         * `step([])` is the first call; later calls get every config ever added, in id order;
         * a config listed as ACTIVE trained exactly `epochs` epochs, one per round it was active;
-        * `step` is called from one thread, between rounds, never concurrently.
+        * `step` is called from one thread, between rounds, never concurrently;
+        * `bind(metric, mode, storage_path, num_workers=...)` is called once before the first `step` (again, with
+          the same arguments, after a resume).
     A procedure must not return ids it has not seen, nor re-activate stopped configs, and should be deterministic given
     its seed and the sequence of states (so runs replay and resume). It must pickle (it is saved with the run).
     """

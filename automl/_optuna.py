@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import math
 import os
+import warnings
 from typing import Any
 
 import optuna
@@ -39,7 +40,19 @@ class OptunaProcedure(Procedure):
 
     def bind(self, metric: str, mode: str, storage_path: str | None = None, *, num_workers: int | None = None) -> None:
         super().bind(metric, mode, storage_path, num_workers=num_workers)
-        url = None if storage_path is None else "sqlite:///" + os.path.join(os.path.abspath(storage_path), "optuna.db")
+        if storage_path is None:
+            url = None
+        elif "://" in storage_path and not storage_path.startswith("file://"):
+            # Optuna's SQLite storage needs a local file; a remote run directory keeps the study in memory.
+            warnings.warn(
+                f"`storage_path` is {storage_path!r}, a remote URI: the Optuna study of {self.study_name} stays in "
+                "memory (it is still saved with the pickled procedure)",
+                stacklevel=2,
+            )
+            url = None
+        else:
+            local = storage_path.removeprefix("file://")
+            url = "sqlite:///" + os.path.join(os.path.abspath(local), "optuna.db")
         if url != self._storage_url:
             if self._trial_ids:
                 raise RuntimeError(f"`storage_path` is {storage_path!r}, but the study already has trials elsewhere")

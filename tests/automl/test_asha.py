@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import replace
 
 import optuna
@@ -177,3 +178,25 @@ def test_asha_rejects_bad_arguments(space, kwargs, error, message):
 def test_asha_rejects_unknown_options(space):
     with pytest.raises(TypeError, match="unexpected keyword argument 'reduction_factor'"):
         automl.ASHA(space, max_epochs=9, max_configs=5, reduction_factor=3)
+
+
+def test_asha_resumes_from_a_pickle_with_its_sqlite_study(space, objective, tmp_path):
+    whole = automl.run_procedure_offline(
+        automl.ASHA(space, max_epochs=3, max_configs=5, seed=1), objective, storage_path=str(tmp_path / "a")
+    )
+    engine = automl.OfflineEngine(
+        automl.ASHA(space, max_epochs=3, max_configs=5, seed=1), objective, storage_path=str(tmp_path / "b")
+    )
+    engine.run_rounds(2)
+    engine.objective = None
+    resumed = pickle.loads(pickle.dumps(engine))  # what a driver restart sees: the study is reopened from optuna.db
+    resumed.objective = objective
+    assert resumed.run_rounds(50).trace() == whole.trace()
+    assert len(resumed.procedure.study.trials) == len(whole.states) == 5
+
+
+def test_asha_keeps_the_study_in_memory_for_a_remote_storage_path(space):
+    asha = automl.ASHA(space, max_epochs=3, max_configs=2)
+    with pytest.warns(UserWarning, match="remote URI"):
+        asha.bind("valid_loss", "min", "s3://bucket/run", num_workers=2)
+    assert len(asha.step([]).add) == 2
