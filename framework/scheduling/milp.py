@@ -54,6 +54,8 @@ class MILPSolver(OfflineSolver):
         t0 = time.perf_counter()
         lb = problem.lower_bound()
         warm = DenseApproxSolver().solve(problem)
+        if warm.makespan <= lb * (1 + 1e-9):
+            return Schedule(warm.entries, OPTIMAL, lb, self.name, time.perf_counter() - t0, {"skipped": "UB == LB"})
         worker_of = {e.unit: e.worker for e in warm.entries}
         by_config: dict[int, list] = {}
         by_worker: dict[int, list] = {}

@@ -1,0 +1,138 @@
+"""CLI: `python -m simulators compare|gantt|comm-cost ...` (each with --help); results go to --out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def _ints(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in s.split(",") if x)
+
+
+def _strs(s: str) -> tuple[str, ...]:
+    return tuple(x for x in s.split(",") if x)
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from simulators.compare import CompareConfig, plot_comparison, run_comparison, summarize
+
+    cfg = CompareConfig(
+        configs=a.configs, workers=a.workers, kinds=a.kinds, seeds=tuple(range(a.seeds)),
+        schedulers=a.schedulers, time_limit_s=a.time_limit,
+    )  # fmt: skip
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df = run_comparison(cfg, progress=not a.quiet)
+    df.to_csv(out / "comparison.csv", index=False)
+    summ = summarize(df)
+    summ.to_csv(out / "summary.csv", index=False)
+    plot_comparison(df, out / "comparison.png")
+    with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.4f}".format):
+        print(summ.to_string(index=False))
+    print(f"wrote {out / 'comparison.csv'}, {out / 'summary.csv'}, {out / 'comparison.png'}")
+    return 0
+
+
+def cmd_gantt(a: argparse.Namespace) -> int:
+    from simulators.gantt import plot_gantt
+    from simulators.validate import validate_schedule
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.schedule:
+        df, failed, label = pd.read_csv(a.schedule), None, Path(a.schedule).stem
+    else:
+        from simulators.compare import make_workload
+        from simulators.simulator import Noise, WorkerEvent, simulate
+
+        w = make_workload(a.kind, a.configs, a.workers, a.seed)
+        events = [WorkerEvent(t, wk, "fail") for t, wk in _pairs(a.fail)]
+        events += [WorkerEvent(t, wk, "return") for t, wk in _pairs(a.ret)]
+        r = simulate(w, a.scheduler, epochs=a.epochs, events=events, noise=Noise(a.noise), seed=a.seed)
+        df, failed, label = r.schedule, r.failed, f"{a.scheduler}_{a.kind}_{a.configs}x{a.workers}"
+        df.to_csv(out / f"{label}.csv", index=False)
+    rep = validate_schedule(df)
+    path = out / f"{label}.png"
+    plot_gantt(df, path, title=f"{label}: makespan {rep.makespan:.4g}, valid={rep.ok}", failed=failed)
+    print(f"units {len(df)}  makespan {rep.makespan:.4f}  valid {rep.ok}  -> {path}")
+    for v in rep.violations[:10]:
+        print("  violation:", v)
+    return 0 if rep.ok else 1
+
+
+def _pairs(items: list[str]) -> list[tuple[float, int]]:
+    out = []
+    for it in items or []:
+        t, w = it.split(":")
+        out.append((float(t), int(w)))
+    return out
+
+
+def cmd_comm_cost(a: argparse.Namespace) -> int:
+    from simulators.comm_cost import GB, TB, CommCostParams, comm_costs
+
+    p = CommCostParams(a.epochs, a.configs, a.workers, a.model_gb * GB, a.data_tb * TB, a.minibatches)
+    df = comm_costs(p)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "comm_cost.csv", index=False)
+    with pd.option_context("display.width", 200):
+        print(df.to_string(index=False))
+    print(f"wrote {out / 'comm_cost.csv'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m simulators", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compare", help="Cerebro Figure 6: makespans and runtimes of all schedulers on a grid")
+    c.add_argument("--configs", type=_ints, default=(16, 256), help="comma-separated |S| values (default 16,256)")
+    c.add_argument("--workers", type=_ints, default=(8, 16), help="comma-separated p values (default 8,16)")
+    c.add_argument("--kinds", type=_strs, default=("homogeneous", "heterogeneous"))
+    c.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
+    c.add_argument(
+        "--schedulers", type=_strs, default=("randomized", "mwr", "lpt", "lookahead", "approx", "cpsat", "milp")
+    )
+    c.add_argument("--time-limit", type=float, default=5.0, help="seconds per exact solve (default 5; paper: 300)")
+    c.add_argument("--out", default="results/scheduler_comparison")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=cmd_compare)
+
+    g = sub.add_parser("gantt", help="Gantt chart PNG of a schedule CSV (e.g. a live schedule.csv) or a simulation")
+    g.add_argument("--schedule", help="CSV with config_id,epoch,partition,worker,kind,start,end; else simulate")
+    g.add_argument("--scheduler", default="randomized")
+    g.add_argument("--kind", default="heterogeneous", choices=("homogeneous", "heterogeneous"))
+    g.add_argument("--configs", type=int, default=16)
+    g.add_argument("--workers", type=int, default=8)
+    g.add_argument("--epochs", type=int, default=1)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--noise", type=float, default=0.0, help="lognormal sigma of unit times")
+    g.add_argument("--fail", nargs="*", help="failures as TIME:WORKER")
+    g.add_argument("--ret", nargs="*", help="returns as TIME:WORKER")
+    g.add_argument("--out", default="results/gantt")
+    g.set_defaults(func=cmd_gantt)
+
+    m = sub.add_parser("comm-cost", help="Cerebro Table 2: communication cost of MOP vs other approaches")
+    m.add_argument("--epochs", type=int, default=20, help="k (default 20)")
+    m.add_argument("--configs", type=int, default=20, help="|S| (default 20)")
+    m.add_argument("--workers", type=int, default=10, help="p (default 10)")
+    m.add_argument("--model-gb", type=float, default=1.0, help="m in GB (default 1)")
+    m.add_argument("--data-tb", type=float, default=1.0, help="<D> in TB (default 1)")
+    m.add_argument("--minibatches", type=int, default=100_000, help="|D|/b (default 100000)")
+    m.add_argument("--out", default="results/comm_cost")
+    m.set_defaults(func=cmd_comm_cost)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    return a.func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

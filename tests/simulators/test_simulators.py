@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from framework.scheduling import DispatchState, Unit
+from simulators import (
+    Noise,
+    Simulator,
+    WorkerEvent,
+    Workload,
+    comm_costs,
+    from_schedule_log,
+    heterogeneous,
+    homogeneous,
+    lower_bound,
+    replicate,
+    simulate,
+    validate_schedule,
+)
+from simulators.__main__ import main as cli
+
+
+def test_comm_cost_table2_example_row_exact():
+    assert comm_costs()["example"].tolist() == ["4 TB", "10 TB", "400 TB", "8 TB", "80 PB", "40 PB"]
+
+
+def test_lower_bound_is_max_row_and_column_sum():
+    w = Workload(np.array([[1.0, 5.0], [2.0, 1.0], [3.0, 1.0]]), {0: (0,), 1: (1,)})
+    assert lower_bound(w) == 7.0  # worker 1: 5 + 1 + 1
+
+
+def test_lower_bound_with_replicas_uses_cheapest_holder():
+    w = Workload(np.array([[1.0, 4.0], [1.0, 4.0]]), {0: (0, 1), 1: (0, 1)})
+    assert lower_bound(w) == 2.0  # 4 units of 1 on worker 0 spread over 2 workers; each config 1 + 1
+
+
+def test_simulator_failure_requeues_exactly_the_failed_unit():
+    w = homogeneous(4, 2, unit_time=1.0)
+    r = simulate(w, "mwr", events=[WorkerEvent(0.5, 1, "fail"), WorkerEvent(2.0, 1, "return")])
+    assert len(r.requeued) == 1 and len(r.failed) == 1
+    lost = r.failed.iloc[0]
+    assert (lost.worker, lost.start, lost.end) == (1, 0.0, 0.5)
+    assert r.requeued[0] == Unit(int(lost.config_id), 0, int(lost.partition))
+    assert validate_schedule(r.schedule, w.availability).ok and len(r.schedule) == 8
+
+
+def test_dispatch_state_remove_worker_returns_only_its_running_unit():
+    units = [Unit(c, 0, q) for c in range(3) for q in range(2)]
+    s = DispatchState(units, {0: [0], 1: [1]})
+    from framework.scheduling import Assignment
+
+    s.start(Assignment(Unit(0, 0, 0), 0))
+    s.start(Assignment(Unit(1, 0, 1), 1))
+    assert s.remove_worker(1) == [Unit(1, 0, 1)]
+    assert Unit(1, 0, 1) in s.pending and Unit(0, 0, 0) in s.running
+
+
+def test_simulator_join_and_replicas_keep_invariants():
+    w = replicate(heterogeneous(8, 4, seed=1), factor=2, seed=1)
+    r = simulate(w, "randomized", epochs=2, events=[WorkerEvent(1.0, 3, "join"), WorkerEvent(2.0, 0, "fail")])
+    assert validate_schedule(r.schedule, w.availability).ok
+    assert len(r.schedule) == 2 * 8 * 4 and r.makespan >= lower_bound(w, epochs=2)
+
+
+def test_simulator_noise_changes_times_not_validity():
+    w = heterogeneous(8, 4, seed=2)
+    a = simulate(w, "mwr", noise=Noise(sigma=0.3, straggler_prob=0.1), seed=1)
+    b = simulate(w, "mwr")
+    assert a.makespan != b.makespan and validate_schedule(a.schedule).ok
+
+
+def test_simulator_stalls_loudly_without_holder():
+    w = homogeneous(2, 2)
+    with pytest.raises(RuntimeError, match="stalled"):
+        simulate(w, "mwr", events=[WorkerEvent(0.5, 1, "fail")])
+
+
+def test_simulator_rejects_zero_epochs():
+    with pytest.raises(ValueError, match="epochs"):
+        Simulator(homogeneous(2, 2), "mwr", epochs=0)
+
+
+def test_validator_flags_each_invariant():
+    ok = pd.DataFrame(
+        [
+            (0, 0, 0, 0, "train", 0, 1),
+            (0, 0, 1, 1, "train", 1, 2),
+            (1, 0, 1, 1, "train", 0, 1),
+            (1, 0, 0, 0, "train", 1, 2),
+        ],
+        columns=["config_id", "epoch", "partition", "worker", "kind", "start", "end"],
+    )
+    assert validate_schedule(ok, {0: [0], 1: [1]}).ok
+    overlap_cfg = ok.assign(start=[0, 0.5, 0, 1], end=[1, 1.5, 1, 2])
+    assert not validate_schedule(overlap_cfg).ok
+    missing = ok.iloc[:3]
+    assert any("completeness" in v for v in validate_schedule(missing).violations)
+    wrong_worker = ok.assign(worker=[1, 0, 0, 1])
+    assert not validate_schedule(wrong_worker, {0: [0], 1: [1]}).ok
+    with pytest.raises(ValueError):
+        validate_schedule(overlap_cfg, raise_on_error=True)
+
+
+def test_from_schedule_log_recovers_unit_times():
+    w = heterogeneous(5, 3, seed=4)
+    log = simulate(w, "mwr").schedule
+    back = from_schedule_log(log)
+    assert np.allclose(back.times, w.times) and back.availability == w.availability
+
+
+def test_workload_rejects_bad_times():
+    with pytest.raises(ValueError, match="times"):
+        Workload(np.array([[1.0, -1.0]]), {0: (0,), 1: (1,)})
+
+
+def test_lookahead_within_one_percent_of_lb_on_small_hetero():
+    for seed in range(3):
+        w = heterogeneous(16, 8, seed=seed)
+        assert simulate(w, "lookahead").makespan <= 1.01 * lower_bound(w)
+
+
+def test_mwr_reaches_lb_on_homogeneous_where_randomized_does_not():
+    w = homogeneous(16, 8)
+    assert simulate(w, "mwr").makespan == lower_bound(w) == 16
+    assert simulate(w, "randomized").makespan > 16
+
+
+def test_cli_comm_cost_and_gantt(tmp_path, capsys):
+    assert cli(["comm-cost", "--out", str(tmp_path)]) == 0
+    assert "80 PB" in capsys.readouterr().out
+    assert (
+        cli(["gantt", "--configs", "4", "--workers", "2", "--fail", "0.1:1", "--ret", "1:1", "--out", str(tmp_path)])
+        == 0
+    )
+    assert list(tmp_path.glob("*.png"))
+
+
+def test_cli_compare_writes_csv_and_plot(tmp_path):
+    args = ["compare", "--configs", "4", "--workers", "2", "--seeds", "1", "--time-limit", "1", "--quiet"]
+    assert cli([*args, "--out", str(tmp_path)]) == 0
+    df = pd.read_csv(tmp_path / "comparison.csv")
+    assert (
+        set(df["scheduler"]) >= {"randomized", "cpsat", "milp", "lookahead"} and (tmp_path / "comparison.png").exists()
+    )
