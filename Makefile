@@ -1,0 +1,33 @@
+# Two commands for a fresh machine:  `make demo` (runs a small model selection)  and  `make test` (the test suite).
+# TORCH_SPEC picks the torch build: the default is the CPU build; GPU users run e.g.
+#   make demo TORCH_SPEC="torch==2.5.1 --index-url https://download.pytorch.org/whl/cu121"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install demo test bench lint clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_SPEC)
+	$(BIN)/pip install --quiet -e ".[dev,bench]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/python -m framework demo
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+bench: install
+	$(BIN)/python -m pytest -q benchmarks --benchmark-only
+
+lint: install
+	$(BIN)/ruff check framework automl simulators experiments tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs results .pytest_cache .benchmarks

@@ -1,0 +1,179 @@
+"""MOP vs sequential vs task-parallel vs Ray Tune on the same workload, measured side by side in one run.
+
+Cerebro (VLDB 2020) Figure 7 at laptop scale: MLP configs on a synthetic tabular dataset, p workers. Prints the
+makespans, MOP's ratio to the ideal (sequential / p), the engine's overhead (makespan minus the units' compute time
+over p, as a fraction of the makespan), model-state bytes moved per epoch vs the theoretical m * p * |S| (Cerebro
+Table 2), and data held per worker.
+
+    python experiments/mop_vs_baselines.py --quick
+    ray job submit --working-dir . -- python experiments/mop_vs_baselines.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import ray  # noqa: E402
+
+import automl  # noqa: E402
+import framework  # noqa: E402
+from framework.engine.catalog import SQLiteCatalog  # noqa: E402
+from framework.engine.ray_backend import ensure_ray  # noqa: E402
+from framework.examples import (  # noqa: E402
+    classifier_eval_fn,
+    classifier_train_fn,
+    mlp_model_fn,
+    synthetic_classification,
+)
+
+
+@dataclass
+class Defaults:
+    rows: int = 60_000  # with d=64, hidden 256-512, batch 64: one epoch of one config takes a few seconds on 1 core
+    features: int = 64
+    workers: int = 2
+    epochs: int = 2
+    hidden: tuple = (256, 512)
+    lrs: tuple = (0.003, 0.01, 0.03, 0.1)
+    batch_size: int = 64
+    seed: int = 0
+    scheduler: str = "randomized"
+    tune: bool = True  # also time Ray Tune itself
+    out: str = "results/mop_vs_baselines"
+
+
+QUICK = dict(rows=8_000, epochs=1, hidden=(64, 128), lrs=(0.01, 0.1))
+
+
+def _space(cfg: Defaults) -> dict:
+    return {"hidden": list(cfg.hidden), "lr": list(cfg.lrs), "batch_size": [cfg.batch_size],
+            "in_features": [cfg.features], "classes": [10]}
+
+
+def _run_engine(ds, cfg: Defaults, executor: str, workers: int) -> dict:
+    t0 = time.time()
+    result = framework.ModelSelection(
+        mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds, automl.GridSearch(_space(cfg), epochs=cfg.epochs),
+        num_workers=workers, executor=executor, scheduler=cfg.scheduler, seed=cfg.seed, progress=False,
+        storage_path=os.path.join(cfg.out, f"run-{executor}-{int(t0)}"),
+    ).run()
+    wall = time.time() - t0
+    s = result.schedule
+    makespan = s.end.max() - s.start.min()
+    busy = (s.end - s.start).sum()
+    train = s[s.kind == "train"]
+    epochs_run = result.metrics.groupby("config_id").epoch.max().add(1).sum() / len(result.configs)
+    catalog_meta = SQLiteCatalog(os.path.join(result.storage_path, "run.db"))
+    data_bytes = catalog_meta.meta().get("data_bytes_per_worker", [])
+    catalog_meta.close()
+    return {
+        "executor": executor, "workers": workers, "wall_s": wall, "makespan_s": makespan,
+        "unit_compute_s": busy, "overhead_frac": (makespan - busy / workers) / makespan,
+        "state_bytes_per_epoch": train.state_bytes.sum() / epochs_run,
+        "moved_bytes_theory": float(train.groupby("config_id").state_bytes.max().sum() * workers),  # m * p * |S|
+        "data_bytes_per_worker": max(data_bytes) if data_bytes else 0,
+        "best_valid_accuracy": float(result.metrics.valid_accuracy.max()), "configs": len(result.configs),
+    }
+
+
+def _run_tune(x, y, cfg: Defaults) -> dict:
+    """Ray Tune: one trial per config on the full data, `max_concurrent_trials = p` (what users would otherwise do)."""
+    import torch
+    from ray import tune
+
+    n_valid = int(len(x) * 0.2)
+    perm = np.random.default_rng(cfg.seed).permutation(len(x))
+    tr, va = perm[n_valid:], perm[:n_valid]
+    data = {"train": (torch.from_numpy(x[tr]), torch.from_numpy(y[tr])),
+            "valid": (torch.from_numpy(x[va]), torch.from_numpy(y[va]))}
+
+    def trainable(config, data=None):
+        torch.set_num_threads(1)
+        torch.manual_seed(cfg.seed)
+        model, opt = mlp_model_fn(config)
+        for _ in range(cfg.epochs):
+            model.train()
+            classifier_train_fn(model, opt, data["train"], config)
+            model.eval()
+            with torch.no_grad():
+                m = classifier_eval_fn(model, data["valid"], config)
+            tune.report({"valid_accuracy": m["accuracy"], "valid_loss": m["loss"]})
+
+    space = {k: tune.grid_search(v) for k, v in _space(cfg).items()}
+    t0 = time.time()
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(trainable, data=data), {"cpu": 1}),
+        param_space=space,
+        tune_config=tune.TuneConfig(max_concurrent_trials=cfg.workers, metric="valid_accuracy", mode="max"),
+        run_config=tune.RunConfig(storage_path=os.path.abspath(os.path.join(cfg.out, "tune")), verbose=0),
+    )
+    grid = tuner.fit()
+    wall = time.time() - t0
+    best = grid.get_best_result()
+    return {"executor": "ray_tune", "workers": cfg.workers, "wall_s": wall, "makespan_s": wall,
+            "best_valid_accuracy": float(best.metrics["valid_accuracy"]), "configs": len(grid)}
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = Defaults()
+    for f in dataclasses.fields(Defaults):
+        if isinstance(f.default, bool):
+            parser.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=f.default)
+        elif isinstance(f.default, tuple):
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default[0]), nargs="+", default=f.default)
+        else:
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    parser.add_argument("--quick", action="store_true", help="a small workload that runs in about a minute")
+    args = parser.parse_args(argv)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Defaults)}
+    if args.quick:
+        values.update({k: v for k, v in QUICK.items() if getattr(args, k) == getattr(d, k)})
+    cfg = Defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    os.makedirs(cfg.out, exist_ok=True)
+    ensure_ray(min_cpus=cfg.workers)
+
+    x, y = synthetic_classification(cfg.rows, cfg.features, seed=cfg.seed)
+    ds = framework.PartitionedDataset.from_arrays(x, y, num_partitions=cfg.workers, seed=cfg.seed)
+    rows = [_run_engine(ds, cfg, "sequential", 1), _run_engine(ds, cfg, "mop", cfg.workers),
+            _run_engine(ds, cfg, "task_parallel", cfg.workers)]
+    if cfg.tune:
+        try:
+            rows.append(_run_tune(x, y, cfg))
+        except ImportError as e:
+            print(f"Ray Tune not installed ({e}); install the 'bench' extra to include it")
+    df = pd.DataFrame(rows)
+    seq = df.set_index("executor").makespan_s["sequential"]
+    ideal = seq / cfg.workers
+    df["vs_ideal"] = df.makespan_s / ideal
+    mop = df.set_index("executor").loc["mop"]
+    pd.set_option("display.width", 160)
+    print(f"\n{int(mop.configs)} configs x {cfg.epochs} epochs, {cfg.rows} rows, p={cfg.workers} workers")
+    cols = ["executor", "workers", "makespan_s", "wall_s", "vs_ideal", "overhead_frac", "data_bytes_per_worker",
+            "best_valid_accuracy"]
+    print(df[[c for c in cols if c in df]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"\nideal (sequential / p) = {ideal:.2f}s; MOP / ideal = {mop.makespan_s / ideal:.3f} (target <= 1.10)")
+    print(f"MOP engine overhead = {mop.overhead_frac:.1%} of the makespan (target <= 5%)")
+    print(f"model state moved per epoch: {mop.state_bytes_per_epoch / 1e6:.2f} MB vs m*p*|S| = "
+          f"{mop.moved_bytes_theory / 1e6:.2f} MB")
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    df.to_csv(os.path.join(cfg.out, "results.csv"), index=False)
+    with open(os.path.join(cfg.out, "run.json"), "w") as f:
+        json.dump({"config": dataclasses.asdict(cfg), "git_revision": rev, "ray": ray.__version__}, f, indent=1)
+    return df
+
+
+if __name__ == "__main__":
+    main()
