@@ -335,7 +335,9 @@ class ModelSelection:
             if source is not None:
                 if source not in self._configs:
                     raise ValueError(f"{type(self.procedure).__name__} cloned config {source!r}, which does not exist")
-                c.state_ref = self._configs[source].state_ref
+                src_ref = self._configs[source].state_ref
+                if src_ref is not None:  # the clone's own epochs start at 0: it inherits weights, not visits
+                    c.state_ref = ray.put({**ray.get(src_ref), "visited": {}})
             self._configs[cid] = c
             self._catalog.add_config(cid, c.config, ACTIVE, parent=source, first_round=next_round)
 

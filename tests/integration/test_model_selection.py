@@ -10,11 +10,16 @@ import torch
 import automl
 import framework
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
-from tests.schedule_checks import assert_mop_invariants
+from simulators import validate_schedule
 
 pytestmark = pytest.mark.ray
 
 SPACE = {"hidden": [32], "lr": [0.05, 0.2], "batch_size": [32]}
+
+
+def assert_mop_invariants(schedule, partitions, availability=None):
+    report = validate_schedule(schedule, availability=availability, partitions=partitions)
+    assert report.ok, report.violations
 
 
 def _run(ds, tmp_path, name, procedure=None, **kw):
