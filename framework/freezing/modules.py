@@ -8,7 +8,7 @@ parameters. Three ways to split:
   ReLU or a pooling layer join the module before them).
 - `split_regex`: one layer module per module whose qualified name fully matches a user regex (descendants of a match
   are not matched again); parameters outside every match are never frozen.
-- `split_by_size`: modules of similar parameter counts, as Egeria does for ResNet stages: top-level children that are
+- `split_by_size`: modules of similar parameter counts, as Egeria does for ResNet stages: ``nn.Sequential`` children
   larger than the per-module share are expanded into their own children, then consecutive pieces are grouped so the
   largest group is as small as possible.
 
@@ -128,8 +128,9 @@ def _linear_partition(sizes: Sequence[int], k: int) -> list[int]:
 def split_by_size(model: nn.Module, num_modules: int) -> list[LayerModule]:
     """About `num_modules` layer modules of similar parameter counts (Egeria's ResNet-56 split, section 6.3).
 
-    Children larger than ``total / num_modules`` are expanded into their own children (recursively), then consecutive
-    pieces are grouped by a linear partition that minimises the largest group.
+    ``nn.Sequential`` children larger than ``total / num_modules`` are expanded into their own children (recursively;
+    other modules, e.g. a residual block, are atoms since their forward is not a plain chain), then consecutive pieces
+    are grouped by a linear partition that minimises the largest group.
     """
     if isinstance(num_modules, bool) or not isinstance(num_modules, int):
         raise TypeError(f"`num_modules` is {num_modules!r}, but must be an int")
@@ -144,7 +145,7 @@ def split_by_size(model: nn.Module, num_modules: int) -> list[LayerModule]:
     def expand(prefix: str, module: nn.Module) -> None:
         for name, child in module.named_children():
             qualified = f"{prefix}.{name}" if prefix else name
-            if _num_params(child) > share and len(list(child.children())) > 0:
+            if _num_params(child) > share and isinstance(child, nn.Sequential) and len(child) > 0:
                 expand(qualified, child)
             else:
                 pieces.append((qualified, child))

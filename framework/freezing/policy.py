@@ -23,8 +23,8 @@ class FreezingPolicyConfig:
         tolerance_fraction: the slope tolerance of a module is this fraction of the largest |slope| among its first
             `tolerance_readings` slope readings (Egeria: 20% of the first 3).
         tolerance_readings: number of initial slope readings that set the tolerance.
-        bootstrap_change_rate: bootstrapping ends once the relative change of the interval-mean training loss,
-            ``|L_prev - L| / |L_prev|``, drops below this (Egeria: 10%).
+        bootstrap_change_rate: bootstrapping ends once the relative change ``|L_prev - L| / |L_prev|`` of the
+            training loss drops below this (Egeria: 10%); L is the moving average of the last W interval means.
         lr_drop_factor: unfreeze every frozen module once the LR is at most ``lr_at_first_freeze / lr_drop_factor``.
         max_frozen: at most this many front modules are frozen (None: all but the last module).
     """
@@ -92,7 +92,8 @@ class FreezingPolicy:
         self.frozen = 0  # the first `frozen` modules are frozen
         self.generation = 0  # bumps on every freeze/unfreeze; names the frozen weights' version
         self.lr_at_first_freeze: float | None = None
-        self.previous_loss: float | None = None
+        self.previous_loss: float | None = None  # moving average of the interval-mean losses at the last call
+        self.losses: list[float] = []  # the last W interval-mean losses
         self.evaluations = 0  # plasticity readings accepted so far, over all modules
         self._reset_module()
 
@@ -105,12 +106,16 @@ class FreezingPolicy:
 
     def on_loss(self, mean_loss: float) -> bool:
         """Feed the mean training loss of the last interval; returns True when bootstrapping ends at this call."""
-        if not self.bootstrapping:
+        if not self.bootstrapping or not math.isfinite(mean_loss):
             return False
-        previous, self.previous_loss = self.previous_loss, float(mean_loss)
-        if previous is None or not math.isfinite(mean_loss):
+        # smoothed like the plasticity: the moving average of the last W interval means, so SGD noise on a small
+        # loss does not read as change
+        self.losses = [*self.losses, float(mean_loss)][-self.window :]
+        current = sum(self.losses) / len(self.losses)
+        previous, self.previous_loss = self.previous_loss, current
+        if previous is None:
             return False
-        rate = abs(previous - mean_loss) / abs(previous) if previous != 0 else 0.0
+        rate = abs(previous - current) / abs(previous) if previous != 0 else 0.0
         if rate < self.config.bootstrap_change_rate:
             self.bootstrapping = False
             return True
@@ -186,6 +191,7 @@ class FreezingPolicy:
             "generation": self.generation,
             "lr_at_first_freeze": self.lr_at_first_freeze,
             "previous_loss": self.previous_loss,
+            "losses": list(self.losses),
             "evaluations": self.evaluations,
             "raw": list(self.raw),
             "smoothed": list(self.smoothed),
@@ -203,6 +209,7 @@ class FreezingPolicy:
         for key in ("window", "bootstrapping", "frozen", "generation", "lr_at_first_freeze", "previous_loss"):
             setattr(self, key, state[key])
         self.evaluations = state["evaluations"]
+        self.losses = list(state["losses"])
         self.raw, self.smoothed, self.slopes = list(state["raw"]), list(state["smoothed"]), list(state["slopes"])
         self.tolerance, self.low_count = state["tolerance"], state["low_count"]
         limit = self.num_modules - 1 if self.config.max_frozen is None else self.config.max_frozen

@@ -20,11 +20,18 @@ def test_least_squares_slope_of_a_line_and_of_short_series():
 
 
 def test_policy_bootstrapping_ends_when_loss_change_rate_drops_below_ten_percent():
-    policy = FreezingPolicy(3)
+    policy = FreezingPolicy(3, FreezingPolicyConfig(window=1))
     # change rates: 0.25, 0.2, 1/12 < 0.1
     ended = [policy.on_loss(x) for x in (2.0, 1.5, 1.2, 1.1)]
     assert ended == [False, False, False, True]
     assert not policy.bootstrapping and policy.active == 0
+
+
+def test_policy_bootstrapping_compares_moving_averages_of_the_loss():
+    policy = FreezingPolicy(3, FreezingPolicyConfig(window=2))
+    # averages of the last 2: 2.0, 1.5, 1.0, 0.95 -> rates 0.25, 1/3, 0.05 < 0.1; the raw 1.0 -> 0.9 change (10%) would not
+    ended = [policy.on_loss(x) for x in (2.0, 1.0, 1.0, 0.9)]
+    assert ended == [False, False, False, True]
 
 
 def test_policy_ignores_plasticity_while_bootstrapping():
