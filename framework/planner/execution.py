@@ -48,6 +48,7 @@ class KeyedModule(nn.Module):
             env[k] = graph.placeholder(f"in{j}")
         models_used: set[int] = set()
         self._frozen_targets: list[str] = []
+        self._trained_targets: list[str] = []
         order = {k: n for n, k in enumerate(mm.layers)}  # keys are inserted in topological order per model
         for k in sorted(need, key=order.__getitem__):
             i, name = mm.owners[k][0]
@@ -57,18 +58,22 @@ class KeyedModule(nn.Module):
             new = graph.node_copy(src, lambda n, by_name=by_name: env[by_name[n.name]])
             if src.op in ("call_module", "get_attr"):
                 new.target = f"m{i}.{src.target}"
-                if src.op == "call_module" and mm.layers[k].materializable:
-                    self._frozen_targets.append(new.target)
+                if src.op == "call_module":
+                    bucket = self._frozen_targets if mm.layers[k].materializable else self._trained_targets
+                    bucket.append(new.target)
             env[k] = new
         graph.output(tuple(env[k] for k in self.output_keys))
         root = nn.Module()
         for i in sorted(models_used):
             root.add_module(f"m{i}", mm.models[i].gm)
         self.gm = fx.GraphModule(root, graph)
-        self.train(True)
+        self.training = True
 
     def train(self, mode: bool = True) -> KeyedModule:
-        super().train(mode)
+        # only the modules this graph calls: the source models are shared with other keyed modules
+        self.training = mode
+        for t in self._trained_targets:
+            self.gm.get_submodule(t).train(mode)
         for t in self._frozen_targets:
             self.gm.get_submodule(t).eval()  # Definition 2.4 semantics: frozen prefixes are deterministic
         return self

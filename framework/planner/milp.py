@@ -133,7 +133,9 @@ def units_for(mm: MultiModelGraph, groups: Sequence[Sequence[int]], epochs: Sequ
         for i in grp:
             for k in mm.model_keys(i):
                 keys.setdefault(k)
-        units.append(_Unit(tuple(keys), tuple(dict.fromkeys(mm.output_key(i) for i in grp)), max(epochs[i] for i in grp)))
+        units.append(
+            _Unit(tuple(keys), tuple(dict.fromkeys(mm.output_key(i) for i in grp)), max(epochs[i] for i in grp))
+        )
     return units
 
 
@@ -237,6 +239,4 @@ def optimize_materialization(
         if not isinstance(e, int) or e < 1:
             raise ValueError(f"`epochs` holds {e!r}, but every entry must be an int >= 1")
     units = units_for(mm, [[i] for i in range(len(mm.models))], epochs)
-    return solve_reuse(
-        mm, units, cost_model, records=records, disk_budget=disk_budget, time_limit_s=time_limit_s
-    )
+    return solve_reuse(mm, units, cost_model, records=records, disk_budget=disk_budget, time_limit_s=time_limit_s)

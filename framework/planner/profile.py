@@ -162,13 +162,21 @@ class _ProfilingInterpreter(fx.Interpreter):
         return out
 
 
+_HASH_CACHE: dict[tuple[int, int, tuple[int, ...], str], str] = {}
+
+
+def _hash_tensor(t: torch.Tensor) -> str:
+    # cached by storage address and in-place version counter: models sharing one backbone hash it once
+    key = (t.data_ptr(), t._version, tuple(t.shape), str(t.dtype))
+    if key not in _HASH_CACHE:
+        c = t.detach().contiguous().cpu()
+        data = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
+        _HASH_CACHE[key] = hashlib.sha1(str(key[2:]).encode() + data).hexdigest()
+    return _HASH_CACHE[key]
+
+
 def _hash_tensors(tensors: Sequence[torch.Tensor]) -> str:
-    h = hashlib.sha1()
-    for t in tensors:
-        t = t.detach().contiguous().cpu()
-        h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+    return hashlib.sha1("".join(_hash_tensor(t) for t in tensors).encode()).hexdigest()
 
 
 def _arg_repr(a: object, sigs: dict[str, str]) -> str:

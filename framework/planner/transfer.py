@@ -1,0 +1,406 @@
+"""Transfer-learning model selection that shares frozen computation (Nautilus, with Vista and HAPI pieces).
+
+Two layers:
+
+``plan_transfer(models, example_input, ...) -> TransferPlan`` is the engine-facing API (no training loop). A plan
+says which frozen layers to materialize (V), how to group configs (fusion) and, per group, which stored layers it
+loads. A worker calls ``plan.materialize(store, ids, x)`` once per partition (near the data; one pass extracts every
+layer in V, only for ids the store lacks). A config trains with ``plan.trainer(group)`` on features read by
+``plan.load(store, group, ids, x)``; its hop carries ``plan.hop_state(i)`` (trainable parameters only).
+
+``TransferSelection`` runs a whole labelling cycle in-process: ``fit(new_train, new_valid)`` appends the new records,
+(re)plans, materializes the new records only, trains every config for its epochs and returns metrics. Methods:
+``current_practice`` (no reuse, every config alone), ``mat_all`` (materialize every materializable layer, load it,
+no fusion) and ``planner`` (MILP plan under the disk budget + fusion under the memory budget). All three are
+logically equivalent: same initial weights, same batches, same frozen (eval-mode) prefix.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from framework.planner.execution import (
+    KeyedModule,
+    build_branch,
+    build_bridge,
+    build_extractor,
+    state_bytes,
+    trainable_state_dict,
+)
+from framework.planner.feature_store import FeatureStore
+from framework.planner.fusion import FusedGroup, FusedTrainer, fuse_models
+from framework.planner.memory import estimate_peak_memory
+from framework.planner.milp import (
+    CostModel,
+    flops_optimal_speedup,
+    measure_cost_model,
+    optimize_materialization,
+    solve_reuse,
+    units_for,
+)
+from framework.planner.multimodel import MultiModelGraph, build_multimodel
+from framework.planner.profile import profile_model
+
+METHODS = ("current_practice", "mat_all", "planner")
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"`method` is {method!r}, but must be one of {METHODS}")
+
+
+@dataclass
+class TransferPlan:
+    """What to materialize, how configs are grouped, and the modules that run each group (see module docstring)."""
+
+    mm: MultiModelGraph
+    method: str
+    materialized: tuple[str, ...]
+    groups: list[FusedGroup]
+    records: int  # r the plan was optimised for
+    input_key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.input_key = next(k for k, n in self.mm.layers.items() if n.op == "placeholder")
+        self._extractor = build_extractor(self.mm, self.materialized) if self.materialized else None
+        self._bridges = [build_bridge(self.mm, g.loaded, g.members) for g in self.groups]
+
+    def group_of(self, i: int) -> int:
+        return next(g for g, grp in enumerate(self.groups) if i in grp.members)
+
+    def materialize(self, store: FeatureStore, ids: Sequence[int], x: torch.Tensor, batch_size: int = 256) -> int:
+        """Extract every layer of V for the records of ``ids`` the store lacks; returns the records extracted."""
+        if self._extractor is None:
+            return 0
+        ids = np.asarray(ids, dtype=np.int64)
+        need = np.zeros(len(ids), dtype=bool)
+        for k in self.materialized:
+            need |= np.isin(ids, store.missing(k, ids))
+        rows = np.nonzero(need)[0]
+        if not len(rows):
+            return 0
+        self._extractor.eval()
+        outs: list[list[np.ndarray]] = [[] for _ in self.materialized]
+        with torch.no_grad():
+            for s in range(0, len(rows), batch_size):
+                feats = self._extractor(x[torch.as_tensor(rows[s : s + batch_size])])
+                for j, f in enumerate(feats):
+                    outs[j].append(f.numpy())
+        for j, k in enumerate(self.materialized):
+            vals = np.concatenate(outs[j])
+            miss = np.isin(ids[rows], store.missing(k, ids[rows]))
+            store.append(k, ids[rows][miss], vals[miss])
+        return len(rows)
+
+    def loaded_keys(self, g: int) -> list[str]:
+        """The stored layers (or the raw input) group ``g`` reads, in the order its bridge takes them."""
+        return list(self._bridges[g].input_keys)
+
+    def load(self, store: FeatureStore, g: int, ids: Sequence[int], x: torch.Tensor | None) -> list[torch.Tensor]:
+        """The tensors group ``g`` reads for ``ids`` (raw records come from ``x``, indexed by position in ids)."""
+        out = []
+        for k in self.loaded_keys(g):
+            if k == self.input_key:
+                assert x is not None, "this group reads raw records"
+                out.append(x)
+            else:
+                out.append(torch.from_numpy(store.read(k, ids)))
+        return out
+
+    def bridge(self, g: int) -> KeyedModule:
+        return self._bridges[g]
+
+    def branch(self, i: int) -> KeyedModule:
+        """Config ``i``'s trainable remainder; its parameters are the model's own."""
+        return build_branch(self.mm, i)
+
+    def trainer(
+        self,
+        g: int,
+        optimizer_fn: Callable[[list[nn.Parameter], int], torch.optim.Optimizer],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        seeds: Sequence[int],
+    ) -> FusedTrainer:
+        members = self.groups[g].members
+        branches = [self.branch(i) for i in members]
+        opts = [
+            optimizer_fn([p for p in b.parameters() if p.requires_grad], i)
+            for b, i in zip(branches, members, strict=False)
+        ]
+        return FusedTrainer(self.bridge(g), branches, opts, loss_fn, seeds)
+
+    def hop_state(self, i: int) -> dict[str, torch.Tensor]:
+        return trainable_state_dict(self.branch(i))
+
+    def hop_bytes(self, i: int) -> tuple[int, int]:
+        """(whole model state, trainable state only): what a hop carries without and with the plan."""
+        return state_bytes(self.mm.models[i].gm.state_dict()), state_bytes(self.hop_state(i))
+
+
+def plan_transfer(
+    models: Sequence[nn.Module],
+    example_input: torch.Tensor,
+    *,
+    method: str = "planner",
+    batch_sizes: Sequence[int],
+    epochs: Sequence[int],
+    records: int,
+    disk_budget: float = math.inf,
+    memory_budget: float = math.inf,
+    cost_model: CostModel | None = None,
+    workspace_bytes: int = 0,
+    mm: MultiModelGraph | None = None,
+) -> TransferPlan:
+    """Profile ``models``, merge them and plan with ``method`` (see module docstring); ``mm`` reuses a profile."""
+    _check_method(method)
+    cost_model = cost_model or measure_cost_model()
+    if mm is None:
+        mm = build_multimodel([profile_model(m, example_input) for m in models])
+    n = len(models)
+    if method == "current_practice":
+        units = units_for(mm, [[i] for i in range(n)], epochs)
+        plan = solve_reuse(mm, units, cost_model, records=records, fixed=())
+        groups = [FusedGroup((i,), p, estimate_peak_memory(mm, p, batch_sizes[i])) for i, p in enumerate(plan.reuse)]
+        return TransferPlan(mm, method, (), groups, records)
+    if method == "mat_all":
+        everything = [k for k in mm.materializable if mm.layers[k].per_record and mm.layers[k].op != "placeholder"]
+        units = units_for(mm, [[i] for i in range(n)], epochs)
+        free_loads = CostModel(cost_model.flops_per_s, math.inf)  # load whatever is stored, efficient or not
+        plan = solve_reuse(mm, units, free_loads, records=records, fixed=everything)
+        groups = [FusedGroup((i,), p, estimate_peak_memory(mm, p, batch_sizes[i])) for i, p in enumerate(plan.reuse)]
+        return TransferPlan(mm, method, tuple(everything), groups, records)
+    plan = optimize_materialization(mm, cost_model, records=records, epochs=epochs, disk_budget=disk_budget)
+    groups = fuse_models(
+        mm,
+        plan.materialized,
+        cost_model,
+        batch_sizes=batch_sizes,
+        epochs=epochs,
+        memory_budget=memory_budget,
+        workspace_bytes=workspace_bytes,
+    )
+    return TransferPlan(mm, method, plan.materialized, groups, records)
+
+
+@dataclass
+class TransferResult:
+    """One labelling cycle: metrics (one row per config x epoch), the best config, timings in seconds."""
+
+    metrics: pd.DataFrame
+    best_config_id: int
+    best_config: Mapping[str, Any]
+    timings: dict[str, float]
+    plan: TransferPlan
+
+
+def _default_optimizer(params: list[nn.Parameter], config: Mapping[str, Any]) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=float(config.get("lr", 1e-3)))
+
+
+class TransferSelection:
+    """Nautilus-style model selection over labelling cycles; call ``fit`` once per cycle.
+
+    Args:
+        model_fn: ``config -> nn.Module`` with the frozen part's ``requires_grad`` already False. Called under
+            ``torch.manual_seed(seed * 100_003 + config_id)`` so every method starts from the same weights.
+        configs: user configs (dicts) with ``batch_size`` and optionally ``lr`` and ``epochs``.
+        method: one of ``METHODS``.
+        disk_budget, memory_budget: B_disk and B_mem in bytes. ``initial_records``: the first r (doubles when
+            the labelled set outgrows it, and the plan is re-optimised). ``store_dir``: the feature store root.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[Mapping[str, Any]], nn.Module],
+        configs: Sequence[Mapping[str, Any]],
+        *,
+        store_dir: str | Path,
+        method: str = "planner",
+        epochs: int = 5,
+        disk_budget: float = math.inf,
+        memory_budget: float = math.inf,
+        initial_records: int = 1000,
+        cost_model: CostModel | None = None,
+        seed: int = 0,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        optimizer_fn: Callable[[list[nn.Parameter], Mapping[str, Any]], torch.optim.Optimizer] | None = None,
+        eval_batch_size: int = 256,
+    ) -> None:
+        _check_method(method)
+        if not configs:
+            raise ValueError("`configs` is empty, but must hold at least one config")
+        for cid, c in enumerate(configs):
+            bs = c.get("batch_size")
+            if not isinstance(bs, int) or bs < 1:
+                raise ValueError(f"`configs[{cid}]['batch_size']` is {bs!r}, but must be an int >= 1")
+            e = c.get("epochs", epochs)
+            if not isinstance(e, int) or e < 1:
+                raise ValueError(f"`configs[{cid}]['epochs']` is {e!r}, but must be an int >= 1")
+        if not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"`epochs` is {epochs!r}, but must be an int >= 1")
+        for name, v in (("disk_budget", disk_budget), ("memory_budget", memory_budget)):
+            if not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
+                raise ValueError(f"`{name}` is {v!r}, but must be a positive number of bytes")
+        if not isinstance(initial_records, int) or initial_records < 1:
+            raise ValueError(f"`initial_records` is {initial_records!r}, but must be an int >= 1")
+        if not isinstance(eval_batch_size, int) or eval_batch_size < 1:
+            raise ValueError(f"`eval_batch_size` is {eval_batch_size!r}, but must be an int >= 1")
+        self.model_fn, self.configs, self.method = model_fn, [dict(c) for c in configs], method
+        self.epochs = [int(c.get("epochs", epochs)) for c in self.configs]
+        self.batch_sizes = [int(c["batch_size"]) for c in self.configs]
+        self.disk_budget, self.memory_budget = float(disk_budget), float(memory_budget)
+        self.records = initial_records
+        self.cost_model, self.seed = cost_model, seed
+        self.loss_fn = loss_fn or nn.functional.cross_entropy
+        self.optimizer_fn = optimizer_fn or _default_optimizer
+        self.eval_batch_size = eval_batch_size
+        self.store = FeatureStore(store_dir)
+        self.cycle = 0
+        self.extracted_records = 0  # records run through the extractor, all cycles
+        self.replans = 0
+        self._models: list[nn.Module] | None = None
+        self._init: list[dict[str, torch.Tensor]] = []
+        self._mm: MultiModelGraph | None = None
+        self._plan: TransferPlan | None = None
+        self._x: list[torch.Tensor] = []
+        self._y: list[torch.Tensor] = []
+        self._train_ids: list[np.ndarray] = []
+        self._valid_ids: list[np.ndarray] = []
+        self._next_id = 0
+
+    def _add(self, data: tuple[torch.Tensor, torch.Tensor], name: str) -> np.ndarray:
+        if not (isinstance(data, (tuple, list)) and len(data) == 2 and len(data[0]) == len(data[1])):
+            raise ValueError(f"`{name}` must be a pair (inputs, labels) of equal length")
+        ids = np.arange(self._next_id, self._next_id + len(data[0]), dtype=np.int64)
+        self._next_id += len(ids)
+        self._x.append(data[0])
+        self._y.append(data[1])
+        return ids
+
+    def fit(
+        self, new_train: tuple[torch.Tensor, torch.Tensor], new_valid: tuple[torch.Tensor, torch.Tensor]
+    ) -> TransferResult:
+        t_start = time.perf_counter()
+        self._train_ids.append(self._add(new_train, "new_train"))
+        self._valid_ids.append(self._add(new_valid, "new_valid"))
+        x, y = torch.cat(self._x), torch.cat(self._y)
+        train_ids, valid_ids = np.concatenate(self._train_ids), np.concatenate(self._valid_ids)
+        if self.cost_model is None:
+            self.cost_model = measure_cost_model()
+
+        t0 = time.perf_counter()
+        if self._models is None:  # built and profiled once; every cycle restarts from the same initial weights
+            self._models = []
+            for cid, c in enumerate(self.configs):
+                torch.manual_seed(self.seed * 100_003 + cid)
+                self._models.append(self.model_fn(c))
+            self._init = [{k: v.clone() for k, v in m.state_dict().items()} for m in self._models]
+            self._mm = build_multimodel([profile_model(m, x[:1]) for m in self._models])
+        else:
+            for m, init in zip(self._models, self._init, strict=True):
+                m.load_state_dict(init)
+        while len(train_ids) > self.records:  # Nautilus 4.2.3: r doubles, then re-plan
+            self.records *= 2
+        if self._plan is None or self._plan.records != self.records:
+            # with r and the cost model fixed the MILP's V is fixed too, so the plan is kept until r is reached
+            self.replans += 1
+            self._plan = plan_transfer(
+                self._models,
+                x[:1],
+                method=self.method,
+                batch_sizes=self.batch_sizes,
+                epochs=self.epochs,
+                records=self.records,
+                disk_budget=self.disk_budget,
+                memory_budget=self.memory_budget,
+                cost_model=self.cost_model,
+                mm=self._mm,
+            )
+        plan = self._plan
+        t_plan = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        all_ids = np.concatenate([train_ids, valid_ids])
+        self.extracted_records += plan.materialize(self.store, all_ids, x[torch.as_tensor(all_ids)])
+        t_mat = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        rows = []
+        for g, grp in enumerate(plan.groups):
+            rows += self._train_group(plan, g, grp, x, y, train_ids, valid_ids)
+        t_train = time.perf_counter() - t0
+
+        metrics = pd.DataFrame(rows).sort_values(["config_id", "epoch"], ignore_index=True)
+        metrics.insert(0, "cycle", self.cycle)
+        last = metrics.sort_values("epoch").groupby("config_id").tail(1)
+        best = int(last.sort_values(["valid_acc", "valid_loss"], ascending=[False, True]).iloc[0]["config_id"])
+        self.cycle += 1
+        timings = {
+            "plan_s": t_plan,
+            "materialize_s": t_mat,
+            "train_s": t_train,
+            "total_s": time.perf_counter() - t_start,
+            "flops_optimal_speedup": flops_optimal_speedup(plan.mm, self.epochs),
+        }
+        return TransferResult(metrics, best, self.configs[best], timings, plan)
+
+    def _train_group(
+        self,
+        plan: TransferPlan,
+        g: int,
+        grp: FusedGroup,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        train_ids: np.ndarray,
+        valid_ids: np.ndarray,
+    ) -> list[dict[str, Any]]:
+        members = grp.members
+        seeds = [self.seed * 100_003 + i + 7919 * self.cycle for i in members]
+        trainer = plan.trainer(g, lambda ps, i: self.optimizer_fn(ps, self.configs[i]), self.loss_fn, seeds)
+        bs, epochs = self.batch_sizes[members[0]], max(self.epochs[i] for i in members)
+        reads_raw = plan.input_key in plan.loaded_keys(g)
+        rows = []
+        for epoch in range(epochs):
+            active = [epoch < self.epochs[i] for i in members]
+            order = torch.randperm(
+                len(train_ids), generator=torch.Generator().manual_seed(self.seed + 1009 * self.cycle + epoch)
+            )
+            losses = np.zeros(len(members))
+            nb = 0
+            for s in range(0, len(order), bs):
+                ids = train_ids[order[s : s + bs].numpy()]
+                t_ids = torch.as_tensor(ids)
+                feats = plan.load(self.store, g, ids, x[t_ids] if reads_raw else None)
+                losses += np.nan_to_num(trainer.step(feats, y[t_ids], active))
+                nb += 1
+            v_loss, v_correct = np.zeros(len(members)), np.zeros(len(members))
+            for s in range(0, len(valid_ids), self.eval_batch_size):
+                ids = valid_ids[s : s + self.eval_batch_size]
+                t_ids = torch.as_tensor(ids)
+                outs = trainer.predict(plan.load(self.store, g, ids, x[t_ids] if reads_raw else None))
+                for j, out in enumerate(outs):
+                    v_loss[j] += float(self.loss_fn(out, y[t_ids], reduction="sum"))
+                    v_correct[j] += float((out.argmax(-1) == y[t_ids]).sum())
+            for j, i in enumerate(members):
+                if active[j]:
+                    rows.append(
+                        {
+                            "config_id": i,
+                            "epoch": epoch,
+                            "group": g,
+                            "train_loss": losses[j] / max(nb, 1),
+                            "valid_loss": v_loss[j] / len(valid_ids),
+                            "valid_acc": v_correct[j] / len(valid_ids),
+                        }
+                    )
+        return rows

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from framework.planner import profile_model
+from tests.framework.planner.conftest import Head, frozen_encoder
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.c1(x))  # (B, 8, 8, 8)
+        h = h + self.c2(h)
+        return self.fc(h.mean((2, 3)))
+
+
+def test_profile_linear_flops_and_bytes_match_hand_computed() -> None:
+    m = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5))
+    g = profile_model(m, torch.randn(4, 10))
+    n = list(g.nodes.values())
+    assert [x.flops for x in n] == [0, 2 * 10 * 20, 20, 2 * 20 * 5]  # 2*MACs; relu: 1 per element
+    assert [x.out_bytes for x in n] == [40, 80, 80, 20]
+    assert n[1].param_bytes == (10 * 20 + 20) * 4
+    assert not any(x.materializable for x in n[1:])  # trainable
+
+
+def test_profile_residual_cnn_flags_and_conv_flops() -> None:
+    m = Residual()
+    m.c1.weight.requires_grad_(False)
+    g = profile_model(m, torch.randn(1, 3, 8, 8))
+    assert g.nodes["c1"].flops == 2 * (3 * 9) * 8 * 64
+    assert g.nodes["c2"].flops == 2 * (8 * 9) * 8 * 64
+    assert g.nodes["relu"].materializable and g.nodes["c1"].materializable
+    assert not g.nodes["c2"].materializable and g.nodes["add"].frozen and not g.nodes["add"].materializable
+    assert g.nodes["add"].parents == ("relu", "c2")
+    assert g.boundary() == ("relu",)
+
+
+def test_profile_transformer_encoder_layer_is_a_leaf_with_matmul_flops() -> None:
+    g = profile_model(Head(frozen_encoder()), torch.randint(0, 20, (2, 6)))
+    assert g.nodes["enc_l1"].op == "call_module" and g.nodes["enc_l1"].materializable
+    # in-proj + out-proj + feed-forward are at least 2*T*(3*D*D + D*D + 2*D*F)
+    assert g.nodes["enc_l1"].flops >= 2 * 6 * (4 * 16 * 16 + 2 * 16 * 32)
+    assert g.nodes["enc_l1"].act_bytes > g.nodes["enc_l1"].out_bytes == 6 * 16 * 4
+    assert not g.nodes["fc"].materializable
+
+
+def test_profile_rejects_non_tensor_example() -> None:
+    with pytest.raises(ValueError, match="example_input"):
+        profile_model(nn.Linear(2, 2), [1, 2])
