@@ -293,6 +293,9 @@ def main() -> None:
         json.dumps({"config": dataclasses.asdict(cfg), "seed": cfg.seed, "git_revision": git_revision()}, indent=2)
     )
     curves.to_csv(run_dir / "curves.csv", index=False)
+    pd.DataFrame(controller.readings, columns=["step", "module", "plasticity"]).to_csv(
+        run_dir / "plasticity.csv", index=False
+    )
     summary.to_csv(run_dir / "summary.csv", index=False)
     (run_dir / "figures.json").write_text(json.dumps(figures, indent=2, default=float))
     print(f"results in {run_dir}")

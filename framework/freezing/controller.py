@@ -23,6 +23,21 @@ order is known), so the prefix's forward pass is skipped too.
 
 Caching assumes a sample id always stands for the same input tensor (no random augmentation, or ids that encode
 the augmentation). The controller is not picklable (it owns threads); its `state_dict()` is, and is what travels.
+Validation passes should call the model directly (``model.eval(); model(x)``), not `forward`, which counts steps.
+
+On the MOP engine (one controller per training unit, on the worker that runs it)::
+
+    model.load_state_dict(weights)                             # the config's weights arrive first
+    controller = FreezingController(model, modules, cache_dir=worker_dir / f"config{config_id}", **options)
+    if "freezing" in config_state:
+        controller.load_state_dict(config_state["freezing"])   # re-applies requires_grad, rebuilds the reference
+    train_fn(model, partition, hparams, freezing=controller)   # the user's loop calls forward / after_step
+    config_state["freezing"] = controller.state_dict()         # plain JSON-able dict; flushes the cache index
+    controller.close()
+
+A hop may leave out ``frozen_parameter_names(model, config_state["freezing"], include_buffers=True)`` when the
+destination worker still holds this config's weights from a visit with the same ``state["generation"]`` (frozen
+weights do not change within a generation; every freeze or unfreeze starts a new one).
 """
 
 from __future__ import annotations

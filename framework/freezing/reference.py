@@ -56,6 +56,7 @@ def make_reference(model: nn.Module, mode: str = "dynamic") -> tuple[nn.Module, 
     snapshot = copy.deepcopy(model).to("cpu").eval()
     for p in snapshot.parameters():
         p.requires_grad_(False)
+        p.grad = None
     reference, quantized = snapshot, False
     if mode == "dynamic":
         try:
