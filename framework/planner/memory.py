@@ -1,6 +1,7 @@
 """Peak training-memory estimate of a (fused) reuse plan: live-tensor analysis (Nautilus section 4.3.3).
 
-memory = parameters of the computed layers + gradients and optimizer slots of the trainable ones + workspace
+memory = parameters of the computed layers + gradients, optimizer slots and one transient parameter-sized temporary
+         of the optimizer step (Adam's denominator) for the trainable ones + workspace
        + peak of the live layer tensors over a topological traversal of forward nodes, a loss node, and one backward
          node l' per computed non-materializable layer (s_mem(l') = s_mem(l)).
 
@@ -62,4 +63,4 @@ def estimate_peak_memory(
         peak = max(peak, live)
     params = sum(mm.layers[k].param_bytes for k in computed)
     trainable = sum(mm.layers[k].trainable_param_bytes for k in computed)
-    return int(params + trainable * (1 + optimizer_slots) + workspace_bytes + peak)
+    return int(params + trainable * (2 + optimizer_slots) + workspace_bytes + peak)
