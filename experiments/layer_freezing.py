@@ -53,7 +53,7 @@ class Config:
     target_accuracy: float = 0.83
     num_modules: int = 5  # layer modules for split_by_size
     eval_interval: int = 5  # steps between plasticity evaluations (Egeria's T)
-    window: int = 5  # Egeria's W
+    window: int = 3  # Egeria's W (5 missed the speedup goal in our first run: 11.6 %; see the report)
     reference_refresh: int = 10  # evaluations between reference rebuilds
     reference_mode: str = "dynamic"
     torch_threads: int = 1  # training thread
