@@ -45,11 +45,12 @@ class Defaults:
     head_dim: int = 128
     source_classes: int = 8
     target_classes: int = 4
+    task_scale: float = 0.35  # spread of the class token distributions: lower = harder
     pretrain_steps: int = 150
     pretrain_batch: int = 64
     cycles: int = 5
-    records_per_cycle: int = 200
-    valid_per_cycle: int = 100
+    records_per_cycle: int = 160
+    valid_per_cycle: int = 80
     epochs: int = 5
     batch_sizes: tuple[int, ...] = (16, 32)
     lrs: tuple[float, ...] = (5e-3, 3e-3, 2e-3)
@@ -112,7 +113,7 @@ class TransferModel(nn.Module):
 
 def make_task(n_classes: int, a: Defaults, g: torch.Generator) -> torch.Tensor:
     """Class-conditional token distributions (n_classes, vocab)."""
-    logits = torch.randn(n_classes, a.vocab, generator=g) * 2.0
+    logits = torch.randn(n_classes, a.vocab, generator=g) * a.task_scale
     return torch.softmax(logits, dim=-1)
 
 
