@@ -33,6 +33,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     config_id INTEGER NOT NULL, epoch INTEGER NOT NULL, units INTEGER NOT NULL, path TEXT NOT NULL,
     sha256 TEXT NOT NULL, bytes INTEGER NOT NULL, written REAL NOT NULL, PRIMARY KEY (config_id, units));
 CREATE TABLE IF NOT EXISTS events (time REAL NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY, committed REAL NOT NULL, procedure BLOB, signature TEXT);
 """
 
 
@@ -57,6 +59,18 @@ class SQLiteCatalog:
                 self._db.execute(sql, rows)
             else:
                 self._db.executemany(sql, list(rows))
+
+    def transaction(self, statements: list[tuple[str, tuple]]) -> None:
+        """Run `(sql, args)` statements atomically: all of them or none (a round's commit)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, args in statements:
+                    self._db.execute(sql, args)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
@@ -126,6 +140,40 @@ class SQLiteCatalog:
         rows = self._read("SELECT config_id, epoch, round, metrics FROM epochs ORDER BY config_id, epoch")
         records = [{"config_id": c, "epoch": e, "round": r, **json.loads(m)} for c, e, r, m in rows]
         return pd.DataFrame.from_records(records, columns=None if records else ["config_id", "epoch", "round"])
+
+    # ---- rounds: the atomic commit point of resume ------------------------------------------------------------
+    def commit_round(
+        self,
+        round_: int,
+        epochs: list[tuple[int, int, dict[str, float]]],
+        statuses: list[tuple[int, str, int]],
+        new_configs: list[tuple[int, dict[str, Any], int | None, int]],
+        procedure: tuple[bytes, str] | None,
+    ) -> None:
+        """Record the end of a round in one transaction: epoch metrics `(config, epoch, metrics)`, config updates
+        `(config, status, epochs)`, configs the procedure added `(id, config, parent, first_round)`, and the
+        procedure's signed state. Resume restarts from the last committed round."""
+        stmts: list[tuple[str, tuple]] = []
+        for cid, epoch, metrics in epochs:
+            stmts.append(("INSERT OR REPLACE INTO epochs VALUES (?, ?, ?, ?)", (cid, epoch, round_, json.dumps(metrics))))
+        for cid, status, n in statuses:
+            stmts.append(("UPDATE configs SET status = ?, epochs = ? WHERE id = ?", (status, n, cid)))
+        for cid, config, parent, first in new_configs:
+            stmts.append((
+                "INSERT INTO configs (id, config, status, epochs, parent, first_round) VALUES (?, ?, 'active', 0, ?, ?)",
+                (cid, json.dumps(config, default=str), parent, first),
+            ))
+        blob, sig = procedure if procedure is not None else (None, None)
+        stmts.append(("INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?)", (round_, time.time(), blob, sig)))
+        self.transaction(stmts)
+
+    def last_round(self) -> tuple[int, bytes | None, str | None]:
+        """(round, procedure blob, signature) of the last committed round; round -1 before the first commit."""
+        rows = self._read("SELECT round, procedure, signature FROM rounds ORDER BY round DESC LIMIT 1")
+        return rows[0] if rows else (-1, None, None)
+
+    def mark_units(self, seqs: list[int], status: str) -> None:
+        self._write("UPDATE units SET status = ? WHERE seq = ?", [(status, int(s)) for s in seqs])
 
     # ---- checkpoints and events ---------------------------------------------------------------------------------
     def add_checkpoint(self, config_id: int, epoch: int, units: int, path: str, sha256: str, nbytes: int) -> None:

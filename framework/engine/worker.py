@@ -138,6 +138,9 @@ class Worker:
     def ping(self) -> int:
         return self.worker_id
 
+    def pid(self) -> int:
+        return os.getpid()
+
     # ---- units ------------------------------------------------------------------------------------------------
     def _build(self, task: UnitTask, state: ModelState | None) -> tuple[torch.nn.Module, Any]:
         # Construction is seeded per config, so a config's initial weights do not depend on the worker it starts on.

@@ -240,6 +240,23 @@ class DispatchState:
         for p in partitions:
             self.availability.setdefault(p, set()).add(worker)
 
+    def drain_worker(self, worker: int) -> None:
+        """Give `worker` no new units (elastic scale-in); a unit it is running finishes and completes normally."""
+        self.workers.discard(worker)
+        for ws in self.availability.values():
+            ws.discard(worker)
+
+    def reopen(self, unit: Unit) -> None:
+        """A completed training unit's effect was lost (state object and checkpoint gone): it must run again."""
+        self.done.remove(unit)
+        self.pending.add(unit)
+        self._by_partition[unit.partition].add(unit)
+        self._by_config[unit.config_id].add(unit)
+        if self._cost is not None:
+            self._work[unit.config_id] += self._cost[unit]
+        if unit.kind == TRAIN:
+            self._train_left[unit.config_id] += 1
+
 
 class Scheduler(abc.ABC):
     """A dispatch policy: picks which eligible unit each idle worker runs next.

@@ -1,0 +1,44 @@
+"""HMAC signatures for the few pickles a run keeps (the procedure's state), so resume never unpickles blindly.
+
+The key lives outside the storage directory: `$MODELHOPPER_SECRET`, else `~/.config/modelhopper/secret.key`
+(created with mode 0600 on first use). A pickle whose signature does not verify is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import pickle
+import secrets
+from typing import Any
+
+
+class SignatureError(RuntimeError):
+    """A signed blob does not match its signature (tampered with, or signed with another key)."""
+
+
+def _key() -> bytes:
+    env = os.environ.get("MODELHOPPER_SECRET")
+    if env:
+        return env.encode()
+    path = os.path.join(os.path.expanduser("~"), ".config", "modelhopper", "secret.key")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    with open(path) as f:
+        return f.read().strip().encode()
+
+
+def dumps_signed(obj: Any) -> tuple[bytes, str]:
+    blob = pickle.dumps(obj)
+    return blob, hmac.new(_key(), blob, hashlib.sha256).hexdigest()
+
+
+def loads_signed(blob: bytes, signature: str) -> Any:
+    expected = hmac.new(_key(), blob, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, signature):
+        raise SignatureError("the stored procedure state does not match its signature; refusing to unpickle it")
+    return pickle.loads(blob)  # noqa: S301 - verified above
