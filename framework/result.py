@@ -28,6 +28,7 @@ class Result:
             (seconds since the run started), plus round, num_examples, state_bytes.
         configs: id -> config dict.
         status: DataFrame of config_id, status, epochs, parent, error (tracebacks of failed configs).
+        events: failures, restarts, joins, drains, resumes: time, t (seconds since the run started), kind, detail.
         metric, mode: what `best_config_id` ranks by (the latest epoch of each non-failed config).
     """
 
@@ -48,6 +49,7 @@ class Result:
             units["end"] -= t0
             self.schedule = units.drop(columns=["seq", "status", "error", "metrics"]).reset_index(drop=True)
             self.events = catalog.events()
+            self.events.insert(1, "t", self.events.time - t0)
             self._checkpoints = {cid: catalog.checkpoints(cid) for cid in self.configs}
         finally:
             catalog.close()

@@ -199,6 +199,7 @@ class ModelSelection:
             )
         self._control: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.pool: WorkerPool | None = None
+        self.rounds_completed = 0  # rounds (epoch barriers) committed so far; readable while `run` goes on
 
     # ---- public -------------------------------------------------------------------------------------------------
     @classmethod
@@ -350,6 +351,7 @@ class ModelSelection:
         self._round_reports: dict[int, list[UnitReport]] = defaultdict(list)
         if self._resuming:
             round_, units = self._restore()
+            self.rounds_completed = round_
         else:
             self._commit(-1, [], self.procedure.step([]))
             round_, units = 0, None
@@ -371,6 +373,7 @@ class ModelSelection:
                 self._commit(round_, ended, self.procedure.step(
                     [c.view() for c in sorted(self._configs.values(), key=lambda c: c.id)]))
                 round_, units = round_ + 1, None
+                self.rounds_completed = round_
                 self._round_reports = defaultdict(list)
         finally:
             bar.close()
