@@ -7,20 +7,35 @@ import itertools
 from typing import Any
 
 from automl._base import FixedEpochsProcedure
+from automl.space import Categorical, Constant, Domain
 
 
 class GridSearch(FixedEpochsProcedure):
-    """The Cartesian product of `space` (a dict of name -> list of values), each config trained `epochs` epochs."""
+    """The Cartesian product of `space` (a dict of name -> list of values), each config trained `epochs` epochs.
+
+    A value that is not a list or tuple is a constant (as in `automl.SearchSpace`); ranges such as
+    `automl.uniform(...)` have no grid and are rejected.
+    """
 
     def __init__(self, space: dict[str, list[Any]], epochs: int) -> None:
         super().__init__(epochs)
         if not isinstance(space, dict) or not space:
             raise ValueError(f"`space` is {space!r}, but must be a non-empty dict of name -> list of values")
         for name, values in space.items():
-            if not isinstance(values, (list, tuple)) or len(values) == 0:
+            if isinstance(values, Domain) and not isinstance(values, (Categorical, Constant)):
+                raise ValueError(f"`space[{name!r}]` is {values!r}, but a grid needs a list of values, not a range")
+            if isinstance(values, (list, tuple)) and len(values) == 0:
                 raise ValueError(f"`space[{name!r}]` is {values!r}, but must be a non-empty list of values")
-        self.space = {k: list(v) for k, v in space.items()}
+        self.space = {k: _grid_values(v) for k, v in space.items()}
 
     def configs(self) -> list[dict[str, Any]]:
         names = list(self.space)
         return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(self.space[n] for n in names))]
+
+
+def _grid_values(v: Any) -> list[Any]:
+    if isinstance(v, Categorical):
+        return list(v.choices)
+    if isinstance(v, Constant):
+        return [v.value]
+    return list(v) if isinstance(v, (list, tuple)) else [v]

@@ -580,9 +580,7 @@ class ModelSelection:
                 count, partitions = arg
                 for _ in range(count):
                     w = self.pool.next_id()
-                    av = self.pool.availability()
-                    parts = partitions if partitions is not None else sorted(av, key=lambda p: (len(av[p]), p))[
-                        : max(1, len(av) // max(1, len(self.pool.holds)))]
+                    parts = partitions if partitions is not None else self._least_replicated()
                     self.pool.start(w, parts)
                     self._catalog.add_event("worker_added", worker=w, partitions=list(parts))
             elif kind == "drain" and arg in self.pool.holds:
@@ -591,6 +589,16 @@ class ModelSelection:
                 self._catalog.add_event("worker_draining", worker=arg)
                 self._ensure_holders()
                 self._finish_drain(arg)
+
+    def _least_replicated(self) -> list[int]:
+        """Partitions a new worker should load: the least-held ones (counting workers still loading), as many as an
+        average worker holds."""
+        holders = {p: len(ws) for p, ws in self.pool.availability().items()}
+        for _, parts in self.pool.joining.values():
+            for p in parts:
+                holders[p] += 1
+        per_worker = max(1, round(sum(holders.values()) / max(1, len(self.pool.holds) + len(self.pool.joining))))
+        return sorted(sorted(holders, key=lambda p: (holders[p], p))[:per_worker])
 
     def _finish_drain(self, worker: int) -> None:
         if worker in self.pool.draining and not any(f.assignment.worker == worker for f in self._in_flight.values()):
