@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table = per_round.join(workers).reset_index()
     ev = result.events[result.events.kind.isin(["worker_failed", "worker_added", "worker_joined",
                                                 "partition_reload"])].copy()
-    print("\nPer-epoch time (replication %d, %d workers; workers %s killed, %d added back at epoch %d):"
-          % (cfg.replicas, cfg.workers, killed, len(killed), cfg.return_at))
+    print(f"\nPer-epoch time (replication {cfg.replicas}, {cfg.workers} workers; workers {killed} killed, "
+          f"{len(killed)} added back at epoch {cfg.return_at}):")
     print(table[["round", "epoch_time_s", "workers_used"]].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     print("\nFailure and recovery events (t in seconds since the run started):")
     for row in ev.itertuples():

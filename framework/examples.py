@@ -30,8 +30,15 @@ def mlp_model_fn(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.O
     return model, opt
 
 
-def classifier_train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: dict) -> dict:
-    """One shuffled pass of mini-batch SGD over the partition; returns the mean training loss and accuracy."""
+def classifier_train_fn(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: dict, freezing: Any = None
+) -> dict:
+    """One shuffled pass of mini-batch SGD over the partition; returns the mean training loss and accuracy.
+
+    With `ModelSelection(freezing=...)` the engine passes a `FreezingController`: the forward pass then goes through
+    it (it may skip frozen layers using cached activations, keyed by the row index in the partition) and it sees
+    every step's loss and learning rate.
+    """
     x, y = data  # (N, D), (N,)
     device = next(model.parameters()).device
     bs = int(config.get("batch_size", 32))
@@ -41,10 +48,12 @@ def classifier_train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         idx = perm[i : i + bs]
         xb, yb = x[idx].to(device), y[idx].to(device)
         optimizer.zero_grad(set_to_none=True)
-        logits = model(xb)  # (B, classes)
+        logits = model(xb) if freezing is None else freezing.forward(xb, idx)  # (B, classes)
         loss = F.cross_entropy(logits, yb)
         loss.backward()
         optimizer.step()
+        if freezing is not None:
+            freezing.after_step(loss.item(), optimizer.param_groups[0]["lr"])
         total_loss += loss.item() * len(idx)
         correct += (logits.argmax(1) == yb).sum().item()
     return {"loss": total_loss / len(x), "accuracy": correct / len(x), "num_examples": len(x)}

@@ -1,7 +1,8 @@
 """Replay a finished run from its schedule log: same units, same per-config visit order, same seeds.
 
 The replay runs in-process (no Ray) with one `Worker` that holds every partition, using as many torch threads as the
-run's workers did, so on CPU the final weights are bit-identical to the run's.
+run's workers did, so on CPU the final weights are bit-identical to the run's. (With layer freezing the reference
+model is evaluated asynchronously, so when a layer freezes can differ between a run and its replay.)
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def replay(
     threads = torch.get_num_threads()
     try:
         dst.set_meta(**{**meta, "replay_of": os.path.abspath(storage_path)})
-        worker = Worker(-1, model_fn, train_fn, eval_fn, input_fn, num_threads=int(meta.get("num_threads", 1)))
+        worker = Worker(-1, model_fn, train_fn, eval_fn, input_fn, num_threads=int(meta.get("num_threads", 1)),
+                        freezing=meta.get("freezing"))
         worker.load(held)
         states: dict[int, dict | None] = {}
         counts: dict[int, int] = defaultdict(int)

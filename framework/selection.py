@@ -32,7 +32,7 @@ from framework.data import PartitionedDataset
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError
 from framework.engine.pool import WorkerPool
-from framework.engine.ray_backend import ensure_ray
+from framework.engine.ray_backend import ensure_ray, materialize
 from framework.engine.signing import dumps_signed, loads_signed
 from framework.engine.worker import UnitReport, UnitTask, epoch_metrics, unit_seed
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
@@ -117,6 +117,11 @@ class ModelSelection:
         max_unit_retries: how often a unit whose user code raised is retried before its config is marked failed.
         max_worker_restarts: restarts per worker id after a crash or hang; beyond it, the partitions it held are
             re-loaded on live workers.
+        freezing: turn on Egeria layer freezing: `train_fn` is then called with `freezing=controller` (a
+            `framework.freezing.FreezingController` whose state travels with the config). Options: `modules`
+            ("children", an int for size-based groups, or a regex), `cache` (activation cache on the worker) and
+            any `FreezingController` keyword (`eval_interval`, `policy`, ...). Hops then leave frozen weights
+            behind on workers that already hold them.
     """
 
     def __init__(
@@ -139,6 +144,7 @@ class ModelSelection:
         unit_timeout_s: float | None = None,
         max_unit_retries: int = 0,
         max_worker_restarts: int = 3,
+        freezing: Mapping[str, Any] | None = None,
     ) -> None:
         for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
@@ -187,6 +193,9 @@ class ModelSelection:
         self.unit_timeout_s, self.max_unit_retries, self.max_worker_restarts = (
             unit_timeout_s, max_unit_retries, max_worker_restarts)
         self.num_threads = max(1, int(resources.get("CPU", 1)))
+        if freezing is not None and not isinstance(freezing, Mapping):
+            raise TypeError(f"`freezing` is {freezing!r}, but must be a dict of options or None")
+        self.freezing = dict(freezing) if freezing is not None else None
         if storage_path is None:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             storage_path = os.path.join("runs", f"run-{stamp}")
@@ -309,6 +318,7 @@ class ModelSelection:
             start_time=self._t0, seed=self.seed, executor=self.executor, scheduler=self.scheduler_name,
             num_workers=self.num_workers, worker_resources=self.worker_resources, num_threads=self.num_threads,
             metric=self.metric, mode=self.mode, placement={str(k): v for k, v in self.placement.items()},
+            freezing=self.freezing,
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
             functions={n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
                                                   ("eval_fn", self.eval_fn), ("input_fn", self.input_fn))},
@@ -323,7 +333,8 @@ class ModelSelection:
             entries = {p: ([train[p]], [valid[p]]) for p in range(ds.num_partitions)}
         else:  # full-data baselines: the one "partition" 0 is all the data, on every worker
             entries = {0: (train, valid)}
-        fns = {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn, "input_fn": self.input_fn}
+        fns = {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn, "input_fn": self.input_fn,
+               "freezing": self.freezing}
         self.pool = WorkerPool(fns, self.worker_resources, self.num_threads, entries)
         for w in range(self.num_workers):
             self.pool.start(w, [p for p, ws in self.placement.items() if w in ws])
@@ -449,7 +460,7 @@ class ModelSelection:
         if unit.kind == TRAIN:
             c.state_ref, c.units = flight.state_ref, c.units + 1
             c.visited.setdefault(unit.epoch, []).append(unit.partition)
-            self._ckpt.submit(c.id, unit.epoch, c.units, lambda ref=flight.state_ref: ray.get(ref))
+            self._ckpt.submit(c.id, unit.epoch, c.units, lambda ref=flight.state_ref: materialize(ray.get(ref)))
         return True
 
     # ---- failures, elasticity -----------------------------------------------------------------------------------

@@ -12,7 +12,16 @@ from framework.engine.worker import Worker
 
 
 class _RayWorker(Worker):
-    """`Worker` as a Ray actor; partition entries may be object refs (in-memory data put once by the driver)."""
+    """`Worker` as a Ray actor; partition entries may be object refs (in-memory data put once by the driver), and
+    frozen weights are shared through the object store."""
+
+    LOST_STATE_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
+
+    def _publish(self, frozen: dict) -> Any:
+        return ray.put(frozen)
+
+    def _resolve(self, handle: Any) -> dict:
+        return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
 
     def load(self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]]) -> dict[int, int]:
         resolved = {
@@ -43,6 +52,15 @@ def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     if custom:
         opts["resources"] = custom
     return opts
+
+
+def materialize(state: dict | None) -> dict | None:
+    """A self-contained copy of a config state (frozen weights fetched back in): what a checkpoint stores."""
+    if state is None or "frozen" not in state:
+        return state
+    handle = state["frozen"]["weights"]
+    frozen = ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
+    return {**{k: v for k, v in state.items() if k != "frozen"}, "model": {**state["model"], **frozen}}
 
 
 def start_worker(worker_id: int, resources: Mapping[str, float], fns: dict[str, Any], num_threads: int) -> Any:

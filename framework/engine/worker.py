@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -100,6 +101,7 @@ class Worker:
         input_fn: Callable | None = None,
         device: str = "cpu",
         num_threads: int | None = None,
+        freezing: Mapping[str, Any] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
@@ -107,6 +109,10 @@ class Worker:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.data: dict[tuple[str, int], Any] = {}
+        self.freezing = dict(freezing) if freezing is not None else None
+        # (config, generation) -> frozen weights this worker holds (received or published), and their handle
+        self._frozen: dict[tuple[int, int], tuple[dict[str, torch.Tensor], Any]] = {}
+        self._cache_root = tempfile.mkdtemp(prefix=f"modelhopper-w{worker_id}-") if self.freezing else None
 
     # ---- data -------------------------------------------------------------------------------------------------
     def load(self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]]) -> dict[int, int]:
@@ -151,10 +157,66 @@ class Worker:
         model, optimizer = built
         model.to(self.device)
         if state is not None:
-            model.load_state_dict(state["model"])
+            model.load_state_dict(self._full_weights(task.unit.config_id, state))
             if optimizer is not None and state.get("optimizer") is not None:
                 optimizer.load_state_dict(state["optimizer"])
         return model, optimizer
+
+    # ---- frozen layers (Egeria): the controller, and hops that leave frozen weights behind ----------------------
+    #: errors that mean a state object is gone (set by the Ray subclass); they propagate to the driver
+    LOST_STATE_ERRORS: tuple[type[BaseException], ...] = ()
+
+    def _controller(self, model: torch.nn.Module, unit: Unit, state: ModelState | None) -> Any:
+        from framework.freezing import FreezingController, split_by_size, split_children, split_regex
+
+        opts = dict(self.freezing or {})
+        split = opts.pop("modules", "children")
+        cache = opts.pop("cache", False)
+        if isinstance(split, int):
+            modules = split_by_size(model, split)
+        elif split == "children":
+            modules = split_children(model)
+        else:
+            modules = split_regex(model, split)
+        cache_dir = os.path.join(self._cache_root, f"c{unit.config_id}-p{unit.partition}") if cache else None
+        controller = FreezingController(model, modules, cache_dir=cache_dir, **opts)
+        if state is not None and state.get("freezing") is not None:
+            controller.load_state_dict(state["freezing"])
+        return controller
+
+    def _split_frozen(self, config_id: int, model: torch.nn.Module, new_state: ModelState) -> None:
+        """Move the frozen weights out of the hop payload: they are published once per (config, generation) and
+        a worker that already holds them never receives them again."""
+        from framework.freezing import frozen_parameter_names
+
+        fstate = new_state["freezing"]
+        names = frozen_parameter_names(model, fstate, include_buffers=True)
+        if not names:
+            return
+        key = (config_id, int(fstate["generation"]))
+        if key not in self._frozen:
+            frozen = {k: new_state["model"][k] for k in names}
+            self._frozen = {k: v for k, v in self._frozen.items() if k[0] != config_id}  # older generations
+            self._frozen[key] = (frozen, self._publish(frozen))
+        new_state["model"] = {k: v for k, v in new_state["model"].items() if k not in set(names)}
+        new_state["frozen"] = {"generation": key[1], "weights": self._frozen[key][1]}
+
+    def _full_weights(self, config_id: int, state: ModelState) -> dict[str, Any]:
+        if "frozen" not in state:
+            return state["model"]
+        key = (config_id, int(state["frozen"]["generation"]))
+        if key not in self._frozen:
+            weights = self._resolve(state["frozen"]["weights"])
+            self._frozen = {k: v for k, v in self._frozen.items() if k[0] != config_id}
+            self._frozen[key] = (weights, state["frozen"]["weights"])
+        return {**state["model"], **self._frozen[key][0]}
+
+    def _publish(self, frozen: dict[str, torch.Tensor]) -> Any:
+        """A handle other workers can resolve (in-process: the tensors themselves; on Ray: an object ref)."""
+        return frozen
+
+    def _resolve(self, handle: Any) -> dict[str, torch.Tensor]:
+        return handle
 
     def run(self, task: UnitTask, state: ModelState | None) -> tuple[ModelState | None, UnitReport]:
         """Run one unit from `state` (None: a fresh config). Returns (new state or None for eval, report)."""
@@ -165,7 +227,15 @@ class Worker:
             model, optimizer = self._build(task, state)
             data = self.data[("train" if unit.kind == TRAIN else "valid", unit.partition)]
             seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN)))
-            if unit.kind == TRAIN:
+            if unit.kind == TRAIN and self.freezing is not None:
+                model.train()
+                controller = self._controller(model, unit, state)
+                try:
+                    metrics = self.train_fn(model, optimizer, data, task.config, freezing=controller)
+                    freezing_state = controller.state_dict()
+                finally:
+                    controller.close()
+            elif unit.kind == TRAIN:
                 model.train()
                 metrics = self.train_fn(model, optimizer, data, task.config)
             else:
@@ -183,9 +253,14 @@ class Worker:
                     "optimizer": _to_cpu(optimizer.state_dict()) if optimizer is not None else None,
                     "visited": visited,
                 }
+                if self.freezing is not None:
+                    new_state["freezing"] = freezing_state
+                    self._split_frozen(unit.config_id, model, new_state)
             report.num_examples = int(metrics.pop("num_examples", data_len(data)))
             report.metrics = metrics
             report.state_bytes = state_nbytes(new_state)
+        except self.LOST_STATE_ERRORS:
+            raise  # the config's state could not be fetched: not the user's fault, the driver restores it
         except Exception:  # user code failed: report it against the config, keep the worker alive
             new_state, report.error = None, traceback.format_exc()
         report.end = time.time()
