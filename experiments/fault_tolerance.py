@@ -11,11 +11,8 @@ failure / recovery events; every config still absorbs every partition exactly on
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -28,6 +25,7 @@ import pandas as pd  # noqa: E402
 
 import automl  # noqa: E402
 import framework  # noqa: E402
+from experiments._common import parse_config, record_run  # noqa: E402
 from framework.engine.ray_backend import ensure_ray  # noqa: E402
 from framework.examples import (  # noqa: E402
     classifier_eval_fn,
@@ -53,24 +51,8 @@ class Defaults:
 QUICK = dict(rows=6_000, epochs=6, fail_at=(1, 2), return_at=4)
 
 
-def _parse(argv: list[str] | None) -> Defaults:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Defaults):
-        flag = f"--{f.name.replace('_', '-')}"
-        if isinstance(f.default, tuple):
-            parser.add_argument(flag, type=int, nargs="+", default=f.default)
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
-    parser.add_argument("--quick", action="store_true", help="a small workload (about a minute)")
-    args = parser.parse_args(argv)
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Defaults)}
-    if args.quick:
-        values.update({k: v for k, v in QUICK.items() if values[k] == getattr(Defaults, k)})
-    return Defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
-
-
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    cfg = _parse(argv)
+    cfg = parse_config(Defaults, argv, __doc__, QUICK)
     os.makedirs(cfg.out, exist_ok=True)
     ensure_ray(min_cpus=cfg.workers + 2)
     x, y = synthetic_classification(cfg.rows, cfg.features, seed=cfg.seed)
@@ -127,9 +109,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     print(f"\nevery config absorbed every partition exactly once per epoch: {complete}")
     table.to_csv(os.path.join(cfg.out, "epochs.csv"), index=False)
     ev.to_csv(os.path.join(cfg.out, "events.csv"), index=False)
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-    with open(os.path.join(cfg.out, "run.json"), "w") as f:
-        json.dump({"config": dataclasses.asdict(cfg), "git_revision": rev, "killed": killed}, f, indent=1)
+    record_run(cfg.out, cfg, killed=killed)
     return table
 
 

@@ -11,11 +11,7 @@ Table 2), and data held per worker.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +25,7 @@ import ray  # noqa: E402
 
 import automl  # noqa: E402
 import framework  # noqa: E402
+from experiments._common import parse_config, record_run  # noqa: E402
 from framework.engine.catalog import SQLiteCatalog  # noqa: E402
 from framework.engine.ray_backend import ensure_ray  # noqa: E402
 from framework.examples import (  # noqa: E402
@@ -127,21 +124,7 @@ def _run_tune(x, y, cfg: Defaults) -> dict:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = Defaults()
-    for f in dataclasses.fields(Defaults):
-        if isinstance(f.default, bool):
-            parser.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=f.default)
-        elif isinstance(f.default, tuple):
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default[0]), nargs="+", default=f.default)
-        else:
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    parser.add_argument("--quick", action="store_true", help="a small workload that runs in about a minute")
-    args = parser.parse_args(argv)
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Defaults)}
-    if args.quick:
-        values.update({k: v for k, v in QUICK.items() if getattr(args, k) == getattr(d, k)})
-    cfg = Defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    cfg = parse_config(Defaults, argv, __doc__, QUICK)
     os.makedirs(cfg.out, exist_ok=True)
     ensure_ray(min_cpus=cfg.workers)
 
@@ -168,10 +151,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     print(f"MOP engine overhead = {mop.overhead_frac:.1%} of the makespan (target <= 5%)")
     print(f"model state moved per epoch: {mop.state_bytes_per_epoch / 1e6:.2f} MB vs m*p*|S| = "
           f"{mop.moved_bytes_theory / 1e6:.2f} MB")
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
     df.to_csv(os.path.join(cfg.out, "results.csv"), index=False)
-    with open(os.path.join(cfg.out, "run.json"), "w") as f:
-        json.dump({"config": dataclasses.asdict(cfg), "git_revision": rev, "ray": ray.__version__}, f, indent=1)
+    record_run(cfg.out, cfg, ray=ray.__version__)
     return df
 
 

@@ -1,0 +1,52 @@
+"""What every experiment script shares: defaults in a dataclass overridden from the command line, a `--quick`
+variant, and a record of what ran (config, seed, git revision) next to the results."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def parse_config(defaults: type[T], argv: list[str] | None, doc: str | None, quick: dict[str, Any]) -> T:
+    """Build `defaults` from argv: one `--flag` per field (tuples take several values, bools --x/--no-x);
+    `--quick` swaps in `quick` for every field the command line left at its default."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    fields = dataclasses.fields(defaults)
+    for f in fields:
+        flag = f"--{f.name.replace('_', '-')}"
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif isinstance(f.default, tuple):
+            parser.add_argument(flag, type=type(f.default[0]) if f.default else str, nargs="+", default=f.default)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default)
+    parser.add_argument("--quick", action="store_true", help=f"a small variant: {quick}")
+    args = parser.parse_args(argv)
+    values = {f.name: getattr(args, f.name) for f in fields}
+    if args.quick:
+        values.update({k: v for k, v in quick.items() if values[k] == getattr(defaults, k)})
+    return defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def record_run(out: str, cfg: Any, **extra: Any) -> str:
+    """Write `run.json` (the config, the git revision and `extra`) into `out`; returns its path."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "run.json")
+    with open(path, "w") as f:
+        json.dump({"config": dataclasses.asdict(cfg), "git_revision": git_revision(), **extra}, f, indent=1,
+                  default=str)
+    return path
