@@ -1,11 +1,25 @@
 """Model hopper parallelism (MOP) for deep-learning model selection on Ray.
 
-Public API: `PartitionedDataset`, `ModelSelection`, `Result`, `replay`.
+Public API: `PartitionedDataset`, `ModelSelection`, `Result`, `replay`; transfer learning that shares frozen
+computation: `plan_transfer`, `TransferSelection` (in-process) and `transfer_on_engine` (on the MOP engine).
 """
 
 from framework.data import PartitionedDataset
+from framework.planner.engine import EngineTransfer, transfer_on_engine
+from framework.planner.transfer import TransferPlan, TransferSelection, plan_transfer
 from framework.replay import replay
 from framework.result import Result
 from framework.selection import EXECUTORS, ModelSelection
 
-__all__ = ["EXECUTORS", "ModelSelection", "PartitionedDataset", "Result", "replay"]
+__all__ = [
+    "EXECUTORS",
+    "EngineTransfer",
+    "ModelSelection",
+    "PartitionedDataset",
+    "Result",
+    "TransferPlan",
+    "TransferSelection",
+    "plan_transfer",
+    "replay",
+    "transfer_on_engine",
+]

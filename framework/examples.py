@@ -88,3 +88,45 @@ def synthetic_classification(n: int, d: int, classes: int = 10, seed: int = 0) -
     w2 = rng.standard_normal((64, classes)).astype(np.float32) / 8.0
     logits = np.maximum(x @ w1, 0) @ w2 + 0.1 * rng.standard_normal((n, classes)).astype(np.float32)
     return x, logits.argmax(1).astype(np.int64)
+
+
+def feature_classifier_train_fn(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: dict) -> dict:
+    """`classifier_train_fn` for partitions whose inputs may be a dict of features (`ModelSelection(extract=...)`,
+    `framework.planner.transfer_on_engine`): one shuffled pass, same batches and random stream on raw tensors."""
+    from framework.planner.engine import feature_len, take
+
+    x, y = data  # x: (N, ...) tensor or {name: (N, ...) tensor}
+    device = next(model.parameters()).device
+    bs, n = int(config.get("batch_size", 32)), feature_len(x)
+    perm = torch.randperm(n)
+    total_loss, correct = 0.0, 0
+    for i in range(0, n, bs):
+        idx = perm[i : i + bs]
+        xb, yb = _to_device(take(x, idx), device), y[idx].to(device)
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(xb)
+        loss = F.cross_entropy(logits, yb)
+        loss.backward()
+        optimizer.step()
+        total_loss += loss.item() * len(idx)
+        correct += (logits.argmax(1) == yb).sum().item()
+    return {"loss": total_loss / n, "accuracy": correct / n, "num_examples": n}
+
+
+def feature_classifier_eval_fn(model: torch.nn.Module, data: Any, config: dict) -> dict:
+    """`classifier_eval_fn` for tensor or dict-of-features inputs (called under no_grad by the engine)."""
+    from framework.planner.engine import feature_len
+
+    x, y = data
+    device = next(model.parameters()).device
+    logits = model(_to_device(x, device))
+    y = y.to(device)
+    return {
+        "loss": F.cross_entropy(logits, y).item(),
+        "accuracy": (logits.argmax(1) == y).float().mean().item(),
+        "num_examples": feature_len(x),
+    }
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)

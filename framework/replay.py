@@ -45,12 +45,13 @@ def replay(
     eval_fn: Callable | None = None,
     input_fn: Callable | None = None,
     out_path: str | None = None,
+    extract: Callable | None = None,
 ) -> Result:
     """Re-run every completed unit of the run in `storage_path` in the logged order; return the replay's `Result`.
 
     User functions default to the ones the run recorded (`module:qualname`); functions defined in `__main__` or
     inside other functions must be passed explicitly. The replay is written to `out_path`
-    (default: `<storage_path>/replay`).
+    (default: `<storage_path>/replay`). A run made with `ModelSelection(extract=...)` needs the same `extract`.
     """
     src = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE))
     try:
@@ -60,6 +61,11 @@ def replay(
     finally:
         src.close()
     fns = meta["functions"]
+    if meta.get("extract") is not None and extract is None:
+        raise ValueError(
+            f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
+            "extract= to replay()"
+        )
     model_fn = model_fn or _import_ref(fns["model_fn"], "model_fn")
     train_fn = train_fn or _import_ref(fns["train_fn"], "train_fn")
     eval_fn = eval_fn or _import_ref(fns["eval_fn"], "eval_fn")
@@ -79,7 +85,7 @@ def replay(
     try:
         dst.set_meta(**{**meta, "replay_of": os.path.abspath(storage_path)})
         worker = Worker(-1, model_fn, train_fn, eval_fn, input_fn, num_threads=int(meta.get("num_threads", 1)),
-                        freezing=meta.get("freezing"))
+                        freezing=meta.get("freezing"), extract=extract)
         worker.load(held)
         states: dict[int, dict | None] = {}
         counts: dict[int, int] = defaultdict(int)

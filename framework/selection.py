@@ -72,6 +72,15 @@ def _fn_ref(fn: Callable | None) -> str | None:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
 
 
+def _extract_ref(extract: Callable | None) -> str | None:
+    """What the run log records about `extract`: a function's `module:qualname`, or an object's class."""
+    if extract is None:
+        return None
+    if hasattr(extract, "__qualname__"):
+        return _fn_ref(extract)
+    return _fn_ref(type(extract))
+
+
 def _git_revision() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
@@ -122,6 +131,13 @@ class ModelSelection:
             ("children", an int for size-based groups, or a regex), `cache` (activation cache on the worker) and
             any `FreezingController` keyword (`eval_interval`, `policy`, ...). Hops then leave frozen weights
             behind on workers that already hold them.
+        extract: a picklable callable (e.g. a frozen `torch.nn.Module`; it is put in eval mode) that every worker
+            applies once to the inputs of each partition it loads (train and valid), under `torch.no_grad()` in
+            batches of 1024 rows: the partition's data `(x, y)` becomes `(extract(x), y)` for every config's units
+            on that worker (Vista/Nautilus: frozen-prefix features materialized near the data). It returns a tensor
+            or a dict of tensors, batch first. Time and bytes per worker go to the events
+            (`features_materialized`). `framework.planner.transfer_on_engine` builds it, with the matching
+            `model_fn`, from a family of models that share a frozen prefix; hops then carry only trainable state.
     """
 
     def __init__(
@@ -145,12 +161,15 @@ class ModelSelection:
         max_unit_retries: int = 0,
         max_worker_restarts: int = 3,
         freezing: Mapping[str, Any] | None = None,
+        extract: Callable | None = None,
     ) -> None:
         for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
                 raise TypeError(f"`{name}` is {fn!r}, but must be callable")
         if input_fn is not None and not callable(input_fn):
             raise TypeError(f"`input_fn` is {input_fn!r}, but must be callable or None")
+        if extract is not None and not callable(extract):
+            raise TypeError(f"`extract` is {extract!r}, but must be callable (e.g. a torch.nn.Module) or None")
         if not isinstance(dataset, PartitionedDataset):
             raise TypeError(f"`dataset` is a {type(dataset).__name__}, but must be a framework.PartitionedDataset")
         if executor not in EXECUTORS:
@@ -196,6 +215,7 @@ class ModelSelection:
         if freezing is not None and not isinstance(freezing, Mapping):
             raise TypeError(f"`freezing` is {freezing!r}, but must be a dict of options or None")
         self.freezing = dict(freezing) if freezing is not None else None
+        self.extract = extract
         if storage_path is None:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             storage_path = os.path.join("runs", f"run-{stamp}")
@@ -220,6 +240,7 @@ class ModelSelection:
         eval_fn: Callable,
         input_fn: Callable | None = None,
         procedure: Procedure | str | None = None,
+        extract: Callable | None = None,
         **overrides: Any,
     ) -> ModelSelection:
         """A `ModelSelection` that continues the run in `storage_path` (after a driver crash) when `.run()` is called.
@@ -227,7 +248,8 @@ class ModelSelection:
         Pass the same user functions. The procedure's state, the configs, their latest checkpoints and the schedule
         log come from the directory; `procedure` overrides the stored procedure state (it must pickle-verify). Units
         that were in flight at the crash, or whose checkpoint had not reached the disk, run again; the schedule log
-        marks their lost attempts `lost`. `overrides` may change `progress`, `unit_timeout_s`, `max_unit_retries`,
+        marks their lost attempts `lost`. A run made with `extract=` needs the same `extract` again. `overrides` may
+        change `progress`, `unit_timeout_s`, `max_unit_retries`,
         `max_worker_restarts`.
         """
         path = os.path.abspath(storage_path)
@@ -247,6 +269,11 @@ class ModelSelection:
             if blob is None:
                 raise RuntimeError(f"the run in {storage_path!r} committed no round yet; pass `procedure=` to resume")
             procedure = loads_signed(blob, signature)
+        if meta.get("extract") is not None and extract is None:
+            raise ValueError(
+                f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
+                "extract= to resume()"
+            )
         dataset = PartitionedDataset.load(os.path.join(path, "data"), meta["dataset"])
         dataset.availability = {int(k): v for k, v in meta["placement"].items()} if meta["executor"] == "mop" else None
         self = cls.__new__(cls)
@@ -254,7 +281,8 @@ class ModelSelection:
         cls.__init__(
             self, model_fn, train_fn, eval_fn, dataset, procedure, input_fn=input_fn,
             num_workers=meta["num_workers"], worker_resources=meta["worker_resources"], scheduler=scheduler,
-            executor=meta["executor"], seed=meta["seed"], metric=meta["metric"], mode=meta["mode"], **overrides,
+            executor=meta["executor"], seed=meta["seed"], metric=meta["metric"], mode=meta["mode"], extract=extract,
+            **overrides,
         )
         self.storage_path, self._resuming = path, True
         return self
@@ -318,7 +346,7 @@ class ModelSelection:
             start_time=self._t0, seed=self.seed, executor=self.executor, scheduler=self.scheduler_name,
             num_workers=self.num_workers, worker_resources=self.worker_resources, num_threads=self.num_threads,
             metric=self.metric, mode=self.mode, placement={str(k): v for k, v in self.placement.items()},
-            freezing=self.freezing,
+            freezing=self.freezing, extract=_extract_ref(self.extract),
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
             functions={n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
                                                   ("eval_fn", self.eval_fn), ("input_fn", self.input_fn))},
@@ -334,7 +362,7 @@ class ModelSelection:
         else:  # full-data baselines: the one "partition" 0 is all the data, on every worker
             entries = {0: (train, valid)}
         fns = {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn, "input_fn": self.input_fn,
-               "freezing": self.freezing}
+               "freezing": self.freezing, "extract": self.extract}
         self.pool = WorkerPool(fns, self.worker_resources, self.num_threads, entries)
         for w in range(self.num_workers):
             self.pool.start(w, [p for p, ws in self.placement.items() if w in ws])
@@ -534,6 +562,12 @@ class ModelSelection:
             self._catalog.add_event("worker_start_failed", worker=worker, error=repr(e))
             self._restart_or_reassign(worker, parts)
             return
+        if self.extract is not None:
+            try:
+                stats = ray.get(self.pool.actors[worker].extraction_stats.remote())
+                self._catalog.add_event("features_materialized", worker=worker, **stats)
+            except ray.exceptions.RayActorError:  # died right after loading: the run loop will see it
+                pass
         if state is not None:
             state.add_worker(worker, parts)
         self._catalog.add_event("worker_joined", worker=worker, partitions=sorted(parts))

@@ -49,6 +49,40 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
+#: rows per batch when a worker runs `extract` over a partition
+EXTRACT_BATCH = 1024
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors and arrays in `obj` (tuples, lists and dicts are walked)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _concat_features(outs: list[Any], n: int) -> Any:
+    """Concatenate per-batch outputs of `extract` (a tensor, or a dict of tensors, each batch-first)."""
+    if not outs:
+        raise ValueError("`extract` got a partition with no records")
+    first = outs[0]
+    if isinstance(first, torch.Tensor):
+        feats: Any = torch.cat(outs)
+    elif isinstance(first, dict) and all(isinstance(v, torch.Tensor) for v in first.values()):
+        feats = {k: torch.cat([o[k] for o in outs]) for k in first}
+    else:
+        raise TypeError(f"`extract` must return a tensor or a dict of tensors, got {type(first).__name__}")
+    lens = {len(v) for v in (feats.values() if isinstance(feats, dict) else [feats])}
+    if lens != {n}:
+        raise ValueError(f"`extract` must keep the batch as the first dimension: {n} records gave lengths {lens}")
+    return feats
+
+
 def state_nbytes(state: ModelState | None) -> int:
     """Bytes of tensor payload in a model state (what a hop moves)."""
     if state is None:
@@ -102,6 +136,7 @@ class Worker:
         device: str = "cpu",
         num_threads: int | None = None,
         freezing: Mapping[str, Any] | None = None,
+        extract: Callable | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
@@ -113,6 +148,8 @@ class Worker:
         # (config, generation) -> frozen weights this worker holds (received or published), and their handle
         self._frozen: dict[tuple[int, int], tuple[dict[str, torch.Tensor], Any]] = {}
         self._cache_root = tempfile.mkdtemp(prefix=f"modelhopper-w{worker_id}-") if self.freezing else None
+        self.extract = extract
+        self.extraction: dict[str, Any] = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
 
     # ---- data -------------------------------------------------------------------------------------------------
     def load(self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]]) -> dict[int, int]:
@@ -120,25 +157,53 @@ class Worker:
 
         Returns the number of training examples per partition.
         """
+        if self.extract is not None:  # `extraction_stats` describes the latest load
+            self.extraction = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
         for pid, (train_entries, valid_entries) in partitions.items():
             for split, entries in (("train", train_entries), ("valid", valid_entries)):
                 parts = [self.input_fn(e) if self.input_fn is not None else e for e in entries]
-                self.data[(split, pid)] = concat_data(parts)
+                data = concat_data(parts)
+                self.data[(split, pid)] = self._extract(data) if self.extract is not None else data
+            if self.extract is not None:
+                self.extraction["partitions"].append(pid)
         return {pid: data_len(self.data[("train", pid)]) for pid in partitions}
+
+    def _extract(self, data: Any, batch_size: int = EXTRACT_BATCH) -> Any:
+        """`(x, y, ...) -> (extract(x), y, ...)`: the frozen prefix run once over the partition, near the data."""
+        if not (isinstance(data, (tuple, list)) and len(data) >= 2):
+            raise TypeError(
+                f"`extract` needs a partition's data to be a tuple (inputs, labels, ...), got {type(data).__name__}"
+            )
+        x = data[0] if isinstance(data[0], torch.Tensor) else torch.as_tensor(data[0])
+        if isinstance(self.extract, torch.nn.Module):
+            self.extract.to(self.device).eval()
+        start = time.perf_counter()
+        outs: list[Any] = []
+        with torch.no_grad():
+            for s in range(0, len(x), batch_size):
+                out = self.extract(x[s : s + batch_size].to(self.device))
+                outs.append(_to_cpu(out))
+        feats = _concat_features(outs, len(x))
+        self.extraction["seconds"] += time.perf_counter() - start
+        self.extraction["bytes"] += _tensor_bytes(feats)
+        self.extraction["records"] += len(x)
+        return (feats, *data[1:])
+
+    def extraction_stats(self) -> dict[str, Any]:
+        """Time, bytes and records of the features this worker materialized in its latest `load`."""
+        return dict(self.extraction, partitions=list(self.extraction["partitions"]))
 
     def holds(self) -> list[int]:
         return sorted({pid for _, pid in self.data})
 
     def data_nbytes(self) -> int:
-        """Bytes of in-memory data this worker holds (tensors and arrays only)."""
+        """Bytes of in-memory data this worker holds (tensors and arrays only; dicts of them from `extract`)."""
         total = 0
         for d in self.data.values():
             items = d if isinstance(d, tuple) else (d,)
             for a in items:
-                if isinstance(a, torch.Tensor):
-                    total += a.numel() * a.element_size()
-                elif isinstance(a, np.ndarray):
-                    total += a.nbytes
+                if isinstance(a, (torch.Tensor, np.ndarray, dict)):
+                    total += _tensor_bytes(a)
         return total
 
     def ping(self) -> int:

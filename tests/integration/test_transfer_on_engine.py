@@ -1,0 +1,144 @@
+"""The transfer planner on the MOP engine: frozen-prefix features materialized once per worker, hops carry only
+trainable state, and the results equal a run without the planner."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import automl
+import framework
+from framework.examples import feature_classifier_eval_fn, feature_classifier_train_fn
+from framework.planner import CostModel
+from simulators import validate_schedule
+
+pytestmark = pytest.mark.ray
+
+SPACE = {"freeze": ["all", "first"], "lr": [0.05, 0.2], "batch_size": [64]}
+EPOCHS = 2
+CM = CostModel(1e9, 1e9)
+
+
+def _pretrained_trunk() -> nn.Sequential:
+    """A "pre-trained" trunk: the same weights on every call, without touching the global random stream."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)
+        trunk = nn.Sequential(nn.Linear(64, 48), nn.BatchNorm1d(48), nn.ReLU(), nn.Linear(48, 32), nn.ReLU())
+        trunk[1].running_mean.uniform_(-0.2, 0.2)
+        trunk[1].running_var.uniform_(0.5, 2.0)
+    return trunk
+
+
+class Net(nn.Module):
+    """Trunk + head; `freeze` says which trunk layers are frozen (requires_grad False and always in eval mode)."""
+
+    def __init__(self, freeze: str) -> None:
+        super().__init__()
+        self.trunk = _pretrained_trunk()
+        self.head = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 10))
+        self.frozen = 5 if freeze == "all" else 3  # trunk modules [0, frozen)
+        for m in list(self.trunk)[: self.frozen]:
+            for p in m.parameters():
+                p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> Net:
+        super().train(mode)
+        for m in list(self.trunk)[: self.frozen]:
+            m.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(x))
+
+
+def model_fn(config: dict) -> tuple[nn.Module, torch.optim.Optimizer]:
+    net = Net(config["freeze"]).train()
+    return net, torch.optim.SGD(net.parameters(), lr=config["lr"])
+
+
+def _run(ds, tmp_path, name, fn, **kw):
+    return framework.ModelSelection(
+        fn, feature_classifier_train_fn, feature_classifier_eval_fn, ds, automl.GridSearch(SPACE, epochs=EPOCHS),
+        storage_path=str(tmp_path / name), progress=False, metric="valid_accuracy", mode="max", **kw,
+    ).run()
+
+
+def _transfer(digits) -> framework.EngineTransfer:
+    configs = automl.GridSearch(SPACE, epochs=EPOCHS).configs()
+    return framework.transfer_on_engine(
+        model_fn, configs, torch.as_tensor(digits[0][:2]), epochs=EPOCHS, records=1000, cost_model=CM
+    )
+
+
+def test_planner_on_engine_materializes_once_and_hops_carry_only_trainable_state(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    tr = _transfer(digits)
+    assert tr.extract is not None and tr.plan.materialized
+    result = _run(ds, tmp_path, "planner", tr.model_fn, extract=tr.extract)
+
+    assert validate_schedule(result.schedule, partitions=[0, 1]).ok
+    mat = result.events[result.events.kind == "features_materialized"]
+    details = [json.loads(d) for d in mat.detail]
+    assert sorted(d["worker"] for d in details) == [0, 1]  # once per worker
+    assert all(d["bytes"] > 0 and d["seconds"] >= 0 and len(d["partitions"]) == 1 for d in details)
+    assert sum(d["records"] for d in details) == len(digits[0])
+
+    train = result.schedule[result.schedule.kind == "train"]
+    for cid, cfg in result.configs.items():
+        before, after = tr.hop_bytes(cfg)
+        assert 0 < after < before
+        assert set(train[train.config_id == cid].state_bytes) == {after}  # SGD without momentum: no optimizer state
+    # freezing the whole trunk leaves the head's floats; freezing only the first layer adds the second (48 x 32 + 32)
+    head = 32 * 32 + 32 + 32 * 10 + 10
+    hops = {cfg["freeze"]: tr.hop_bytes(cfg)[1] for cfg in tr.configs}
+    assert hops == {"all": head * 4, "first": (head + 48 * 32 + 32) * 4}
+
+
+def test_planner_on_engine_matches_a_run_without_the_planner(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    tr = _transfer(digits)
+    planned = _run(ds, tmp_path, "planned", tr.model_fn, extract=tr.extract, num_workers=1)
+    plain = _run(ds, tmp_path, "plain", model_fn, num_workers=1)
+    cols = ["config_id", "epoch", "valid_loss", "valid_accuracy", "train_loss"]
+    a = planned.metrics.sort_values(["config_id", "epoch"])[cols].reset_index(drop=True)
+    b = plain.metrics.sort_values(["config_id", "epoch"])[cols].reset_index(drop=True)
+    assert len(a) == len(SPACE["freeze"]) * len(SPACE["lr"]) * EPOCHS
+    torch.testing.assert_close(torch.tensor(a.to_numpy()), torch.tensor(b.to_numpy()), rtol=0, atol=1e-4)
+    assert list(planned.schedule.config_id) == list(plain.schedule.config_id)  # same visit order
+    # hops before the plan: the whole model's state, as the plain run measured it
+    plain_train = plain.schedule[plain.schedule.kind == "train"]
+    for cid, cfg in plain.configs.items():
+        assert set(plain_train[plain_train.config_id == cid].state_bytes) == {tr.hop_bytes(cfg)[0]}
+
+
+def test_extract_must_be_callable(digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    with pytest.raises(TypeError, match="`extract` is 3, but must be callable"):
+        framework.ModelSelection(
+            model_fn, feature_classifier_train_fn, feature_classifier_eval_fn, ds, automl.GridSearch(SPACE, 1),
+            storage_path=str(tmp_path / "bad"), extract=3,
+        )
+
+
+def test_branch_state_holds_only_trainable_weights_and_restores(digits):
+    tr = _transfer(digits)
+    cfg = next(c for c in tr.configs if c["freeze"] == "first")
+    branch, opt = tr.model_fn(cfg)
+    state = branch.state_dict()
+    assert sum(t.numel() * t.element_size() for t in state.values()) == tr.hop_bytes(cfg)[1]
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == {
+        id(p) for p in branch.parameters() if p.requires_grad
+    }
+    other, _ = tr.model_fn(cfg)  # a fresh copy: plan weights, not the first copy's
+    with torch.no_grad():
+        for p in branch.parameters():
+            if p.requires_grad:
+                p.add_(1.0)
+    other.load_state_dict(copy.deepcopy(branch.state_dict()))
+    x = tr.extract(torch.as_tensor(digits[0][:8]))
+    branch.eval(), other.eval()
+    torch.testing.assert_close(branch(x), other(x))
