@@ -97,6 +97,16 @@ def test_planner_on_engine_materializes_once_and_hops_carry_only_trainable_state
     hops = {cfg["freeze"]: tr.hop_bytes(cfg)[1] for cfg in tr.configs}
     assert hops == {"all": head * 4, "first": (head + 48 * 32 + 32) * 4}
 
+    # replay (in-process, one worker holding both partitions) needs the same extract, and reproduces the metrics
+    with pytest.raises(ValueError, match="extract"):
+        framework.replay(result.storage_path, model_fn=tr.model_fn)
+    again = framework.replay(result.storage_path, model_fn=tr.model_fn, extract=tr.extract)
+    cols = ["config_id", "epoch", "valid_loss", "valid_accuracy"]
+    torch.testing.assert_close(
+        torch.tensor(again.metrics.sort_values(cols[:2])[cols].to_numpy()),
+        torch.tensor(result.metrics.sort_values(cols[:2])[cols].to_numpy()),
+    )
+
 
 def test_planner_on_engine_matches_a_run_without_the_planner(ray_cluster, digits, tmp_path):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
