@@ -427,11 +427,13 @@ class ModelSelection:
         scheduler = self._scheduler_for(round_)
         scheduler.start_round(state)
         self._in_flight: dict[Any, _InFlight] = {}
+        self._deferred: list[Callable[[], None]] = []
         while not state.finished:
             self._handle_control(state)
             for a in scheduler.select(state):
                 state.start(a)
                 self._submit(a)
+            self._run_deferred()  # log and checkpoint the last completion only once its successor is on its way
             waitable = list(self._in_flight) + list(self.pool.joining)
             if not waitable:
                 self._wait_for_holders(state)
@@ -455,6 +457,12 @@ class ModelSelection:
                 continue
             if self._handle(round_, flight, report, state):
                 bar.update(1)
+        self._run_deferred()
+
+    def _run_deferred(self) -> None:
+        for fn in self._deferred:
+            fn()
+        self._deferred.clear()
 
     def _submit(self, a: Assignment) -> None:
         c = self._configs[a.unit.config_id]
@@ -482,13 +490,19 @@ class ModelSelection:
                        + report.error.strip().splitlines()[-1])
             return True
         state.complete(unit)
-        self._catalog.add_unit(round_, report, status="done")
         self._durations[(c.id, unit.kind, flight.assignment.worker)] = report.end - report.start
         self._round_reports[c.id].append(report)
         if unit.kind == TRAIN:
             c.state_ref, c.units = flight.state_ref, c.units + 1
             c.visited.setdefault(unit.epoch, []).append(unit.partition)
-            self._ckpt.submit(c.id, unit.epoch, c.units, lambda ref=flight.state_ref: materialize(ray.get(ref)))
+
+        def record(units=c.units, ref=flight.state_ref) -> None:
+            # the log row first, then the checkpoint: a checkpoint never holds a unit the log does not know
+            self._catalog.add_unit(round_, report, status="done")
+            if unit.kind == TRAIN:
+                self._ckpt.submit(c.id, unit.epoch, units, lambda: materialize(ray.get(ref)))
+
+        self._deferred.append(record)
         return True
 
     # ---- failures, elasticity -----------------------------------------------------------------------------------

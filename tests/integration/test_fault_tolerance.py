@@ -127,33 +127,41 @@ def test_replica_aware_scheduling_uses_every_replica_and_only_holders(ray_cluste
 def test_workers_join_and_drain_while_running(ray_cluster, digits, tmp_path):
     x, y = digits
     ds = framework.PartitionedDataset.from_arrays(x[:800], y[:800], num_partitions=2, seed=0)
-    space = {"hidden": [16, 32], "lr": [0.05, 0.1], "batch_size": [64], "sleep": [0.2]}
+    space = {"hidden": [16, 32], "lr": [0.05, 0.1], "batch_size": [64], "sleep": [0.25]}
+    epochs = 8
     sel = framework.ModelSelection(
-        mlp_model_fn, slow_train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=4),
+        mlp_model_fn, slow_train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=epochs),
         num_workers=2, storage_path=str(tmp_path / "elastic"), progress=False,
     )
+    drained_at: list[int] = []
+
+    def wait_for(condition, timeout=120.0):
+        deadline = time.time() + timeout
+        while not condition() and time.time() < deadline:
+            time.sleep(0.05)
+        return condition()
 
     def scale():
-        while sel.pool is None or len(sel.pool.holds) < 2:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        assert wait_for(lambda: sel.rounds_completed >= 1)
         sel.add_workers(1, partitions=[0, 1])
-        time.sleep(4.0)
+        assert wait_for(lambda: sel.pool is not None and 2 in sel.pool.holds)  # the new worker has loaded its data
+        assert wait_for(lambda: sel.rounds_completed >= 3)
+        drained_at.append(sel.rounds_completed)
         sel.drain_worker(0)
 
     t = threading.Thread(target=scale, daemon=True)
     t.start()
     result = sel.run()
     t.join()
+    assert drained_at and drained_at[0] < epochs - 1, "the run ended before the drain could be tested"
     joined = [e for e in _events(result, "worker_joined") if e["worker"] == 2]
     assert joined and sorted(joined[0]["partitions"]) == [0, 1]
     assert (result.schedule.worker == 2).any(), "the new worker never got a unit"
     drained = result.events[result.events.kind == "worker_drained"]
     assert len(drained) == 1
-    t_drained = drained.time.iloc[0] - float(json.loads(sqlite3.connect(
-        os.path.join(result.storage_path, "run.db")).execute("SELECT value FROM meta WHERE key='start_time'").fetchone()[0]))
-    assert not (result.schedule[result.schedule.worker == 0].start > t_drained).any()
-    _assert_complete(result, [0, 1], 4)
+    assert not (result.schedule[result.schedule.worker == 0].start > drained.t.iloc[0]).any()
+    assert (result.schedule[result.schedule["round"] > drained_at[0]].worker != 0).all()
+    _assert_complete(result, [0, 1], epochs)
 
 
 def test_driver_crash_resume_loses_only_in_flight_units(ray_cluster, tmp_path):
