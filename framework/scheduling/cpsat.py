@@ -53,13 +53,10 @@ class CPSATSolver(OfflineSolver):
     def solve(self, problem: ShopProblem) -> Schedule:
         from ortools.sat.python import cp_model
 
-        from framework.scheduling.approx import DenseApproxSolver
-
         t0 = time.perf_counter()
-        lb = problem.lower_bound()
-        warm = DenseApproxSolver().solve(problem)
-        if warm.makespan <= lb * (1 + 1e-9):
-            return Schedule(warm.entries, OPTIMAL, lb, self.name, time.perf_counter() - t0, {"skipped": "UB == LB"})
+        warm, lb, done = self._warm_start(problem, t0)
+        if done is not None:
+            return done
         dur, scale, alpha = integer_durations(problem)
         hint = left_shift(warm.entries, lambda u, w: dur[(u, w)])
         horizon = int(math.ceil(max(e.end for e in hint)))

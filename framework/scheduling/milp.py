@@ -49,13 +49,10 @@ class MILPSolver(OfflineSolver):
     def solve(self, problem: ShopProblem) -> Schedule:
         from ortools.linear_solver import pywraplp
 
-        from framework.scheduling.approx import DenseApproxSolver
-
         t0 = time.perf_counter()
-        lb = problem.lower_bound()
-        warm = DenseApproxSolver().solve(problem)
-        if warm.makespan <= lb * (1 + 1e-9):
-            return Schedule(warm.entries, OPTIMAL, lb, self.name, time.perf_counter() - t0, {"skipped": "UB == LB"})
+        warm, lb, done = self._warm_start(problem, t0)
+        if done is not None:
+            return done
         worker_of = {e.unit: e.worker for e in warm.entries}
         by_config: dict[int, list] = {}
         by_worker: dict[int, list] = {}
