@@ -255,7 +255,7 @@ class ModelSelection:
         path = os.path.abspath(storage_path)
         if not os.path.exists(os.path.join(path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: nothing to resume")
-        allowed = {"progress", "unit_timeout_s", "max_unit_retries", "max_worker_restarts"}
+        allowed = {"progress", "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler"}
         unknown = set(overrides) - allowed
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)} for resume(); allowed: {sorted(allowed)}")
@@ -276,13 +276,12 @@ class ModelSelection:
             )
         dataset = PartitionedDataset.load(os.path.join(path, "data"), meta["dataset"])
         dataset.availability = {int(k): v for k, v in meta["placement"].items()} if meta["executor"] == "mop" else None
-        self = cls.__new__(cls)
-        scheduler = meta["scheduler"] if meta["scheduler"] in _scheduler_names() else "randomized"
-        cls.__init__(
-            self, model_fn, train_fn, eval_fn, dataset, procedure, input_fn=input_fn,
-            num_workers=meta["num_workers"], worker_resources=meta["worker_resources"], scheduler=scheduler,
-            executor=meta["executor"], seed=meta["seed"], metric=meta["metric"], mode=meta["mode"], extract=extract,
-            **overrides,
+        options = {"scheduler": meta["scheduler"] if meta["scheduler"] in _scheduler_names() else "randomized",
+                   "freezing": meta.get("freezing"), **overrides}
+        self = cls(
+            model_fn, train_fn, eval_fn, dataset, procedure, input_fn=input_fn, num_workers=meta["num_workers"],
+            worker_resources=meta["worker_resources"], executor=meta["executor"], seed=meta["seed"],
+            metric=meta["metric"], mode=meta["mode"], extract=extract, **options,
         )
         self.storage_path, self._resuming = path, True
         return self

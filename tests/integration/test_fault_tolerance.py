@@ -38,6 +38,11 @@ def _assert_complete(result, partitions, epochs):
         assert sorted(result.metrics[result.metrics.config_id == cid].epoch) == list(range(epochs))
 
 
+def _tail(path, lines=40):
+    with open(path) as f:
+        return "".join(f.readlines()[-lines:])
+
+
 def _events(result, kind):
     ev = result.events[result.events.kind == kind]
     return [json.loads(d) for d in ev.detail]
@@ -170,10 +175,11 @@ def test_driver_crash_resume_loses_only_in_flight_units(ray_cluster, tmp_path):
     storage = str(tmp_path / "crashed")
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address,
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "tests.integration.resume_job", storage], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=log, stderr=subprocess.STDOUT)
     db = os.path.join(storage, "run.db")
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     try:
         while time.time() < deadline:  # kill the driver in the middle of round 1 (its second epoch)
             if os.path.exists(db):
@@ -182,15 +188,16 @@ def test_driver_crash_resume_loses_only_in_flight_units(ray_cluster, tmp_path):
                 if n >= 3:
                     break
             if proc.poll() is not None:
-                pytest.fail(f"the driver exited early with {proc.returncode}")
+                pytest.fail(f"the driver exited early with {proc.returncode}:\n{_tail(tmp_path / 'driver.log')}")
             time.sleep(0.05)
         else:
-            pytest.fail("the driver never reached round 1")
+            pytest.fail(f"the driver never reached round 1:\n{_tail(tmp_path / 'driver.log')}")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
+        log.close()
 
     resumed = framework.ModelSelection.resume(
         storage, mlp_model_fn, slow_train_fn, classifier_eval_fn, progress=False).run()
