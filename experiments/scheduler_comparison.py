@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
-from simulators.compare import CompareConfig, plot_comparison, run_comparison, summarize  # noqa: E402
+from simulators.compare import CompareConfig, compare_and_write  # noqa: E402
 
 
 @dataclass
@@ -48,12 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         time_limit_s=a.time_limit_s,
     )
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    df = run_comparison(cfg, progress=not a.quiet)
-    df.to_csv(out / "comparison.csv", index=False)
-    summ = summarize(df)
-    summ.to_csv(out / "summary.csv", index=False)
-    plot_comparison(df, out / "comparison.png")
+    df, summ = compare_and_write(cfg, out, progress=not a.quiet)
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
     except OSError:

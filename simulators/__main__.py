@@ -18,19 +18,14 @@ def _strs(s: str) -> tuple[str, ...]:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from simulators.compare import CompareConfig, plot_comparison, run_comparison, summarize
+    from simulators.compare import CompareConfig, compare_and_write
 
     cfg = CompareConfig(
         configs=a.configs, workers=a.workers, kinds=a.kinds, seeds=tuple(range(a.seeds)),
         schedulers=a.schedulers, time_limit_s=a.time_limit,
     )  # fmt: skip
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    df = run_comparison(cfg, progress=not a.quiet)
-    df.to_csv(out / "comparison.csv", index=False)
-    summ = summarize(df)
-    summ.to_csv(out / "summary.csv", index=False)
-    plot_comparison(df, out / "comparison.png")
+    _, summ = compare_and_write(cfg, out, progress=not a.quiet)
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.4f}".format):
         print(summ.to_string(index=False))
     print(f"wrote {out / 'comparison.csv'}, {out / 'summary.csv'}, {out / 'comparison.png'}")

@@ -131,3 +131,17 @@ def plot_comparison(df: pd.DataFrame, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def compare_and_write(cfg: CompareConfig, out, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run the comparison and write comparison.csv, summary.csv and comparison.png into `out`; return both frames."""
+    from pathlib import Path
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    df = run_comparison(cfg, progress=progress)
+    df.to_csv(out / "comparison.csv", index=False)
+    summ = summarize(df)
+    summ.to_csv(out / "summary.csv", index=False)
+    plot_comparison(df, out / "comparison.png")
+    return df, summ
