@@ -17,6 +17,7 @@ import datetime as _dt
 import inspect
 import os
 import queue
+import random
 import subprocess
 import time
 from collections import defaultdict
@@ -331,7 +332,7 @@ class ModelSelection:
             return None
         if not live:
             return None
-        w = live[int(time.time() * 1e6) % len(live)] if worker is None else worker
+        w = random.choice(live) if worker is None else worker
         try:
             self.pool.kill_process(w)
         except (ray.exceptions.RayActorError, KeyError, ProcessLookupError):
