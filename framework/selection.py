@@ -139,6 +139,10 @@ class ModelSelection:
             or a dict of tensors, batch first. Time and bytes per worker go to the events
             (`features_materialized`). `framework.planner.transfer_on_engine` builds it, with the matching
             `model_fn`, from a family of models that share a frozen prefix; hops then carry only trainable state.
+        max_workers: elastic scale-out: at every epoch barrier, while the cluster has free resources for another
+            worker (new Ray nodes, or CPUs/GPUs freed by other jobs) and fewer than `max_workers` workers live, a
+            worker is added; it loads the least-replicated partitions. None: the pool only grows by
+            `add_workers()`.
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class ModelSelection:
         max_worker_restarts: int = 3,
         freezing: Mapping[str, Any] | None = None,
         extract: Callable | None = None,
+        max_workers: int | None = None,
     ) -> None:
         for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
@@ -213,6 +218,11 @@ class ModelSelection:
         self.unit_timeout_s, self.max_unit_retries, self.max_worker_restarts = (
             unit_timeout_s, max_unit_retries, max_worker_restarts)
         self.num_threads = max(1, int(resources.get("CPU", 1)))
+        if max_workers is not None and (not isinstance(max_workers, int) or max_workers < num_workers):
+            raise ValueError(f"`max_workers` is {max_workers!r}, but must be an int >= `num_workers` ({num_workers})")
+        if max_workers is not None and executor == "sequential":
+            raise ValueError("`max_workers` is set, but executor='sequential' uses exactly 1 worker")
+        self.max_workers = max_workers
         if freezing is not None and not isinstance(freezing, Mapping):
             raise TypeError(f"`freezing` is {freezing!r}, but must be a dict of options or None")
         self.freezing = dict(freezing) if freezing is not None else None
@@ -414,6 +424,7 @@ class ModelSelection:
                 round_, units = round_ + 1, None
                 self.rounds_completed = round_
                 self._round_reports = defaultdict(list)
+                self._grow_into_free_resources()
         finally:
             bar.close()
 
@@ -648,6 +659,23 @@ class ModelSelection:
                 self._catalog.add_event("worker_draining", worker=arg)
                 self._ensure_holders()
                 self._finish_drain(arg)
+
+    def _grow_into_free_resources(self) -> None:
+        """Elastic scale-out at a barrier: add workers while the cluster has room for one and `max_workers` allows.
+
+        Workers still loading count as taken; Ray's available resources already exclude every live actor.
+        """
+        if self.max_workers is None:
+            return
+        free = dict(ray.available_resources())
+        need = {"CPU": 1.0, **self.worker_resources}
+        room = self.max_workers - len(self.pool.holds) - len(self.pool.joining)
+        while room > 0 and all(free.get(k, 0.0) >= v for k, v in need.items() if v > 0):
+            for k, v in need.items():
+                free[k] = free.get(k, 0.0) - v
+            self.add_workers(1)
+            self._catalog.add_event("autoscale", free={k: free.get(k, 0.0) for k in need})
+            room -= 1
 
     def _least_replicated(self) -> list[int]:
         """Partitions a new worker should load: the least-held ones (counting workers still loading), as many as an

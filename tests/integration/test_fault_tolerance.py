@@ -219,3 +219,20 @@ def test_driver_crash_resume_loses_only_in_flight_units(ray_cluster, tmp_path):
         r = reference.metrics.set_index(["config_id", "epoch"]).valid_loss
         assert (m.loc[cid] == r.loc[cid]).all()
     assert same >= 1
+
+
+def test_max_workers_grows_into_free_cluster_resources(ray_cluster, digits, tmp_path):
+    x, y = digits
+    ds = framework.PartitionedDataset.from_arrays(x[:600], y[:600], num_partitions=2, seed=0)
+    space = {"hidden": [16, 32], "lr": [0.05], "batch_size": [64], "sleep": [0.2]}
+    result = framework.ModelSelection(
+        mlp_model_fn, slow_train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=20),
+        num_workers=1, max_workers=2, storage_path=str(tmp_path / "autoscale"), progress=False,
+    ).run()  # 20 rounds of ~0.8 s: time for the new worker to start and load its partition, even under load
+    assert len(_events(result, "autoscale")) == 1  # the session cluster has 4 CPUs: room for the second worker
+    assert any(e["worker"] == 1 for e in _events(result, "worker_joined"))
+    assert (result.schedule.worker == 1).any()
+    _assert_complete(result, [0, 1], 20)
+    with pytest.raises(ValueError, match="`max_workers` is 1, but must be an int >= `num_workers` \\(2\\)"):
+        framework.ModelSelection(mlp_model_fn, slow_train_fn, classifier_eval_fn, ds,
+                                 automl.GridSearch(space, epochs=1), max_workers=1)
