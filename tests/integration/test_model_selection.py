@@ -51,8 +51,9 @@ def test_mop_grid_search_obeys_invariants_and_writes_results(ray_cluster, digits
 def test_mop_accuracy_matches_sequential_baseline(ray_cluster, digits, tmp_path):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
     space = {"hidden": [64], "lr": [0.05], "batch_size": [32]}
-    mop = _run(ds, tmp_path, "mop", automl.GridSearch(space, epochs=4))
-    seq = _run(ds, tmp_path, "seq", automl.GridSearch(space, epochs=4), executor="sequential")
+    # 8 epochs: both have converged (at 4 epochs they still differed by 1.9 points: MOP 0.972, sequential 0.953)
+    mop = _run(ds, tmp_path, "mop", automl.GridSearch(space, epochs=8))
+    seq = _run(ds, tmp_path, "seq", automl.GridSearch(space, epochs=8), executor="sequential")
     best = lambda r: r.metrics.valid_accuracy.max()  # noqa: E731
     assert best(seq) > 0.9
     assert abs(best(mop) - best(seq)) <= 0.02
