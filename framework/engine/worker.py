@@ -196,9 +196,6 @@ class Worker:
         """Time, bytes and records of the features this worker materialized in its latest `load`."""
         return dict(self.extraction, partitions=list(self.extraction["partitions"]))
 
-    def holds(self) -> list[int]:
-        return sorted({pid for _, pid in self.data})
-
     def data_nbytes(self) -> int:
         """Bytes of in-memory data this worker holds (tensors and arrays only; dicts of them from `extract`)."""
         total = 0
@@ -208,9 +205,6 @@ class Worker:
                 if isinstance(a, (torch.Tensor, np.ndarray, dict)):
                     total += _tensor_bytes(a)
         return total
-
-    def ping(self) -> int:
-        return self.worker_id
 
     def pid(self) -> int:
         return os.getpid()
@@ -369,8 +363,3 @@ def _check_metrics(metrics: Any, fn_name: str) -> dict[str, float]:
         if "loss" in k and not math.isfinite(v):
             raise FloatingPointError(f"{fn_name} returned a non-finite loss: {k} = {v}")
     return out
-
-
-def default_num_threads() -> int:
-    """Threads a worker uses: OMP_NUM_THREADS when set (Ray sets it from the actor's CPUs), else 1."""
-    return int(os.environ.get("OMP_NUM_THREADS", "1") or 1)

@@ -8,6 +8,7 @@ import time
 from framework.scheduling._base import TRAIN
 from framework.scheduling._plan import (
     FEASIBLE,
+    HEURISTIC,
     OPTIMAL,
     OfflineSolver,
     Schedule,
@@ -116,7 +117,7 @@ class CPSATSolver(OfflineSolver):
         solver.parameters.random_seed = self.seed
         status = solver.Solve(m)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return Schedule(warm.entries, "heuristic", lb, self.name, time.perf_counter() - t0, {"cp_status": "none"})
+            return Schedule(warm.entries, HEURISTIC, lb, self.name, time.perf_counter() - t0, {"cp_status": "none"})
         planned = []
         for u in problem.units:
             w = next(w for w, _ in problem.options(u) if pres[(u, w)] is None or solver.Value(pres[(u, w)]))

@@ -6,7 +6,7 @@ import random
 import time
 
 from framework.scheduling._base import DispatchState, Unit
-from framework.scheduling._plan import OPTIMAL, OfflineSolver, Schedule, ShopProblem
+from framework.scheduling._plan import HEURISTIC, OPTIMAL, OfflineSolver, Schedule, ShopProblem
 from framework.scheduling.mwr import MWRScheduler
 from framework.scheduling.plan import PlanScheduler
 
@@ -61,7 +61,7 @@ class LookaheadSolver(OfflineSolver):
             cand = replay(problem, _PerturbedMWR(self.seed * 100_003 + i, self.eps[i % len(self.eps)]))
             if cand.makespan < best.makespan:
                 best = cand
-        status = OPTIMAL if best.makespan <= lb * (1 + 1e-9) else "heuristic"
+        status = OPTIMAL if best.makespan <= lb * (1 + 1e-9) else HEURISTIC
         return Schedule(
             best.entries,
             status=status,
