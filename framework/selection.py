@@ -18,6 +18,7 @@ import inspect
 import os
 import queue
 import random
+import signal
 import subprocess
 import time
 from collections import defaultdict
@@ -32,6 +33,7 @@ from automl import ACTIVE, FAILED, STOPPED, ConfigState, Decision, Procedure
 from framework.data import PartitionedDataset
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError
+from framework.engine.faults import DRIVER_ACTIONS, FaultPlan
 from framework.engine.pool import WorkerPool
 from framework.engine.ray_backend import ensure_ray, materialize
 from framework.engine.signing import dumps_signed, loads_signed
@@ -65,6 +67,7 @@ class _InFlight:
     assignment: Assignment
     state_ref: Any
     started: float
+    faults: tuple[str, ...] = ()  # injected driver-side faults (framework.engine.faults.DRIVER_ACTIONS)
 
 
 def _fn_ref(fn: Callable | None) -> str | None:
@@ -143,6 +146,10 @@ class ModelSelection:
             worker (new Ray nodes, or CPUs/GPUs freed by other jobs) and fewer than `max_workers` workers live, a
             worker is added; it loads the least-replicated partitions. None: the pool only grows by
             `add_workers()`.
+        faults: a `framework.engine.faults.FaultPlan`: faults injected at exact points (a worker killed, a unit
+            hung, a state object lost, the driver crashed after a given commit) and an observer of the run's
+            events, so tests and chaos experiments reach each recovery path on purpose. A `crash_driver` fault
+            SIGKILLs the process that calls `run()`.
     """
 
     def __init__(
@@ -168,6 +175,7 @@ class ModelSelection:
         freezing: Mapping[str, Any] | None = None,
         extract: Callable | None = None,
         max_workers: int | None = None,
+        faults: FaultPlan | None = None,
     ) -> None:
         for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
@@ -226,6 +234,9 @@ class ModelSelection:
         if freezing is not None and not isinstance(freezing, Mapping):
             raise TypeError(f"`freezing` is {freezing!r}, but must be a dict of options or None")
         self.freezing = dict(freezing) if freezing is not None else None
+        if faults is not None and not isinstance(faults, FaultPlan):
+            raise TypeError(f"`faults` is {faults!r}, but must be a framework.engine.faults.FaultPlan or None")
+        self.faults = faults if faults is not None else FaultPlan()
         self.extract = extract
         if storage_path is None:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -261,12 +272,12 @@ class ModelSelection:
         that were in flight at the crash, or whose checkpoint had not reached the disk, run again; the schedule log
         marks their lost attempts `lost`. A run made with `extract=` needs the same `extract` again. `overrides` may
         change `progress`, `unit_timeout_s`, `max_unit_retries`,
-        `max_worker_restarts`.
+        `max_worker_restarts`, `scheduler`, `faults`.
         """
         path = os.path.abspath(storage_path)
         if not os.path.exists(os.path.join(path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: nothing to resume")
-        allowed = {"progress", "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler"}
+        allowed = {"progress", "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "faults"}
         unknown = set(overrides) - allowed
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)} for resume(); allowed: {sorted(allowed)}")
@@ -305,7 +316,7 @@ class ModelSelection:
         self._ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), self._catalog)
         self._t0 = time.time()
         if self._resuming:
-            self._catalog.add_event("resumed", pid=os.getpid())
+            self._event("resumed", pid=os.getpid())
         else:
             self._record_meta()
         try:
@@ -387,7 +398,7 @@ class ModelSelection:
                 self.data_bytes_per_worker.append(ray.get(actor.data_nbytes.remote()))
             except ray.exceptions.RayActorError:  # died right after loading: the run loop will see it
                 pass
-        self._catalog.add_event("workers_started", count=len(self.pool.holds))
+        self._event("workers_started", count=len(self.pool.holds))
         self._catalog.set_meta(data_bytes_per_worker=self.data_bytes_per_worker)
 
     # ---- the run loop -------------------------------------------------------------------------------------------
@@ -477,9 +488,24 @@ class ModelSelection:
 
     def _submit(self, a: Assignment) -> None:
         c = self._configs[a.unit.config_id]
-        task = UnitTask(a.unit, c.config, self.seed)
+        injected = self.faults.on_dispatch(a.unit)
+        for action in injected:
+            self._event("fault_injected", action=action, unit=str(a.unit), worker=a.worker)
+        worker_fault = next((f for f in injected if f not in DRIVER_ACTIONS), None)
+        task = UnitTask(a.unit, c.config, self.seed, fault=worker_fault)
         state_ref, report_ref = self.pool.actors[a.worker].run.options(num_returns=2).remote(task, c.state_ref)
-        self._in_flight[report_ref] = _InFlight(a, state_ref, time.time())
+        driver_faults = tuple(f for f in injected if f in DRIVER_ACTIONS)
+        self._in_flight[report_ref] = _InFlight(a, state_ref, time.time(), driver_faults)
+
+    def _event(self, kind: str, **detail: Any) -> None:
+        """Log an event (the run's record of what happened) and show it to the fault plan's observer."""
+        self._catalog.add_event(kind, **detail)
+        self.faults.observe(kind, detail)
+
+    def _crash(self) -> None:
+        """An injected driver crash: every queued checkpoint reaches the disk, then the process dies unannounced."""
+        self._ckpt.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def _handle(self, round_: int, flight: _InFlight, report: UnitReport, state: DispatchState) -> bool:
         """Apply a finished unit; returns False when the unit must run again."""
@@ -490,13 +516,13 @@ class ModelSelection:
             c.failures += 1
             if c.failures <= self.max_unit_retries:
                 state.requeue(unit)
-                self._catalog.add_event("unit_retry", config_id=c.id, unit=str(unit), attempt=c.failures)
+                self._event("unit_retry", config_id=c.id, unit=str(unit), attempt=c.failures)
                 return False
             state.complete(unit)
             state.drop_config(c.id)
             c.status = FAILED
             self._catalog.update_config(c.id, status=FAILED, error=report.error)
-            self._catalog.add_event("config_failed", config_id=c.id, unit=str(unit))
+            self._event("config_failed", config_id=c.id, unit=str(unit))
             tqdm.write(f"config {c.id} failed in {unit.kind} unit (epoch {unit.epoch}, partition {unit.partition}):\n"
                        + report.error.strip().splitlines()[-1])
             return True
@@ -510,7 +536,9 @@ class ModelSelection:
         def record(units=c.units, ref=flight.state_ref) -> None:
             # the log row first, then the checkpoint: a checkpoint never holds a unit the log does not know
             self._catalog.add_unit(round_, report, status="done")
-            if unit.kind == TRAIN:
+            if "crash_driver" in flight.faults:
+                self._crash()
+            if unit.kind == TRAIN and "skip_checkpoint" not in flight.faults:
                 self._ckpt.submit(c.id, unit.epoch, units, lambda: materialize(ray.get(ref)))
 
         self._deferred.append(record)
@@ -548,7 +576,7 @@ class ModelSelection:
                 del self._in_flight[ref]
         lost = state.remove_worker(worker)
         held = self.pool.remove(worker)
-        self._catalog.add_event("worker_failed", worker=worker, why=why, requeued=[str(u) for u in lost])
+        self._event("worker_failed", worker=worker, why=why, requeued=[str(u) for u in lost])
         tqdm.write(f"worker {worker} {why}; re-queued {len(lost)} unit(s)")
         self._restart_or_reassign(worker, held)
 
@@ -557,7 +585,7 @@ class ModelSelection:
         if restarts < self.max_worker_restarts:
             self.pool.restarts[worker] = restarts + 1
             self.pool.start(worker, partitions)
-            self._catalog.add_event("worker_restarting", worker=worker, partitions=sorted(partitions),
+            self._event("worker_restarting", worker=worker, partitions=sorted(partitions),
                                     attempt=restarts + 1)
         else:
             self._ensure_holders()
@@ -570,12 +598,12 @@ class ModelSelection:
             if ws or p in incoming:
                 continue
             if not live:
-                self._catalog.add_event("waiting_for_holder", partition=p)
+                self._event("waiting_for_holder", partition=p)
                 tqdm.write(f"partition {p} has no live worker: waiting for a worker that holds it")
                 continue
             target = min(live, key=lambda w: len(self.pool.holds[w]))
             self.pool.start(target, [p])
-            self._catalog.add_event("partition_reload", partition=p, worker=target)
+            self._event("partition_reload", partition=p, worker=target)
             tqdm.write(f"partition {p} lost its last holder: re-loading it on worker {target}")
 
     def _join(self, ref: Any, state: DispatchState | None) -> None:
@@ -584,22 +612,23 @@ class ModelSelection:
             self.pool.joined(ref)
         except ray.exceptions.RayActorError as e:
             self.pool.remove(worker)
-            self._catalog.add_event("worker_start_failed", worker=worker, error=repr(e))
+            self._event("worker_start_failed", worker=worker, error=repr(e))
             self._restart_or_reassign(worker, parts)
             return
         if self.extract is not None:
             try:
                 stats = ray.get(self.pool.actors[worker].extraction_stats.remote())
-                self._catalog.add_event("features_materialized", worker=worker, **stats)
+                self._event("features_materialized", worker=worker, **stats)
             except ray.exceptions.RayActorError:  # died right after loading: the run loop will see it
                 pass
         if state is not None:
             state.add_worker(worker, parts)
-        self._catalog.add_event("worker_joined", worker=worker, partitions=sorted(parts))
+        self._event("worker_joined", worker=worker, partitions=sorted(parts))
 
     def _state_lost(self, a: Assignment, state: DispatchState, error: Exception) -> None:
         """The config's latest state object is gone: restore it from its newest verified checkpoint."""
         c = self._configs[a.unit.config_id]
+        self._run_deferred()  # every completed unit is logged and its checkpoint queued before we look at the disk
         self._ckpt.flush()
         try:
             ckpt, _, units = self._ckpt.load_latest(c.id)
@@ -619,20 +648,25 @@ class ModelSelection:
             return
         for p in redo:
             state.reopen(Unit(c.id, epoch, p, TRAIN))
+        # the units to re-do are gone from the config's weights: their log rows and metrics must go too
+        gone = [r for r in self._round_reports[c.id] if r.unit.kind == TRAIN and r.unit.epoch == epoch
+                and r.unit.partition in redo]
+        self._round_reports[c.id] = [r for r in self._round_reports[c.id] if r not in gone]
+        self._catalog.mark_units(self._catalog.unit_seqs([r.unit for r in gone]), "lost")
         c.state_ref = ray.put(ckpt) if ckpt is not None else None
         c.units, c.visited = units, visited
-        self._catalog.add_event("state_restored", config_id=c.id, units=units, rerun=redo)
+        self._event("state_restored", config_id=c.id, units=units, rerun=redo)
 
     def _fail_config(self, c: _Config, state: DispatchState, why: str) -> None:
         state.drop_config(c.id)
         c.status = FAILED
         self._catalog.update_config(c.id, status=FAILED, error=why)
-        self._catalog.add_event("config_failed", config_id=c.id, why=why)
+        self._event("config_failed", config_id=c.id, why=why)
         tqdm.write(f"config {c.id} failed: {why}")
 
     def _wait_for_holders(self, state: DispatchState) -> None:
         stalled = sorted(state.stalled_partitions())
-        self._catalog.add_event("waiting_for_holder", partitions=stalled)
+        self._event("waiting_for_holder", partitions=stalled)
         tqdm.write(f"units of partitions {stalled} wait for a worker that holds them (add_workers() to provide one)")
         try:
             kind, arg = self._control.get(timeout=300)
@@ -652,11 +686,11 @@ class ModelSelection:
                     w = self.pool.next_id()
                     parts = partitions if partitions is not None else self._least_replicated()
                     self.pool.start(w, parts)
-                    self._catalog.add_event("worker_added", worker=w, partitions=list(parts))
+                    self._event("worker_added", worker=w, partitions=list(parts))
             elif kind == "drain" and arg in self.pool.holds:
                 self.pool.draining.add(arg)
                 state.drain_worker(arg)
-                self._catalog.add_event("worker_draining", worker=arg)
+                self._event("worker_draining", worker=arg)
                 self._ensure_holders()
                 self._finish_drain(arg)
 
@@ -674,7 +708,7 @@ class ModelSelection:
             for k, v in need.items():
                 free[k] = free.get(k, 0.0) - v
             self.add_workers(1)
-            self._catalog.add_event("autoscale", free={k: free.get(k, 0.0) for k in need})
+            self._event("autoscale", free={k: free.get(k, 0.0) for k in need})
             room -= 1
 
     def _least_replicated(self) -> list[int]:
@@ -690,7 +724,7 @@ class ModelSelection:
     def _finish_drain(self, worker: int) -> None:
         if worker in self.pool.draining and not any(f.assignment.worker == worker for f in self._in_flight.values()):
             self.pool.remove(worker)
-            self._catalog.add_event("worker_drained", worker=worker)
+            self._event("worker_drained", worker=worker)
 
     # ---- round boundaries -----------------------------------------------------------------------------------
     def _close_round(self, round_: int, active: list[_Config]) -> list[_Config]:
@@ -734,6 +768,9 @@ class ModelSelection:
             new_configs=new,
             procedure=dumps_signed(self.procedure),
         )
+        self._event("round_committed", round=round_)
+        if self.faults.crash_after_commit(round_):
+            self._crash()
 
     def _restore(self) -> tuple[int, list[Unit]]:
         """Rebuild the driver's state from the catalog and checkpoints; return the round to run and its units."""
@@ -781,7 +818,7 @@ class ModelSelection:
             todo += [Unit(c.id, epoch, p, kind) for kind in (TRAIN, EVAL) for p in sorted(self.pool.entries)
                      if (p, kind) not in kept]
         self._catalog.mark_units(lost_seqs, "lost")
-        self._catalog.add_event("resume_plan", round=round_, rerun=len(todo), lost_units=len(lost_seqs))
+        self._event("resume_plan", round=round_, rerun=len(todo), lost_units=len(lost_seqs))
         return round_, todo
 
     def _estimate(self, unit: Unit, worker: int) -> float:

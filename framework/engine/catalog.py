@@ -172,6 +172,15 @@ class SQLiteCatalog:
         rows = self._read("SELECT round, procedure, signature FROM rounds ORDER BY round DESC LIMIT 1")
         return rows[0] if rows else (-1, None, None)
 
+    def unit_seqs(self, units: Iterable[Any], status: str = "done") -> list[int]:
+        """Log rows (`seq`) with `status` of the given units (anything with config_id, epoch, partition, kind)."""
+        seqs: list[int] = []
+        for u in units:
+            seqs += [row[0] for row in self._read(
+                "SELECT seq FROM units WHERE config_id = ? AND epoch = ? AND partition = ? AND kind = ? AND status = ?",
+                (u.config_id, u.epoch, u.partition, u.kind, status))]
+        return seqs
+
     def mark_units(self, seqs: list[int], status: str) -> None:
         self._write("UPDATE units SET status = ? WHERE seq = ?", [(status, int(s)) for s in seqs])
 

@@ -34,11 +34,13 @@ class WorkerPool:
         self.joining: dict[Any, tuple[int, set[int]]] = {}  # load ref -> (worker, partitions)
         self.draining: set[int] = set()
         self.restarts: dict[int, int] = {}
+        self.started: set[int] = set()  # every worker id ever started: a new worker never reuses a dead one's id
 
     # ---- membership -------------------------------------------------------------------------------------------
     def start(self, worker: int, partitions: Iterable[int]) -> Any:
         """Start (or restart) `worker` and load `partitions` on it; returns the load ref to wait on."""
         parts = set(partitions)
+        self.started.add(worker)
         if worker not in self.actors:
             self.actors[worker] = start_worker(worker, self.resources, self.fns, self.num_threads)
         ref = self.actors[worker].load.remote({p: self.entries[p] for p in parts})
@@ -64,7 +66,7 @@ class WorkerPool:
         return self.holds.pop(worker, set())
 
     def next_id(self) -> int:
-        return max([*self.actors, *self.restarts, -1]) + 1
+        return max([*self.started, -1]) + 1
 
     # ---- queries ------------------------------------------------------------------------------------------------
     def availability(self) -> dict[int, list[int]]:

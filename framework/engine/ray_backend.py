@@ -17,6 +17,9 @@ class _RayWorker(Worker):
 
     LOST_STATE_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
 
+    def _lost_state_error(self, unit) -> BaseException:
+        return ray.exceptions.ObjectLostError(ray.ObjectRef.nil().hex(), None, f"injected fault: {unit}")
+
     def _publish(self, frozen: dict) -> Any:
         return ray.put(frozen)
 

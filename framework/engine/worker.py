@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 import os
 import random
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from framework.data import concat_data, data_len
+from framework.engine.faults import InjectedFault
 from framework.scheduling import EVAL, TRAIN, Unit
 
 # {"model": state_dict, "optimizer": state_dict or None, "visited": {epoch: [partitions absorbed, in order]}},
@@ -107,6 +110,7 @@ class UnitTask:
     unit: Unit
     config: dict[str, Any]
     seed: int  # the run seed
+    fault: str | None = None  # an injected fault to act out (framework.engine.faults.WORKER_ACTIONS)
 
 
 @dataclass
@@ -280,12 +284,30 @@ class Worker:
     def _resolve(self, handle: Any) -> dict[str, torch.Tensor]:
         return handle
 
+    def _lost_state_error(self, unit: Unit) -> BaseException:
+        """The error a worker meets when a config's state object is gone (the Ray subclass raises Ray's own)."""
+        return LookupError(f"the state object of {unit} is lost")
+
+    def _act_out(self, fault: str, unit: Unit) -> None:
+        """Act out an injected fault (`framework.engine.faults`) as the unit starts."""
+        if fault == "raise":
+            raise InjectedFault(f"injected fault in {unit}")
+        if fault == "lose_state":
+            raise self._lost_state_error(unit)
+        if fault == "kill_worker":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault == "hang":
+            threading.Event().wait()  # forever: the driver's health check kills this worker
+        raise ValueError(f"unknown injected fault {fault!r}")
+
     def run(self, task: UnitTask, state: ModelState | None) -> tuple[ModelState | None, UnitReport]:
         """Run one unit from `state` (None: a fresh config). Returns (new state or None for eval, report)."""
         unit = task.unit
         start = time.time()
         report = UnitReport(unit=unit, worker=self.worker_id, start=start, end=start)
         try:
+            if task.fault is not None:
+                self._act_out(task.fault, unit)
             model, optimizer = self._build(task, state)
             data = self.data[("train" if unit.kind == TRAIN else "valid", unit.partition)]
             seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN)))

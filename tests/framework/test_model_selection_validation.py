@@ -87,3 +87,8 @@ def test_validation_rejects_existing_run_directory(tmp_path):
     (tmp_path / "run.db").write_text("")
     with pytest.raises(FileExistsError, match="already holds a run"):
         _make(storage_path=str(tmp_path))
+
+
+def test_validation_rejects_faults_that_are_not_a_fault_plan():
+    with pytest.raises(TypeError, match="`faults` is \\[\\], but must be a framework.engine.faults.FaultPlan or None"):
+        _make(faults=[])

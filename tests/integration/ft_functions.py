@@ -7,29 +7,24 @@ import time
 
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 
-__all__ = ["classifier_eval_fn", "mlp_model_fn", "slow_train_fn", "hang_once_train_fn", "flaky_train_fn"]
+__all__ = ["classifier_eval_fn", "classifier_train_fn", "mlp_model_fn", "slow_train_fn", "gated_train_fn"]
 
 
 def slow_train_fn(model, optimizer, data, config):
-    """A real training pass plus a pause, so failures can land in the middle of a run."""
+    """A real training pass plus a pause (`sleep` seconds)."""
     time.sleep(float(config.get("sleep", 0.2)))
     return classifier_train_fn(model, optimizer, data, config)
 
 
-def hang_once_train_fn(model, optimizer, data, config):
-    """Hangs forever the first time it trains config `hang_hidden` (a marker file records the first attempt)."""
-    marker = config.get("marker")
-    if marker and config["hidden"] == config.get("hang_hidden") and not os.path.exists(marker):
-        open(marker, "w").close()
-        while True:
-            time.sleep(1)
-    return classifier_train_fn(model, optimizer, data, config)
+def gated_train_fn(model, optimizer, data, config):
+    """A real training pass that first waits while the file `config["gate"]` exists (a closed gate).
 
-
-def flaky_train_fn(model, optimizer, data, config):
-    """Raises once per run (first call that finds no marker file), then trains normally."""
-    marker = config.get("marker")
-    if marker and not os.path.exists(marker):
-        open(marker, "w").close()
-        raise RuntimeError("transient failure in user code")
+    Tests close the gate at a known point of the run (from a `FaultPlan` observer) and open it when the event they
+    wait for has happened, so a round cannot end before, say, a new worker has joined: no sleeps, no races.
+    """
+    deadline = time.time() + 120
+    while os.path.exists(config["gate"]):
+        if time.time() > deadline:
+            raise TimeoutError(f"the gate {config['gate']} stayed closed for 120 s")
+        time.sleep(0.01)
     return classifier_train_fn(model, optimizer, data, config)

@@ -1,0 +1,118 @@
+"""Faults injected at exact points of a run: every recovery path of the driver can be reached on purpose.
+
+A `FaultPlan` is handed to `ModelSelection(faults=...)`. The driver consults it at fixed points: when it dispatches a
+unit (`on_dispatch`), after it commits a round (`crash_after_commit`) and whenever it logs an event (`observe`).
+Nothing here races a timer, so a test that injects "kill the worker running config 1's third unit" reaches that
+path on every machine, loaded or not. Pure Python: no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from framework.scheduling import KINDS, Unit
+
+#: carried out by the worker that runs the unit
+WORKER_ACTIONS = ("raise", "kill_worker", "hang", "lose_state")
+#: carried out by the driver around the unit
+DRIVER_ACTIONS = ("skip_checkpoint", "crash_driver")
+ACTIONS = WORKER_ACTIONS + DRIVER_ACTIONS
+
+
+class InjectedFault(RuntimeError):
+    """What a `raise` fault raises inside the unit's user code."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: `action` on the `nth` dispatched unit that matches the filters (a filter left None matches any).
+
+    Dispatches are counted per fault in the order the driver submits them, retries and re-runs included, so
+    `Fault("raise", config_id=2, nth=3)` hits config 2's third dispatched unit whatever the scheduler does.
+    `Fault("crash_driver", after_commit=K)` instead fires once round K has committed (round -1 is the commit of the
+    procedure's first decision, before any unit runs).
+
+    Actions:
+        raise: the unit's user code raises `InjectedFault` (a failure in user code: retried, then the config fails).
+        kill_worker: the worker's process SIGKILLs itself as the unit starts (a crashed worker).
+        hang: the unit never returns (a hung worker, found by `unit_timeout_s`).
+        lose_state: the worker cannot fetch the config's state object (a lost object, restored from checkpoints).
+        skip_checkpoint: the unit completes, but its checkpoint never reaches the disk.
+        crash_driver: the driver SIGKILLs itself after the unit's row is logged and every earlier checkpoint is on
+            disk, before the unit's own checkpoint is queued (or after round `after_commit` commits).
+    """
+
+    action: str
+    config_id: int | None = None
+    epoch: int | None = None
+    partition: int | None = None
+    kind: str | None = None
+    nth: int = 1
+    after_commit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"`action` is {self.action!r}, but must be one of {list(ACTIONS)}")
+        if self.kind is not None and self.kind not in KINDS:
+            raise ValueError(f"`kind` is {self.kind!r}, but must be one of {list(KINDS)} or None")
+        if not isinstance(self.nth, int) or self.nth < 1:
+            raise ValueError(f"`nth` is {self.nth!r}, but must be an int >= 1")
+        if self.after_commit is not None:
+            if self.action != "crash_driver":
+                raise ValueError(f"`after_commit` is {self.after_commit!r}, but only a 'crash_driver' fault takes it")
+            if any(v is not None for v in (self.config_id, self.epoch, self.partition, self.kind)):
+                raise ValueError("a fault with `after_commit` fires on a commit: it takes no unit filters")
+
+    def matches(self, unit: Unit) -> bool:
+        return self.after_commit is None and all(
+            want is None or want == have
+            for want, have in ((self.config_id, unit.config_id), (self.epoch, unit.epoch),
+                               (self.partition, unit.partition), (self.kind, unit.kind))
+        )
+
+
+@dataclass
+class FaultPlan:
+    """Faults to inject, and an observer of the run's events (called in the driver's thread).
+
+    `on_event(kind, detail)` sees every event the run logs (`worker_joined`, `round_committed`, ...) at the moment
+    it is logged; it may call `ModelSelection.add_workers` / `drain_worker`, which then act at a known point of the
+    run instead of whenever a polling thread wakes up. `fired` lists what was injected, in order.
+    """
+
+    faults: Iterable[Fault] = ()
+    on_event: Callable[[str, dict[str, Any]], None] | None = None
+    fired: list[tuple[Fault, Unit | None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.faults = tuple(self.faults)
+        for f in self.faults:
+            if not isinstance(f, Fault):
+                raise TypeError(f"`faults` holds {f!r}, but must hold framework.engine.faults.Fault objects")
+        if self.on_event is not None and not callable(self.on_event):
+            raise TypeError(f"`on_event` is {self.on_event!r}, but must be callable or None")
+        self._seen = [0] * len(self.faults)
+
+    def on_dispatch(self, unit: Unit) -> list[str]:
+        """The actions that fire on this dispatch of `unit` (counted once per call)."""
+        out = []
+        for i, f in enumerate(self.faults):
+            if f.matches(unit):
+                self._seen[i] += 1
+                if self._seen[i] == f.nth:
+                    out.append(f.action)
+                    self.fired.append((f, unit))
+        return out
+
+    def crash_after_commit(self, round_: int) -> bool:
+        for f in self.faults:
+            if f.after_commit == round_:
+                self.fired.append((f, None))
+                return True
+        return False
+
+    def observe(self, kind: str, detail: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, detail)
