@@ -386,7 +386,7 @@ class ModelSelection:
                "freezing": self.freezing, "extract": self.extract}
         self.pool = WorkerPool(fns, self.worker_resources, self.num_threads, entries)
         for w in range(self.num_workers):
-            self.pool.start(w, [p for p, ws in self.placement.items() if w in ws])
+            self._start_worker(w, [p for p, ws in self.placement.items() if w in ws])
         while self.pool.joining:  # the first round waits for every worker to hold its data
             [ref], _ = ray.wait(list(self.pool.joining), num_returns=1)
             self._join(ref, None)
@@ -488,7 +488,7 @@ class ModelSelection:
 
     def _submit(self, a: Assignment) -> None:
         c = self._configs[a.unit.config_id]
-        injected = self.faults.on_dispatch(a.unit)
+        injected = self.faults.on_dispatch(a.unit, a.worker)
         for action in injected:
             self._event("fault_injected", action=action, unit=str(a.unit), worker=a.worker)
         worker_fault = next((f for f in injected if f not in DRIVER_ACTIONS), None)
@@ -496,6 +496,13 @@ class ModelSelection:
         state_ref, report_ref = self.pool.actors[a.worker].run.options(num_returns=2).remote(task, c.state_ref)
         driver_faults = tuple(f for f in injected if f in DRIVER_ACTIONS)
         self._in_flight[report_ref] = _InFlight(a, state_ref, time.time(), driver_faults)
+
+    def _start_worker(self, worker: int, partitions: Any) -> None:
+        """Start (or restart) a worker and have it load `partitions`; it joins when `ray.wait` sees the load end."""
+        injected = self.faults.on_load(worker)
+        for action in injected:
+            self._event("fault_injected", action=action, worker=worker)
+        self.pool.start(worker, partitions, fault=injected[0] if injected else None)
 
     def _event(self, kind: str, **detail: Any) -> None:
         """Log an event (the run's record of what happened) and show it to the fault plan's observer."""
@@ -584,7 +591,7 @@ class ModelSelection:
         restarts = self.pool.restarts.get(worker, 0)
         if restarts < self.max_worker_restarts:
             self.pool.restarts[worker] = restarts + 1
-            self.pool.start(worker, partitions)
+            self._start_worker(worker, partitions)
             self._event("worker_restarting", worker=worker, partitions=sorted(partitions),
                                     attempt=restarts + 1)
         else:
@@ -602,7 +609,7 @@ class ModelSelection:
                 tqdm.write(f"partition {p} has no live worker: waiting for a worker that holds it")
                 continue
             target = min(live, key=lambda w: len(self.pool.holds[w]))
-            self.pool.start(target, [p])
+            self._start_worker(target, [p])
             self._event("partition_reload", partition=p, worker=target)
             tqdm.write(f"partition {p} lost its last holder: re-loading it on worker {target}")
 
@@ -685,7 +692,7 @@ class ModelSelection:
                 for _ in range(count):
                     w = self.pool.next_id()
                     parts = partitions if partitions is not None else self._least_replicated()
-                    self.pool.start(w, parts)
+                    self._start_worker(w, parts)
                     self._event("worker_added", worker=w, partitions=list(parts))
             elif kind == "drain" and arg in self.pool.holds:
                 self.pool.draining.add(arg)

@@ -18,7 +18,9 @@ from framework.scheduling import KINDS, Unit
 WORKER_ACTIONS = ("raise", "kill_worker", "hang", "lose_state")
 #: carried out by the driver around the unit
 DRIVER_ACTIONS = ("skip_checkpoint", "crash_driver")
-ACTIONS = WORKER_ACTIONS + DRIVER_ACTIONS
+#: carried out by a worker while it loads its partitions (on a start, a restart or a re-load)
+LOAD_ACTIONS = ("kill_loading",)
+ACTIONS = WORKER_ACTIONS + DRIVER_ACTIONS + LOAD_ACTIONS
 
 
 class InjectedFault(RuntimeError):
@@ -30,9 +32,10 @@ class Fault:
     """One fault: `action` on the `nth` dispatched unit that matches the filters (a filter left None matches any).
 
     Dispatches are counted per fault in the order the driver submits them, retries and re-runs included, so
-    `Fault("raise", config_id=2, nth=3)` hits config 2's third dispatched unit whatever the scheduler does.
-    `Fault("crash_driver", after_commit=K)` instead fires once round K has committed (round -1 is the commit of the
-    procedure's first decision, before any unit runs).
+    `Fault("raise", config_id=2, nth=3)` hits config 2's third dispatched unit whatever the scheduler does;
+    `worker` restricts it to units sent to that worker. `Fault("crash_driver", after_commit=K)` instead fires once
+    round K has committed (round -1 is the commit of the procedure's first decision, before any unit runs), and
+    `Fault("kill_loading", worker=W, nth=N)` on the N-th time worker W is asked to load partitions.
 
     Actions:
         raise: the unit's user code raises `InjectedFault` (a failure in user code: retried, then the config fails).
@@ -42,6 +45,7 @@ class Fault:
         skip_checkpoint: the unit completes, but its checkpoint never reaches the disk.
         crash_driver: the driver SIGKILLs itself after the unit's row is logged and every earlier checkpoint is on
             disk, before the unit's own checkpoint is queued (or after round `after_commit` commits).
+        kill_loading: the worker's process dies while it loads its partitions (a worker that never joins).
     """
 
     action: str
@@ -49,6 +53,7 @@ class Fault:
     epoch: int | None = None
     partition: int | None = None
     kind: str | None = None
+    worker: int | None = None
     nth: int = 1
     after_commit: int | None = None
 
@@ -62,14 +67,18 @@ class Fault:
         if self.after_commit is not None:
             if self.action != "crash_driver":
                 raise ValueError(f"`after_commit` is {self.after_commit!r}, but only a 'crash_driver' fault takes it")
-            if any(v is not None for v in (self.config_id, self.epoch, self.partition, self.kind)):
+            if any(v is not None for v in (self.config_id, self.epoch, self.partition, self.kind, self.worker)):
                 raise ValueError("a fault with `after_commit` fires on a commit: it takes no unit filters")
+        if self.action in LOAD_ACTIONS and any(v is not None for v in (self.config_id, self.epoch, self.partition,
+                                                                        self.kind)):
+            raise ValueError(f"a {self.action!r} fault fires on a worker's load: it takes only `worker` and `nth`")
 
-    def matches(self, unit: Unit) -> bool:
-        return self.after_commit is None and all(
+    def matches(self, unit: Unit, worker: int) -> bool:
+        """Whether a dispatch of `unit` to `worker` counts towards this fault."""
+        return self.after_commit is None and self.action not in LOAD_ACTIONS and all(
             want is None or want == have
             for want, have in ((self.config_id, unit.config_id), (self.epoch, unit.epoch),
-                               (self.partition, unit.partition), (self.kind, unit.kind))
+                               (self.partition, unit.partition), (self.kind, unit.kind), (self.worker, worker))
         )
 
 
@@ -95,11 +104,18 @@ class FaultPlan:
             raise TypeError(f"`on_event` is {self.on_event!r}, but must be callable or None")
         self._seen = [0] * len(self.faults)
 
-    def on_dispatch(self, unit: Unit) -> list[str]:
-        """The actions that fire on this dispatch of `unit` (counted once per call)."""
+    def on_dispatch(self, unit: Unit, worker: int) -> list[str]:
+        """The actions that fire on this dispatch of `unit` to `worker` (counted once per call)."""
+        return self._count(lambda f: f.matches(unit, worker), unit)
+
+    def on_load(self, worker: int) -> list[str]:
+        """The actions that fire as `worker` is asked to load partitions (counted once per call)."""
+        return self._count(lambda f: f.action in LOAD_ACTIONS and f.worker in (None, worker), None)
+
+    def _count(self, matches: Callable[[Fault], bool], unit: Unit | None) -> list[str]:
         out = []
         for i, f in enumerate(self.faults):
-            if f.matches(unit):
+            if matches(f):
                 self._seen[i] += 1
                 if self._seen[i] == f.nth:
                     out.append(f.action)

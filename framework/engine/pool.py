@@ -37,13 +37,14 @@ class WorkerPool:
         self.started: set[int] = set()  # every worker id ever started: a new worker never reuses a dead one's id
 
     # ---- membership -------------------------------------------------------------------------------------------
-    def start(self, worker: int, partitions: Iterable[int]) -> Any:
-        """Start (or restart) `worker` and load `partitions` on it; returns the load ref to wait on."""
+    def start(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> Any:
+        """Start (or restart) `worker` and load `partitions` on it; returns the load ref to wait on. `fault`: an
+        injected fault the worker acts out as it loads (`framework.engine.faults.LOAD_ACTIONS`)."""
         parts = set(partitions)
         self.started.add(worker)
         if worker not in self.actors:
             self.actors[worker] = start_worker(worker, self.resources, self.fns, self.num_threads)
-        ref = self.actors[worker].load.remote({p: self.entries[p] for p in parts})
+        ref = self.actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
         self.joining[ref] = (worker, parts)
         return ref
 

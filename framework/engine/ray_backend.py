@@ -26,7 +26,11 @@ class _RayWorker(Worker):
     def _resolve(self, handle: Any) -> dict:
         return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
 
-    def load(self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]]) -> dict[int, int]:
+    def load(
+        self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]], fault: str | None = None
+    ) -> dict[int, int]:
+        if fault is not None:
+            self._act_out(fault, None)
         resolved = {
             pid: tuple([ray.get(e) if isinstance(e, ray.ObjectRef) else e for e in entries] for entries in pair)
             for pid, pair in partitions.items()

@@ -159,11 +159,15 @@ class Worker:
         self.extraction: dict[str, Any] = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
 
     # ---- data -------------------------------------------------------------------------------------------------
-    def load(self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]]) -> dict[int, int]:
+    def load(
+        self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]], fault: str | None = None
+    ) -> dict[int, int]:
         """Load partitions `{id: (train_entries, valid_entries)}`; several entries are concatenated into one.
 
-        Returns the number of training examples per partition.
+        Returns the number of training examples per partition. `fault`: an injected fault to act out first.
         """
+        if fault is not None:
+            self._act_out(fault, None)
         if self.extract is not None:  # `extraction_stats` describes the latest load
             self.extraction = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
         for pid, (train_entries, valid_entries) in partitions.items():
@@ -288,13 +292,13 @@ class Worker:
         """The error a worker meets when a config's state object is gone (the Ray subclass raises Ray's own)."""
         return LookupError(f"the state object of {unit} is lost")
 
-    def _act_out(self, fault: str, unit: Unit) -> None:
-        """Act out an injected fault (`framework.engine.faults`) as the unit starts."""
+    def _act_out(self, fault: str, unit: Unit | None) -> None:
+        """Act out an injected fault (`framework.engine.faults`) as a unit (or a load, `unit` None) starts."""
         if fault == "raise":
             raise InjectedFault(f"injected fault in {unit}")
         if fault == "lose_state":
             raise self._lost_state_error(unit)
-        if fault == "kill_worker":
+        if fault in ("kill_worker", "kill_loading"):
             os.kill(os.getpid(), signal.SIGKILL)
         if fault == "hang":
             threading.Event().wait()  # forever: the driver's health check kills this worker

@@ -110,6 +110,21 @@ def test_worker_past_its_restarts_hands_its_partitions_to_a_live_worker(ray_clus
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2)
 
 
+def test_worker_that_dies_while_loading_is_started_again(ray_cluster, digits, tmp_path):
+    ds = _dataset(digits)
+    plan = FaultPlan([Fault("kill_loading", worker=1), Fault("kill_worker", config_id=0, epoch=1, worker=1),
+                      Fault("kill_loading", worker=1, nth=2)])
+    result = _select(ds, tmp_path / "loading", plan, max_worker_restarts=3).run()
+    # worker 1 dies loading at its start and at its first restart, loads at the second, dies in a unit later
+    assert [f.action for f, _ in plan.fired] == ["kill_loading", "kill_loading", "kill_worker"]
+    assert [e["worker"] for e in _events(result, "worker_start_failed")] == [1, 1]
+    assert [e["worker"] for e in _events(result, "worker_failed")] == [1]
+    restarts = _events(result, "worker_restarting")
+    assert [(e["worker"], e["attempt"]) for e in restarts] == [(1, 1), (1, 2), (1, 3)]
+    assert (result.schedule.worker == 1).any()
+    _assert_nothing_lost_or_counted_twice(result, [0, 1], 2)
+
+
 def test_a_partition_with_no_holder_waits_for_an_added_worker(ray_cluster, digits, tmp_path):
     ds = _dataset(digits)
     added = []
@@ -162,12 +177,14 @@ def test_user_code_failure_is_retried_then_fails_only_its_config(ray_cluster, di
 def test_lost_state_is_restored_from_its_checkpoint_and_the_missing_units_rerun(ray_cluster, digits, tmp_path):
     ds = _dataset(digits)
     plan = FaultPlan([Fault("skip_checkpoint", config_id=0, epoch=1, kind="train", nth=1),
-                      Fault("lose_state", config_id=0, epoch=1, kind="train", nth=2)])
+                      Fault("lose_state", config_id=0, epoch=1, kind="train", nth=2),
+                      Fault("lose_state", config_id=1, nth=1)])  # before its first unit: it starts afresh
     result = _select(ds, tmp_path / "lost", plan).run()
-    [(_, skipped), (_, lost)] = plan.fired
-    [restored] = _events(result, "state_restored")
-    assert restored["config_id"] == 0 and restored["rerun"] == [skipped.partition]
-    assert restored["units"] == 2  # the checkpoint of epoch 0's end
+    assert [f.action for f, _ in plan.fired] == ["lose_state", "skip_checkpoint", "lose_state"]
+    skipped = plan.fired[1][1]
+    restored = {e["config_id"]: e for e in _events(result, "state_restored")}
+    assert restored[0]["rerun"] == [skipped.partition] and restored[0]["units"] == 2  # the end of epoch 0
+    assert restored[1]["rerun"] == [] and restored[1]["units"] == 0
     log = _units_log(result)
     superseded = log[(log.status == "lost") & (log.config_id == 0)]
     assert list(zip(superseded.epoch, superseded.partition, superseded.kind)) == [(1, skipped.partition, "train")]

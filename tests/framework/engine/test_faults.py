@@ -11,30 +11,42 @@ from framework.scheduling import EVAL, TRAIN, Unit
 def test_fault_fires_once_on_the_nth_matching_dispatch():
     plan = FaultPlan([Fault("raise", config_id=1, nth=2)])
     dispatches = [Unit(0, 0, 0), Unit(1, 0, 0), Unit(0, 0, 1), Unit(1, 0, 1), Unit(1, 0, 0, EVAL), Unit(1, 1, 0)]
-    fired = [plan.on_dispatch(u) for u in dispatches]
+    fired = [plan.on_dispatch(u, 0) for u in dispatches]
     assert fired == [[], [], [], ["raise"], [], []]
     assert plan.fired == [(Fault("raise", config_id=1, nth=2), Unit(1, 0, 1))]
 
 
 def test_fault_filters_all_have_to_match():
-    f = Fault("kill_worker", config_id=2, epoch=1, partition=3, kind=EVAL)
-    assert f.matches(Unit(2, 1, 3, EVAL))
+    f = Fault("kill_worker", config_id=2, epoch=1, partition=3, kind=EVAL, worker=4)
+    assert f.matches(Unit(2, 1, 3, EVAL), 4)
     for other in (Unit(9, 1, 3, EVAL), Unit(2, 0, 3, EVAL), Unit(2, 1, 0, EVAL), Unit(2, 1, 3, TRAIN)):
-        assert not f.matches(other)
-    assert Fault("hang").matches(Unit(5, 7, 1, TRAIN))
+        assert not f.matches(other, 4)
+    assert not f.matches(Unit(2, 1, 3, EVAL), 0)
+    assert Fault("hang").matches(Unit(5, 7, 1, TRAIN), 0)
+
+
+def test_fault_on_load_counts_the_starts_of_its_worker_only():
+    plan = FaultPlan([Fault("kill_loading", worker=1, nth=2)])
+    assert [plan.on_load(w) for w in (0, 1, 0, 1, 1)] == [[], [], [], ["kill_loading"], []]
+    assert plan.on_dispatch(Unit(0, 0, 0), 1) == []  # a load fault never fires on a unit
+
+
+def test_fault_on_load_takes_no_unit_filters():
+    with pytest.raises(ValueError, match="fires on a worker's load: it takes only `worker` and `nth`"):
+        Fault("kill_loading", config_id=1)
 
 
 def test_fault_plan_counts_each_fault_separately():
     plan = FaultPlan([Fault("skip_checkpoint", config_id=0, nth=1), Fault("lose_state", config_id=0, nth=2)])
-    assert plan.on_dispatch(Unit(0, 0, 0)) == ["skip_checkpoint"]
-    assert plan.on_dispatch(Unit(0, 0, 1)) == ["lose_state"]
-    assert plan.on_dispatch(Unit(0, 1, 0)) == []
+    assert plan.on_dispatch(Unit(0, 0, 0), 0) == ["skip_checkpoint"]
+    assert plan.on_dispatch(Unit(0, 0, 1), 0) == ["lose_state"]
+    assert plan.on_dispatch(Unit(0, 1, 0), 0) == []
 
 
 def test_fault_plan_crashes_after_the_named_commit_only():
     plan = FaultPlan([Fault("crash_driver", after_commit=2)])
     assert [plan.crash_after_commit(r) for r in (-1, 0, 1, 2, 3)] == [False, False, False, True, False]
-    assert plan.on_dispatch(Unit(0, 0, 0)) == []  # a commit fault never fires on a unit
+    assert plan.on_dispatch(Unit(0, 0, 0), 0) == []  # a commit fault never fires on a unit
 
 
 def test_fault_plan_shows_events_to_its_observer():
