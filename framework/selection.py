@@ -36,6 +36,7 @@ from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError
 from framework.engine.faults import DRIVER_ACTIONS, FaultPlan
 from framework.engine.pool import WorkerPool
 from framework.engine.ray_backend import ensure_ray, materialize
+from framework.engine.recovery import resume_units, should_retry, units_to_redo
 from framework.engine.signing import dumps_signed, loads_signed
 from framework.engine.worker import UnitReport, UnitTask, epoch_metrics, unit_seed
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
@@ -521,7 +522,7 @@ class ModelSelection:
         if report.error is not None:
             self._catalog.add_unit(round_, report, status="failed")
             c.failures += 1
-            if c.failures <= self.max_unit_retries:
+            if should_retry(c.failures, self.max_unit_retries):
                 state.requeue(unit)
                 self._event("unit_retry", config_id=c.id, unit=str(unit), attempt=c.failures)
                 return False
@@ -649,8 +650,8 @@ class ModelSelection:
         behind = c.units - units
         visited = {e: list(ps) for e, ps in (ckpt or {}).get("visited", {}).items()}
         epoch = a.unit.epoch
-        redo = [p for p in c.visited.get(epoch, []) if p not in visited.get(epoch, [])]
-        if behind != len(redo):  # the checkpoint lags across an epoch boundary: the lost work cannot be re-done
+        redo = units_to_redo(c.visited, visited, epoch, behind)
+        if redo is None:
             self._fail_config(c, state, f"its state was lost ({error!r}) and the newest checkpoint is {behind} units old")
             return
         for p in redo:
@@ -810,20 +811,16 @@ class ModelSelection:
                     continue
                 c.state_ref, c.units, c.visited = None, 0, {}  # not trained past its first round: start afresh
             epoch = len(c.history)
-            done_parts = c.visited.get(epoch, [])
-            mine = partial[partial.config_id == c.id]
-            for r in mine.itertuples():
-                keep = (r.kind == TRAIN and r.partition in done_parts) or (
-                    r.kind == EVAL and len(done_parts) == len(self.pool.entries))
-                if keep:
-                    self._round_reports[c.id].append(UnitReport(
-                        Unit(c.id, int(r.epoch), int(r.partition), r.kind), int(r.worker), r.start, r.end,
-                        _json(r.metrics), int(r.num_examples), int(r.state_bytes)))
-                else:
-                    lost_seqs.append(int(r.seq))
-            kept = {(u.unit.partition, u.unit.kind) for u in self._round_reports[c.id]}
-            todo += [Unit(c.id, epoch, p, kind) for kind in (TRAIN, EVAL) for p in sorted(self.pool.entries)
-                     if (p, kind) not in kept]
+            rows = {int(r.seq): r for r in partial[partial.config_id == c.id].itertuples()}
+            kept, lost, run = resume_units(
+                c.id, epoch, self.pool.entries, c.visited.get(epoch, []),
+                [(seq, Unit(c.id, int(r.epoch), int(r.partition), r.kind)) for seq, r in rows.items()])
+            for r in (rows[seq] for seq in kept):
+                self._round_reports[c.id].append(UnitReport(
+                    Unit(c.id, int(r.epoch), int(r.partition), r.kind), int(r.worker), r.start, r.end,
+                    _json(r.metrics), int(r.num_examples), int(r.state_bytes)))
+            lost_seqs += lost
+            todo += run
         self._catalog.mark_units(lost_seqs, "lost")
         self._event("resume_plan", round=round_, rerun=len(todo), lost_units=len(lost_seqs))
         return round_, todo
