@@ -7,6 +7,7 @@ model is evaluated asynchronously, so when a layer freezes can differ between a 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 from collections import defaultdict
@@ -100,7 +101,8 @@ def replay(
         for round_, group in units.groupby("round", sort=True):
             for cid, r0 in first_round.items():  # clones start from the parent's state at the end of the last round
                 if r0 == round_ and _opt_int(parent[cid]) is not None:
-                    states[cid] = states.get(_opt_int(parent[cid]))
+                    src = states.get(_opt_int(parent[cid]))
+                    states[cid] = None if src is None else {**copy.deepcopy(src), "visited": {}}
             for row in group.itertuples():
                 unit = Unit(int(row.config_id), int(row.epoch), int(row.partition), row.kind)
                 new_state, report = worker.run(UnitTask(unit, cfg[unit.config_id], int(meta["seed"])), states.get(unit.config_id))

@@ -15,7 +15,8 @@ from framework.engine.catalog import SQLiteCatalog
 
 
 class CorruptCheckpointError(RuntimeError):
-    """A checkpoint file is missing or its checksum does not match the catalog."""
+    """A checkpoint file is missing, its checksum does not match the catalog, or it holds more than tensors and
+    plain containers (the weights-only loader refuses it: it is never unpickled with code execution)."""
 
 
 def _sha256(path: str) -> str:
@@ -39,13 +40,33 @@ def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
 
 
 def load_verified(path: str, sha256: str) -> dict[str, Any]:
-    """Load a checkpoint after checking its checksum; never unpickles arbitrary objects."""
+    """Load a checkpoint after checking its checksum; never unpickles arbitrary objects.
+
+    Raises `CorruptCheckpointError` (naming `path`) for a missing file, a checksum mismatch, and a file the
+    weights-only unpickler refuses even though its checksum matches (a crafted or foreign pickle), so
+    `CheckpointStore.load_latest` falls back to the previous checkpoint in every case.
+    """
     if not os.path.exists(path):
         raise CorruptCheckpointError(f"checkpoint {path} is missing")
     actual = _sha256(path)
     if actual != sha256:
         raise CorruptCheckpointError(f"checkpoint {path} is corrupt: sha256 {actual[:12]}... != recorded {sha256[:12]}...")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever the weights-only unpickler refuses is unusable, like a bad checksum
+        raise CorruptCheckpointError(
+            f"checkpoint {path} is not a weights-only file, refused by the safe loader: {_refusal_reason(e)}"
+        ) from e
+
+
+def _refusal_reason(e: Exception) -> str:
+    """The first sentence of torch's reason for refusing a file, without its advice to retry with
+    weights_only=False or to allowlist the file's globals (both would run the file's code)."""
+    text = str(e).split("WeightsUnpickler error:", 1)[-1]
+    skip = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "weights_only" not in ln]
+    reason = " ".join(ln for ln in lines if not ln.startswith(skip)).split(". ")[0].strip()
+    return f"{type(e).__name__}: {reason[:300] or 'no reason given'}"
 
 
 class CheckpointStore:

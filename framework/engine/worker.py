@@ -229,7 +229,13 @@ class Worker:
         if state is not None:
             model.load_state_dict(self._full_weights(task.unit.config_id, state))
             if optimizer is not None and state.get("optimizer") is not None:
+                fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
                 optimizer.load_state_dict(state["optimizer"])
+                # a state with weights but no visits is a clone's starting point (PBT exploit): it inherits the
+                # donor's weights and moments, but trains with its own (perturbed) config's hyper-parameters
+                if not state.get("visited"):
+                    for g, h in zip(optimizer.param_groups, fresh):
+                        g.update(h)
         return model, optimizer
 
     # ---- frozen layers (Egeria): the controller, and hops that leave frozen weights behind ----------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError, load_verified, write_atomic
+from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError, load_verified
 from framework.engine.signing import SignatureError, dumps_signed, loads_signed
 
 
@@ -62,23 +63,125 @@ def test_checkpoint_keeps_only_the_two_newest_files(store):
     assert sorted(os.listdir(store.directory)) == ["config_0_u3.pt", "config_0_u4.pt"]
 
 
-def test_checkpoint_load_refuses_arbitrary_pickles(tmp_path):
-    class Evil:
-        def __reduce__(self):
-            return (os.system, ("echo pwned",))
-
-    path = str(tmp_path / "evil.pt")
-    with open(path, "wb") as f:
-        pickle.dump({"model": Evil()}, f)
-    digest, _ = write_atomic(_state(0.0), str(tmp_path / "ok.pt"))
-    with pytest.raises(pickle.UnpicklingError):  # weights_only=True refuses the global, whatever the checksum says
-        torch.load(path, weights_only=True)
-    assert load_verified(str(tmp_path / "ok.pt"), digest)["visited"] == {0: [0, 1]}
-
-
 def test_signed_pickle_detects_tampering(monkeypatch):
     monkeypatch.setenv("MODELHOPPER_SECRET", "test-key")
     blob, sig = dumps_signed({"a": 1})
     assert loads_signed(blob, sig) == {"a": 1}
     with pytest.raises(SignatureError):
         loads_signed(blob.replace(b"a", b"b"), sig)
+
+
+# ---- our loader refuses crafted files (through load_verified, CheckpointStore and Result, not torch.load) -------
+
+
+class _Payload:
+    """Unpickling this creates `marker`: the proof that a loader executed code from a checkpoint file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _write_with(writer: str, obj, path: str) -> str:
+    """Write `obj` with torch.save or a raw pickle.dump; return the file's sha256 (what a tampered catalog records)."""
+    with open(path, "wb") as f:
+        if writer == "torch.save":
+            torch.save(obj, f)
+        else:
+            pickle.dump(obj, f)
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+WRITERS = ["torch.save", "pickle.dump"]
+# torch warns that it meets a raw pickle's protocol; the refusal is what these tests check
+_RAW_PICKLE_WARNING = pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+
+
+@_RAW_PICKLE_WARNING
+@pytest.mark.parametrize("writer", WRITERS)
+def test_load_verified_refuses_a_crafted_pickle_with_a_matching_checksum(tmp_path, writer):
+    marker, path = tmp_path / "pwned", str(tmp_path / "evil.pt")
+    digest = _write_with(writer, {"model": _Payload(str(marker)), "optimizer": None, "visited": {}}, path)
+    with pytest.raises(CorruptCheckpointError, match="evil.pt") as info:
+        load_verified(path, digest)
+    assert not marker.exists()
+    # never relay torch's advice to retry unsafely or to allowlist the file's globals
+    assert "weights_only` set to `False" not in str(info.value) and "add_safe_globals" not in str(info.value)
+
+
+@_RAW_PICKLE_WARNING
+@pytest.mark.parametrize("writer", WRITERS)
+def test_checkpoint_store_skips_a_crafted_latest_file_to_the_previous_one(store, tmp_path, writer):
+    marker = tmp_path / "pwned"
+    store.submit(0, 0, 1, lambda: _state(1.0))
+    store.flush()
+    path = store.path(0, 2)
+    digest = _write_with(writer, {"model": _Payload(str(marker)), "optimizer": None, "visited": {}}, path)
+    store.catalog.add_checkpoint(0, 0, 2, path, digest, os.path.getsize(path))
+    state, _, units = store.load_latest(0)
+    assert units == 1 and torch.equal(state["model"]["w"], torch.ones(3))
+    events = store.catalog.events()
+    assert path in " ".join(events[events.kind == "corrupt_checkpoint"].detail)
+    assert not marker.exists()
+
+
+def test_checkpoint_store_with_only_a_crafted_file_raises_corrupt(store, tmp_path):
+    marker, path = tmp_path / "pwned", store.path(5, 1)
+    digest = _write_with("torch.save", {"model": _Payload(str(marker))}, path)
+    store.catalog.add_checkpoint(5, 0, 1, path, digest, os.path.getsize(path))
+    with pytest.raises(CorruptCheckpointError, match="config 5"):
+        store.load_latest(5)
+    assert not marker.exists()
+
+
+@_RAW_PICKLE_WARNING
+@pytest.mark.parametrize("writer", WRITERS)
+def test_load_verified_refuses_flipped_bytes_under_the_old_checksum(tmp_path, writer):
+    path = str(tmp_path / "state.pt")
+    digest = _write_with(writer, _state(1.0), path)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    i = data.index(torch.ones(1).numpy().tobytes())  # the tensor payload: the file would still load, with new weights
+    data[i + 3] ^= 0x01
+    with open(path, "wb") as f:
+        f.write(data)
+    with pytest.raises(CorruptCheckpointError, match="state.pt"):
+        load_verified(path, digest)
+
+
+def _run_with_checkpoints(tmp_path, files: list[tuple[int, object]]) -> tuple[str, str]:
+    """A run directory whose config 0 has checkpoint files `(units, obj)` written with torch.save."""
+    from framework.result import CATALOG_FILE, CHECKPOINT_DIR
+
+    os.makedirs(tmp_path / CHECKPOINT_DIR)
+    catalog = SQLiteCatalog(str(tmp_path / CATALOG_FILE))
+    catalog.set_meta(metric="valid_loss", mode="min", start_time=0.0)
+    catalog.add_config(0, {"lr": 0.1}, "stopped")
+    for units, obj in files:
+        path = str(tmp_path / CHECKPOINT_DIR / f"config_0_u{units}.pt")
+        digest = _write_with("torch.save", obj, path)
+        catalog.add_checkpoint(0, 0, units, path, digest, os.path.getsize(path))
+    catalog.close()
+    return str(tmp_path), str(tmp_path / "pwned")
+
+
+def test_result_load_state_refuses_a_crafted_checkpoint(tmp_path):
+    from framework.result import Result
+
+    run, marker = _run_with_checkpoints(tmp_path, [(1, {"model": _Payload(str(tmp_path / "pwned"))})])
+    with pytest.raises(CorruptCheckpointError, match="config_0_u1.pt"):
+        Result(run).load_state(0)
+    assert not os.path.exists(marker)
+
+
+def test_result_load_state_falls_back_past_a_crafted_checkpoint(tmp_path):
+    from framework.result import Result
+
+    run, marker = _run_with_checkpoints(tmp_path, [(1, _state(1.0)), (2, {"model": _Payload(str(tmp_path / "pwned"))})])
+    state = Result(run).load_state(0)
+    assert torch.equal(state["model"]["w"], torch.ones(3))
+    assert not os.path.exists(marker)
+    assert "corrupt_checkpoint" in set(Result(run).events.kind)

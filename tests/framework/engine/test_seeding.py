@@ -1,0 +1,36 @@
+"""`unit_seed`: one seed per (run seed, config, epoch, partition, kind), the same in every process."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+from framework.engine.worker import unit_seed
+
+
+def test_unit_seed_is_a_pure_function_of_its_arguments():
+    assert unit_seed(7, 1, 2, 3, 1) == unit_seed(7, 1, 2, 3, 1)
+    assert isinstance(unit_seed(7, 1, 2, 3, 1), int) and 0 <= unit_seed(7, 1, 2, 3, 1) < 2**63
+
+
+def test_unit_seed_differs_for_every_unit_of_a_run():
+    # what a run seeds: each (config, epoch, partition, kind) unit, and each config's construction
+    units = [unit_seed(0, *parts) for parts in itertools.product(range(4), range(3), range(3), range(2))]
+    construction = [unit_seed(0, c) for c in range(4)]
+    assert len(set(units + construction)) == len(units) + len(construction)
+
+
+def test_unit_seed_depends_on_the_order_of_its_parts():
+    assert unit_seed(0, 1, 2, 0, 1) != unit_seed(0, 2, 1, 0, 1)  # config 1 epoch 2 vs config 2 epoch 1
+    assert unit_seed(0, 0, 0, 1, 1) != unit_seed(0, 0, 1, 0, 1)  # epoch and partition swapped
+
+
+def test_unit_seed_differs_between_run_seeds():
+    assert len({unit_seed(s, 1, 0, 0, 1) for s in range(50)}) == 50
+
+
+def test_unit_seed_is_the_same_in_a_fresh_process():
+    code = "from framework.engine.worker import unit_seed; print(unit_seed(123, 4, 5, 6, 1))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == unit_seed(123, 4, 5, 6, 1)

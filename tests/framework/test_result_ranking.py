@@ -1,0 +1,111 @@
+"""Result ranking: the leaderboard and `best_config_id` read from a hand-built run catalog with known metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from framework.engine.catalog import SQLiteCatalog
+from framework.result import CATALOG_FILE, Result
+
+
+def _run_dir(tmp_path, mode: str, epochs: dict[int, list[float]], failed=(), metric: str = "valid_loss") -> str:
+    """A run directory whose config `cid` reported `epochs[cid][e]` as `metric` at epoch `e`."""
+    catalog = SQLiteCatalog(str(tmp_path / CATALOG_FILE))
+    try:
+        catalog.set_meta(metric=metric, mode=mode, start_time=0.0)
+        for cid, values in epochs.items():
+            catalog.add_config(cid, {"q": cid}, "stopped")
+            for e, v in enumerate(values):
+                catalog.add_epoch(cid, e, e, {metric: v, "train_loss": 1.0})
+            catalog.update_config(cid, epochs=len(values))
+        for cid in failed:
+            catalog.update_config(cid, status="failed", error="Traceback: boom")
+    finally:
+        catalog.close()
+    return str(tmp_path)
+
+
+def _order(result: Result) -> list[int]:
+    return [int(c) for c in result.leaderboard().config_id]
+
+
+def test_result_ranks_smallest_first_in_min_mode(tmp_path):
+    result = Result(_run_dir(tmp_path, "min", {0: [0.5], 1: [0.2], 2: [0.9], 3: [0.3]}))
+    assert _order(result) == [1, 3, 0, 2]
+    assert result.best_config_id == 1
+    assert result.best_config == {"q": 1}
+
+
+def test_result_ranks_largest_first_in_max_mode(tmp_path):
+    result = Result(_run_dir(tmp_path, "max", {0: [0.5], 1: [0.2], 2: [0.9], 3: [0.3]}, metric="valid_accuracy"))
+    assert _order(result) == [2, 0, 3, 1]
+    assert result.best_config_id == 2
+    assert list(result.leaderboard().valid_accuracy) == [0.9, 0.5, 0.3, 0.2]
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_result_ranks_by_latest_epoch_not_best_epoch_ever(tmp_path, mode):
+    # config 0 had the best value of the run at epoch 0 but ends worst; config 1 ends best
+    curves = {"min": {0: [0.01, 0.9], 1: [0.5, 0.4]}, "max": {0: [0.99, 0.1], 1: [0.5, 0.6]}}[mode]
+    result = Result(_run_dir(tmp_path, mode, curves, metric="valid_score"))
+    board = result.leaderboard()
+    assert _order(result) == [1, 0]
+    assert list(board.epoch) == [1, 1]
+    assert list(board.valid_score) == [curves[1][1], curves[0][1]]
+    assert result.best_config_id == 1
+
+
+def test_result_ranks_each_config_at_its_own_latest_epoch(tmp_path):
+    # config 1 was stopped after one epoch (early stopping): its epoch 0 competes with config 0's epoch 2
+    result = Result(_run_dir(tmp_path, "min", {0: [0.9, 0.5, 0.3], 1: [0.4]}))
+    board = result.leaderboard()
+    assert _order(result) == [0, 1]
+    assert dict(zip(board.config_id, board.epoch)) == {0: 2, 1: 0}
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_result_puts_failed_configs_last_and_never_best(tmp_path, mode):
+    # the failed config 2 reported the best value of all before it failed
+    best_value = 0.0 if mode == "min" else 1.0
+    result = Result(_run_dir(tmp_path, mode, {0: [0.4], 1: [0.6], 2: [best_value]}, failed=[2]))
+    board = result.leaderboard()
+    assert int(board.config_id.iloc[-1]) == 2 and board.status.iloc[-1] == "failed"
+    assert (board.status.iloc[:-1] != "failed").all()
+    assert result.best_config_id == (0 if mode == "min" else 1)
+
+
+def test_result_with_only_failed_configs_has_no_best(tmp_path):
+    result = Result(_run_dir(tmp_path, "min", {0: [0.4], 1: [0.1]}, failed=[0, 1]))
+    assert result.best_config_id is None and result.best_config is None
+    assert sorted(_order(result)) == [0, 1]
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_result_puts_nan_metrics_last(tmp_path, mode):
+    result = Result(_run_dir(tmp_path, mode, {0: [math.nan], 1: [0.7], 2: [0.2]}))
+    board = result.leaderboard()
+    assert _order(result) == ([2, 1, 0] if mode == "min" else [1, 2, 0])
+    assert math.isnan(board.valid_loss.iloc[-1])
+    assert result.best_config_id == (2 if mode == "min" else 1)
+
+
+def test_result_nan_metrics_rank_before_failed_configs(tmp_path):
+    result = Result(_run_dir(tmp_path, "min", {0: [0.1], 1: [math.nan], 2: [0.5]}, failed=[0]))
+    assert _order(result) == [2, 1, 0]
+    assert result.best_config_id == 2
+
+
+def test_result_with_only_nan_metrics_has_no_best(tmp_path):
+    result = Result(_run_dir(tmp_path, "max", {0: [math.nan], 1: [math.nan]}))
+    assert result.best_config_id is None
+
+
+def test_result_leaderboard_file_is_written_in_rank_order(tmp_path):
+    import pandas as pd
+
+    result = Result(_run_dir(tmp_path, "max", {0: [0.5], 1: [0.8], 2: [0.1]}))
+    paths = result.write()
+    assert list(pd.read_csv(paths["leaderboard"]).config_id) == [1, 0, 2]
+
