@@ -30,8 +30,12 @@ ModelState = dict[str, Any]
 
 
 def unit_seed(seed: int, *parts: int) -> int:
-    """A 63-bit seed derived from the run seed and a tuple of ints (config, epoch, partition, ...)."""
-    return int(np.random.SeedSequence([seed, *parts]).generate_state(1, dtype=np.uint64)[0]) >> 1
+    """A 63-bit seed derived from the run seed and a tuple of ints (config, epoch, partition, ...).
+
+    The tuple's length is part of the entropy: numpy's `SeedSequence` would otherwise read `(c,)` and `(c, 0)` as one
+    seed, and a config's construction would draw what one of its units draws.
+    """
+    return int(np.random.SeedSequence([seed, len(parts), *parts]).generate_state(1, dtype=np.uint64)[0]) >> 1
 
 
 def seed_everything(s: int) -> None:

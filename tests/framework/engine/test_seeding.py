@@ -34,3 +34,8 @@ def test_unit_seed_is_the_same_in_a_fresh_process():
     code = "from framework.engine.worker import unit_seed; print(unit_seed(123, 4, 5, 6, 1))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert int(out) == unit_seed(123, 4, 5, 6, 1)
+
+
+def test_unit_seed_tells_a_shorter_tuple_from_one_padded_with_zeros():
+    assert unit_seed(0, 1) != unit_seed(0, 1, 0)
+    assert unit_seed(0, 0) != unit_seed(0)
