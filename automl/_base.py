@@ -92,7 +92,9 @@ class Procedure(abc.ABC):
         * a config listed as ACTIVE trained exactly `epochs` epochs, one per round it was active;
         * `step` is called from one thread, between rounds, never concurrently;
         * `bind(metric, mode, storage_path, num_workers=...)` is called once before the first `step` (again, with
-          the same arguments, after a resume).
+          the same arguments, after a resume);
+        * `workers_changed(n)` is called, between steps, whenever the number of live workers changes (a worker
+          joined, was lost for good, or drained).
     A procedure must not return ids it has not seen, nor re-activate stopped configs, and should be deterministic given
     its seed and the sequence of states (so runs replay and resume). It must pickle (it is saved with the run).
     """
@@ -136,6 +138,16 @@ class Procedure(abc.ABC):
             self._metric_from_bind = True
         self.storage_path = storage_path
         self.num_workers = num_workers
+
+    def workers_changed(self, num_workers: int) -> None:
+        """The engine now has `num_workers` live workers (after a scale event or the loss of a worker).
+
+        The default updates `self.num_workers`, the concurrency hint ASHA and TPE read at every `step`. Subclasses
+        that override it must call `super().workers_changed(num_workers)`.
+        """
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"`num_workers` is {num_workers!r}, but must be an int >= 0")
+        self.num_workers = num_workers or None
 
     def score(self, state: ConfigState, epochs: int | None = None) -> float:
         """The state's metric as a value to maximise (NaN-safe: missing or NaN ranks last).

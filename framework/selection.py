@@ -251,6 +251,7 @@ class ModelSelection:
             )
         self._control: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.pool: WorkerPool | None = None
+        self._live_workers: int | None = None  # what the procedure was last told
         self.rounds_completed = 0  # rounds (epoch barriers) committed so far; readable while `run` goes on
 
     # ---- public -------------------------------------------------------------------------------------------------
@@ -297,10 +298,14 @@ class ModelSelection:
                 f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
                 "extract= to resume()"
             )
+        if meta["scheduler"] not in _scheduler_names() and "scheduler" not in overrides:
+            raise ValueError(
+                f"the run in {storage_path!r} used the scheduler instance {meta['scheduler']!r}, which resume() cannot "
+                "rebuild; pass `scheduler=` (the same instance or a name from framework.scheduling.SCHEDULERS)"
+            )
         dataset = PartitionedDataset.load(os.path.join(path, "data"), meta["dataset"])
         dataset.availability = {int(k): v for k, v in meta["placement"].items()} if meta["executor"] == "mop" else None
-        options = {"scheduler": meta["scheduler"] if meta["scheduler"] in _scheduler_names() else "randomized",
-                   "freezing": meta.get("freezing"), **overrides}
+        options = {"scheduler": meta["scheduler"], "freezing": meta.get("freezing"), **overrides}
         self = cls(
             model_fn, train_fn, eval_fn, dataset, procedure, input_fn=input_fn, num_workers=meta["num_workers"],
             worker_resources=meta["worker_resources"], executor=meta["executor"], seed=meta["seed"],
@@ -407,6 +412,8 @@ class ModelSelection:
         bind_params = inspect.signature(self.procedure.bind).parameters
         extra = {"num_workers": self.num_workers} if "num_workers" in bind_params else {}
         self.procedure.bind(self.metric, self.mode, self.storage_path, **extra)
+        self._live_workers = self.num_workers
+        self._count_workers()  # fewer may have started
         self._configs: dict[int, _Config] = {}
         self._durations: dict[tuple[int, str, int], float] = {}
         self._round_reports: dict[int, list[UnitReport]] = defaultdict(list)
@@ -585,6 +592,7 @@ class ModelSelection:
         lost = state.remove_worker(worker)
         held = self.pool.remove(worker)
         self._event("worker_failed", worker=worker, why=why, requeued=[str(u) for u in lost])
+        self._count_workers()
         tqdm.write(f"worker {worker} {why}; re-queued {len(lost)} unit(s)")
         self._restart_or_reassign(worker, held)
 
@@ -632,6 +640,15 @@ class ModelSelection:
         if state is not None:
             state.add_worker(worker, parts)
         self._event("worker_joined", worker=worker, partitions=sorted(parts))
+        self._count_workers()
+
+    def _count_workers(self) -> None:
+        """Tell the procedure the live worker count whenever it changes (its concurrency follows the pool)."""
+        n = len(self.pool.holds)
+        if self._live_workers is not None and n != self._live_workers:  # None: the procedure is not bound yet
+            self._live_workers = n
+            self.procedure.workers_changed(n)
+            self._event("workers_changed", num_workers=n)
 
     def _state_lost(self, a: Assignment, state: DispatchState, error: Exception) -> None:
         """The config's latest state object is gone: restore it from its newest verified checkpoint."""
@@ -733,6 +750,7 @@ class ModelSelection:
         if worker in self.pool.draining and not any(f.assignment.worker == worker for f in self._in_flight.values()):
             self.pool.remove(worker)
             self._event("worker_drained", worker=worker)
+            self._count_workers()
 
     # ---- round boundaries -----------------------------------------------------------------------------------
     def _close_round(self, round_: int, active: list[_Config]) -> list[_Config]:

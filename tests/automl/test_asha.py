@@ -200,3 +200,13 @@ def test_asha_keeps_the_study_in_memory_for_a_remote_storage_path(space):
     with pytest.warns(UserWarning, match="remote URI"):
         asha.bind("valid_loss", "min", "s3://bucket/run", num_workers=2)
     assert len(asha.step([]).add) == 2
+
+
+def test_asha_concurrency_follows_the_live_worker_count():
+    asha = automl.ASHA({"lr": automl.loguniform(1e-3, 1.0)}, max_epochs=9, eta=3, max_configs=20, seed=0)
+    asha.bind("valid_loss", "min", None, num_workers=2)
+    first = asha.step([])
+    assert len(first.add) == 2
+    states = [ConfigState(id=i, config=c) for i, c in enumerate(first.add)]
+    asha.workers_changed(5)  # three workers joined
+    assert len(asha.step(states).add) == 3  # five configs train at once now

@@ -117,3 +117,17 @@ def test_grid_search_rejects_bad_arguments():
         automl.GridSearch({"a": []}, epochs=1)
     with pytest.raises(ValueError, match=r"`epochs` is 0, but must be an int >= 1"):
         automl.GridSearch({"a": [1]}, epochs=0)
+
+
+def test_procedure_workers_changed_updates_the_concurrency_hint():
+    p = automl.GridSearch({"lr": [0.1]}, epochs=1)
+    p.bind("valid_loss", "min", None, num_workers=2)
+    p.workers_changed(3)
+    assert p.num_workers == 3
+    p.workers_changed(0)  # every worker lost for now: no hint
+    assert p.num_workers is None
+
+
+def test_procedure_workers_changed_rejects_a_negative_count():
+    with pytest.raises(ValueError, match="`num_workers` is -1, but must be an int >= 0"):
+        automl.GridSearch({"lr": [0.1]}, epochs=1).workers_changed(-1)

@@ -92,3 +92,14 @@ def test_validation_rejects_existing_run_directory(tmp_path):
 def test_validation_rejects_faults_that_are_not_a_fault_plan():
     with pytest.raises(TypeError, match="`faults` is \\[\\], but must be a framework.engine.faults.FaultPlan or None"):
         _make(faults=[])
+
+
+def test_resume_refuses_to_guess_a_scheduler_instance(tmp_path):
+    from framework.engine.catalog import SQLiteCatalog
+
+    catalog = SQLiteCatalog(str(tmp_path / "run.db"))
+    catalog.set_meta(scheduler="MyScheduler", extract=None)
+    catalog.close()
+    with pytest.raises(ValueError, match="used the scheduler instance 'MyScheduler'.*pass `scheduler=`"):
+        framework.ModelSelection.resume(str(tmp_path), mlp_model_fn, classifier_train_fn, classifier_eval_fn,
+                                        procedure=automl.GridSearch({"lr": [0.1]}, epochs=1))

@@ -312,6 +312,7 @@ def test_workers_join_and_drain_at_known_rounds(ray_cluster, digits, tmp_path):
     assert not (s[s.worker == 0].end > drained.t).any()
     assert (s[s["round"] >= 3].worker != 0).all()
     assert (s[s["round"] < 3].worker == 0).any()
+    assert [e["num_workers"] for e in _events(result, "workers_changed")] == [3, 2]
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 5)
 
 
@@ -326,9 +327,12 @@ def test_max_workers_grows_into_free_cluster_resources(ray_cluster, digits, tmp_
         elif kind == "worker_joined" and detail["worker"] == 1:
             gate.unlink(missing_ok=True)
 
-    result = _select(ds, tmp_path / "autoscale", FaultPlan(on_event=on_event), space=space, epochs=3,
-                     train_fn=gated_train_fn, num_workers=1, max_workers=2).run()
+    sel = _select(ds, tmp_path / "autoscale", FaultPlan(on_event=on_event), space=space, epochs=3,
+                  train_fn=gated_train_fn, num_workers=1, max_workers=2)
+    result = sel.run()
     assert len(_events(result, "autoscale")) == 1  # the session cluster has 4 CPUs: room for the second worker
+    assert [e["num_workers"] for e in _events(result, "workers_changed")] == [2]
+    assert sel.procedure.num_workers == 2  # the procedure's concurrency hint followed the pool
     assert any(e["worker"] == 1 for e in _events(result, "worker_joined"))
     assert (result.schedule[result.schedule["round"] == 1].worker == 1).any()
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 3)
