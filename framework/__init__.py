@@ -1,6 +1,6 @@
 """Model hopper parallelism (MOP) for deep-learning model selection on Ray.
 
-Public API: `PartitionedDataset`, `ModelSelection`, `Result`, `replay`; transfer learning that shares frozen
+Public API: `PartitionedDataset`, `ModelSelection`, `Trainable`, `Result`, `replay`; transfer learning that shares frozen
 computation: `plan_transfer`, `TransferSelection` (in-process) and `transfer_on_engine` (on the MOP engine).
 """
 
@@ -10,6 +10,7 @@ from framework.planner.transfer import TransferPlan, TransferSelection, plan_tra
 from framework.replay import replay
 from framework.result import Result
 from framework.selection import EXECUTORS, ModelSelection
+from framework.trainable import Trainable
 
 __all__ = [
     "EXECUTORS",
@@ -18,6 +19,7 @@ __all__ = [
     "PartitionedDataset",
     "Result",
     "TransferPlan",
+    "Trainable",
     "TransferSelection",
     "plan_transfer",
     "replay",

@@ -1,6 +1,7 @@
 """Ready-made user functions (an MLP classifier on tensors) used by the demo, the tests and the benchmarks.
 
-They double as a reference for writing your own: `model_fn(config) -> (model, optimizer)`,
+They double as a reference for writing your own: `model_fn(config) -> (model, optimizer)` (or a `Trainable`
+with an LR scheduler and a GradScaler, `scheduled_model_fn`),
 `train_fn(model, optimizer, data, config) -> dict` (one pass over `data`), `eval_fn(model, data, config) -> dict`.
 `data` is whatever the partition holds; here a tuple `(x, y)` of tensors.
 """
@@ -12,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from framework.trainable import Trainable
 
 
 def mlp_model_fn(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -57,6 +60,47 @@ def classifier_train_fn(
         total_loss += loss.item() * len(idx)
         correct += (logits.argmax(1) == yb).sum().item()
     return {"loss": total_loss / len(x), "accuracy": correct / len(x), "num_examples": len(x)}
+
+
+def scheduled_model_fn(config: dict[str, Any]) -> Trainable:
+    """`mlp_model_fn` plus an epoch-wise cosine learning-rate schedule over `config["epochs"]` epochs and a
+    `GradScaler` for mixed precision (enabled by `config["amp"]`: float16 on CUDA, bfloat16 on CPU). The engine steps
+    the schedule once per epoch of the config, and the scheduler's and the scaler's state hop with the model."""
+    model, optimizer = mlp_model_fn(config)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=int(config.get("epochs", 10)))
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where the worker puts the model
+    scaler = torch.amp.GradScaler(device, enabled=bool(config.get("amp", False)), growth_interval=20)
+    return Trainable(model, optimizer, lr_scheduler=schedule, grad_scaler=scaler)
+
+
+def scheduled_train_fn(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: dict, epoch: int,
+    grad_scaler: torch.amp.GradScaler,
+) -> dict:
+    """One shuffled pass like `classifier_train_fn`, under autocast with loss scaling when `grad_scaler` is enabled.
+
+    The engine passes `epoch` (the config's own, from 0) and the config's `grad_scaler` because the signature names
+    them. Reports the learning rate the pass used and the loss scale after it.
+    """
+    x, y = data  # (N, D), (N,)
+    device = next(model.parameters()).device
+    amp = grad_scaler.is_enabled()
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    bs = int(config.get("batch_size", 32))
+    perm = torch.randperm(len(x))
+    total_loss = 0.0
+    for i in range(0, len(x), bs):
+        idx = perm[i : i + bs]
+        xb, yb = x[idx].to(device), y[idx].to(device)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=amp):
+            loss = F.cross_entropy(model(xb).float(), yb)  # logits (B, classes) in float32 for the loss
+        grad_scaler.scale(loss).backward()
+        grad_scaler.step(optimizer)
+        grad_scaler.update()
+        total_loss += loss.item() * len(idx)
+    return {"loss": total_loss / len(x), "lr": optimizer.param_groups[0]["lr"],
+            "loss_scale": grad_scaler.get_scale() if amp else 1.0, "num_examples": len(x)}
 
 
 def classifier_eval_fn(model: torch.nn.Module, data: Any, config: dict) -> dict:

@@ -13,6 +13,7 @@ import torch
 
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
+from framework.trainable import Trainable
 
 CATALOG_FILE = "run.db"
 CHECKPOINT_DIR = "checkpoints"
@@ -109,7 +110,7 @@ class Result:
         model_fn = model_fn or self._model_fn
         if model_fn is None:
             raise ValueError("`model_fn` is None: pass the model_fn used for the run to build the model")
-        model, _ = model_fn(self.configs[config_id])
+        model = Trainable.of(model_fn(self.configs[config_id])).model
         model.load_state_dict(self.load_state(config_id)["model"])
         return model
 

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +24,10 @@ import torch
 from framework.data import concat_data, data_len
 from framework.engine.faults import InjectedFault
 from framework.scheduling import EVAL, TRAIN, Unit
+from framework.trainable import Trainable, accepted_kwargs
 
-# {"model": state_dict, "optimizer": state_dict or None, "visited": {epoch: [partitions absorbed, in order]}},
+# {"model": state_dict, "optimizer", "lr_scheduler", "grad_scaler": state_dicts or None,
+#  "visited": {epoch: [partitions absorbed, in order]}},
 # tensors on CPU; loadable with torch.load(weights_only=True).
 ModelState = dict[str, Any]
 
@@ -222,25 +225,23 @@ class Worker:
         return os.getpid()
 
     # ---- units ------------------------------------------------------------------------------------------------
-    def _build(self, task: UnitTask, state: ModelState | None) -> tuple[torch.nn.Module, Any]:
+    def _build(self, task: UnitTask, state: ModelState | None) -> Trainable:
         # Construction is seeded per config, so a config's initial weights do not depend on the worker it starts on.
         seed_everything(unit_seed(task.seed, task.unit.config_id))
-        built = self.model_fn(task.config)
-        if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module)):
-            raise TypeError(f"model_fn must return (torch.nn.Module, optimizer or None), got {type(built).__name__}")
-        model, optimizer = built
-        model.to(self.device)
+        trainable = Trainable.of(self.model_fn(task.config))
+        trainable.model.to(self.device)
         if state is not None:
-            model.load_state_dict(self._full_weights(task.unit.config_id, state))
-            if optimizer is not None and state.get("optimizer") is not None:
-                fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-                optimizer.load_state_dict(state["optimizer"])
-                # a state with weights but no visits is a clone's starting point (PBT exploit): it inherits the
-                # donor's weights and moments, but trains with its own (perturbed) config's hyper-parameters
-                if not state.get("visited"):
-                    for g, h in zip(optimizer.param_groups, fresh):
-                        g.update(h)
-        return model, optimizer
+            trainable.model.load_state_dict(self._full_weights(task.unit.config_id, state))
+            # a state with weights but no visits is a clone's starting point (PBT exploit): it inherits the donor's
+            # weights and moments, but trains with its own (perturbed) config's hyper-parameters
+            trainable.load_state_dict(state, fresh_hyperparameters=not state.get("visited"))
+            visited = state.get("visited") or {}
+            if (task.unit.kind == TRAIN and trainable.lr_scheduler is not None and trainable.scheduler_interval == "epoch"
+                    and visited and task.unit.epoch not in visited):
+                with warnings.catch_warnings():  # the optimizer did step: in earlier units, on whichever workers
+                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                    trainable.lr_scheduler.step()  # the config's first unit of a new epoch: one step per epoch
+        return trainable
 
     # ---- frozen layers (Egeria): the controller, and hops that leave frozen weights behind ----------------------
     #: errors that mean a state object is gone (set by the Ray subclass); they propagate to the driver
@@ -322,35 +323,36 @@ class Worker:
         try:
             if task.fault is not None:
                 self._act_out(task.fault, unit)
-            model, optimizer = self._build(task, state)
+            trainable = self._build(task, state)
+            model, optimizer = trainable.model, trainable.optimizer
             data = self.data[("train" if unit.kind == TRAIN else "valid", unit.partition)]
             seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN)))
+            # what a train_fn / eval_fn may declare as keyword arguments besides its four positional ones
+            extras = {"epoch": unit.epoch, "lr_scheduler": trainable.lr_scheduler, "grad_scaler": trainable.grad_scaler}
             if unit.kind == TRAIN and self.freezing is not None:
                 model.train()
                 controller = self._controller(model, unit, state)
                 try:
-                    metrics = self.train_fn(model, optimizer, data, task.config, freezing=controller)
+                    metrics = self.train_fn(model, optimizer, data, task.config, freezing=controller,
+                                            **accepted_kwargs(self.train_fn, extras))
                     freezing_state = controller.state_dict()
                 finally:
                     controller.close()
             elif unit.kind == TRAIN:
                 model.train()
-                metrics = self.train_fn(model, optimizer, data, task.config)
+                metrics = self.train_fn(model, optimizer, data, task.config, **accepted_kwargs(self.train_fn, extras))
             else:
                 model.eval()
                 with torch.no_grad():
-                    metrics = self.eval_fn(model, data, task.config)
+                    metrics = self.eval_fn(model, data, task.config,
+                                           **accepted_kwargs(self.eval_fn, {"epoch": unit.epoch}))
             metrics = _check_metrics(metrics, "train_fn" if unit.kind == TRAIN else "eval_fn")
             new_state = None
             if unit.kind == TRAIN:
                 # The visit record travels inside the state, so a config proves which partitions it absorbed.
                 visited = {e: list(ps) for e, ps in (state or {}).get("visited", {}).items()}
                 visited.setdefault(unit.epoch, []).append(unit.partition)
-                new_state = {
-                    "model": _to_cpu(model.state_dict()),
-                    "optimizer": _to_cpu(optimizer.state_dict()) if optimizer is not None else None,
-                    "visited": visited,
-                }
+                new_state = {"model": _to_cpu(model.state_dict()), **_to_cpu(trainable.state_dict()), "visited": visited}
                 if self.freezing is not None:
                     new_state["freezing"] = freezing_state
                     self._split_frozen(unit.config_id, model, new_state)

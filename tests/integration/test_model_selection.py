@@ -9,7 +9,13 @@ import torch
 
 import automl
 import framework
-from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.examples import (
+    classifier_eval_fn,
+    classifier_train_fn,
+    mlp_model_fn,
+    scheduled_model_fn,
+    scheduled_train_fn,
+)
 from simulators import validate_schedule
 
 pytestmark = pytest.mark.ray
@@ -115,3 +121,25 @@ def test_failing_configs_are_reported_and_the_rest_finish(ray_cluster, digits, t
     assert result.best_config_id == healthy[0]
     assert len(result.failures) == 3
     assert not math.isnan(result.leaderboard().iloc[0]["valid_loss"])
+
+
+def test_lr_schedule_and_grad_scaler_hop_checkpoint_and_replay_bit_identically(ray_cluster, digits, tmp_path):
+    x, y = digits
+    ds = framework.PartitionedDataset.from_arrays(x[:600], y[:600], num_partitions=2, seed=0)
+    space = {"hidden": [32], "lr": [0.1, 0.2], "batch_size": [32], "epochs": [3], "amp": [True]}
+    result = framework.ModelSelection(
+        scheduled_model_fn, scheduled_train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=3),
+        storage_path=str(tmp_path / "scheduled"), progress=False, seed=4,
+    ).run()
+    for cid, config in result.configs.items():
+        lrs = result.metrics[result.metrics.config_id == cid].sort_values("epoch").train_lr.tolist()
+        cosine = [config["lr"] * (1 + math.cos(math.pi * e / 3)) / 2 for e in range(3)]
+        assert lrs == pytest.approx(cosine, rel=1e-6)  # one step per epoch, whichever worker ran the unit
+        state = result.load_state(cid)
+        assert state["lr_scheduler"]["last_epoch"] == 2 and state["grad_scaler"]["scale"] > 0
+    again = framework.replay(result.storage_path)
+    for cid in result.configs:
+        a, b = result.load_state(cid), again.load_state(cid)
+        assert a["lr_scheduler"] == b["lr_scheduler"] and a["grad_scaler"] == b["grad_scaler"]
+        for k in a["model"]:
+            assert torch.equal(a["model"][k], b["model"][k]), f"config {cid} {k} differs after replay"
