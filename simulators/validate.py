@@ -80,8 +80,8 @@ def validate_schedule(
     for (c, e), g in train.groupby(["config_id", "epoch"]):
         counts = g["partition"].value_counts()
         dup = sorted(int(q) for q, n in counts.items() if n > 1)
-        miss = sorted(parts - set(counts.index))
-        extra = sorted(set(counts.index) - parts)
+        miss = sorted(int(q) for q in parts - set(counts.index))
+        extra = sorted(int(q) for q in set(counts.index) - parts)
         if dup or miss or extra:
             v.append(f"config {c} epoch {e}: completeness broken (duplicated {dup}, missing {miss}, unknown {extra})")
     for (c, e), g in ev.groupby(["config_id", "epoch"]):

@@ -36,11 +36,13 @@ class DenseApproxSolver(OfflineSolver):
         lb = problem.lower_bound()
         t_max = max(problem.durations.values(), default=0.0)
         k = min(len(problem.configs), len(problem.workers))
+        replicated = any(len(problem.options(u)) > 1 for u in problem.units)
+        info = {"rule": best.solver} if replicated else {"guarantee": lb + (k - 1) * t_max, "rule": best.solver}
         return Schedule(
             best.entries,
             status=HEURISTIC,
             bound=lb,
             solver=self.name,
             runtime_s=time.perf_counter() - t0,
-            info={"guarantee": lb + (k - 1) * t_max, "rule": best.solver},
+            info=info,
         )

@@ -26,7 +26,8 @@ class MILPSolver(OfflineSolver):
     to the worker the warm start gave it. Instances with more than `max_pairs` ordering variables are not built (the
     model alone would not fit the time limit); the warm start is then returned with status "heuristic" and
     `info["skipped"]`. Solved with `backend` ("SCIP" or "CP-SAT") under `time_limit_s`; the warm start is passed
-    as a hint. `Schedule.bound` is the solver's proven bound (at least LB).
+    as a hint. `Schedule.bound` is the solver's proven bound (at least LB; just LB with replicas, where the
+    pinned model's bound does not hold for the problem itself).
     """
 
     name = "milp"
@@ -121,8 +122,9 @@ class MILPSolver(OfflineSolver):
         makespan = max(e.end for e in entries)
         if makespan > warm.makespan:
             entries, makespan = list(warm.entries), warm.makespan
-        bound = max(lb, solver.Objective().BestBound())
         replicated = any(len(problem.options(u)) > 1 for u in problem.units)
+        # with replicas the model pins every unit to its warm-start worker: its bound holds for that restriction only
+        bound = lb if replicated else max(lb, solver.Objective().BestBound())
         proven = status == pywraplp.Solver.OPTIMAL and not replicated and makespan <= bound * (1 + 1e-6) + 1e-9
         return Schedule(
             tuple(entries),

@@ -10,10 +10,10 @@ class MWRScheduler(Scheduler):
 
     Work left is `state.work_left(config)` (pending units at their fastest holder's estimate), so with
     heterogeneous configs the long configs, which bound the makespan from below, are never starved. Ties (common when
-    times are equal) go to the config with the least work already started on this worker's side, then the unit that
-    is longest on this worker, then the lowest config id, which makes identical-time rounds run as a cyclic Latin
-    square. Idle workers are served most-loaded first. Dense, hence within (min(|S|, p) - 1) * T_max of the lower
-    bound like every non-idling dispatcher. The `seed` is accepted for the registry and unused (deterministic).
+    times are equal) go to the unit that is longest on this worker, then the lowest config id and partition, which
+    makes identical-time rounds run as a cyclic Latin square. Idle workers are served in ascending id order; which
+    holder of a replicated partition is faster is not considered. Dense, hence within (min(|S|, p) - 1) * T_max of the
+    lower bound like every non-idling dispatcher. The `seed` is accepted for the registry and unused (deterministic).
     """
 
     name = "mwr"

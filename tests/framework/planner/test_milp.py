@@ -74,3 +74,22 @@ def test_milp_rejects_bad_arguments(kwargs: dict, name: str) -> None:
 def test_cost_model_rejects_non_positive_throughput(flops: float, disk: float) -> None:
     with pytest.raises(ValueError, match="must be a positive"):
         CostModel(flops, disk)
+
+
+@pytest.mark.parametrize(
+    ("budget", "stored", "per_record"),
+    [
+        (math.inf, ["_1"], 64 + 192),  # load 64 B of "_1", train "_2" (3 x 64 FLOPs)
+        (64 * 10, ["_1"], 64 + 192),
+        (64 * 10 - 1, ["_0"], 16 + 128 + 192),  # "_1" no longer fits: load 16 B of "_0", recompute "_1" (128 FLOPs)
+        (16 * 10, ["_0"], 16 + 128 + 192),
+        (16 * 10 - 1, [], 256 + 512 + 128 + 192),  # nothing fits: read the 256 B input, recompute both frozen layers
+    ],
+)
+def test_milp_tight_budget_trades_the_best_layer_for_one_that_fits(budget, stored, per_record) -> None:
+    # frozen 64 -> 4 -> 16 then trainable 16 -> 2: storing the 16-wide "_1" saves most, the 4-wide "_0" takes less room
+    mm, plan = _plan(_chain([64, 4, 16, 2], 2), 64, CostModel(1e9, 1e9), records=10, budget=budget)
+    assert [mm.layers[k].name for k in plan.materialized] == stored
+    assert plan.storage_bytes <= budget
+    assert plan.storage_bytes == sum(mm.layers[k].out_bytes for k in plan.materialized) * 10
+    assert plan.objective == pytest.approx(per_record * 10 * 3)

@@ -87,3 +87,9 @@ def test_dense_approx_meets_its_guarantee_on_random_instances():
         assert s.makespan <= lb + (min(n, m) - 1) * t.max() + 1e-9
         assert s.makespan <= s.info["guarantee"] + 1e-9
         assert s.makespan < 2 * lb + 1e-9
+
+
+def test_dense_approx_claims_no_guarantee_with_replicas():
+    u = Unit(0, 0, 0)
+    s = DenseApproxSolver().solve(ShopProblem((u,), {(u, 0): 2.0, (u, 1): 1.0}))  # one partition, two holders
+    assert "guarantee" not in s.info
