@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench lint clean mutate
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ test: install
 
 bench: install
 	$(BIN)/python -m pytest -q benchmarks --benchmark-only
+
+# Mutation testing of the pure packages (not part of `make test`): a score per package at the end; the scope and
+# the tests that may kill a mutant are [tool.mutmut] in pyproject.toml. `make mutate PKG=automl` runs one package.
+PKG ?=
+MUTATE_JOBS ?= 2
+$(VENV)/.mutate-installed: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[dev,bench,mutate]"
+	touch $@
+
+mutate: $(VENV)/.mutate-installed
+	$(BIN)/python tools/mutation_score.py --jobs $(MUTATE_JOBS) $(if $(PKG),--pkg "$(PKG)")
 
 lint: install
 	$(BIN)/ruff check framework automl simulators experiments tests benchmarks
