@@ -109,3 +109,17 @@ def test_result_leaderboard_file_is_written_in_rank_order(tmp_path):
     paths = result.write()
     assert list(pd.read_csv(paths["leaderboard"]).config_id) == [1, 0, 2]
 
+
+
+def test_result_leaderboard_of_a_run_without_epochs_has_the_ranking_columns(tmp_path):
+    result = Result(_run_dir(tmp_path, "min", {0: [], 1: []}))
+    board = result.leaderboard()
+    assert board.empty and list(board.columns) == ["config_id", "epoch", "valid_loss", "status"]
+    assert result.best_config_id is None
+
+
+def test_result_leaderboard_names_a_metric_the_run_never_reported(tmp_path):
+    result = Result(_run_dir(tmp_path, "min", {0: [0.5]}, metric="valid_loss"))
+    result.metric = "valid_acc"
+    with pytest.raises(ValueError, match=r"`metric` is 'valid_acc', but the run reported only \['config_id', "):
+        result.leaderboard()
