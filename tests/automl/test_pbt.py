@@ -120,3 +120,23 @@ def test_pbt_rejects_bad_arguments(space, kwargs, message):
 def test_pbt_rejects_unknown_options(space):
     with pytest.raises(TypeError, match="unexpected keyword argument 'burn_in'"):
         automl.PBT(space, population=4, epochs=4, perturbation_interval=2, burn_in=1)
+
+
+def test_perturb_moves_a_categorical_to_a_neighbour_clipped_at_the_ends():
+    from automl.pbt import perturb
+
+    space = automl.SearchSpace({"width": [8, 16, 32, 64]})
+    seen = {}
+    for seed in range(60):
+        for start in (8, 16, 64):
+            got = perturb(space, {"width": start}, np.random.default_rng(seed), resample_probability=0.0)["width"]
+            seen.setdefault(start, set()).add(got)
+    assert seen == {8: {8, 16}, 16: {8, 32}, 64: {32, 64}}  # one step either way; the ends stay put going out
+
+
+def test_perturb_scales_numbers_by_exactly_0_8_or_1_2():
+    from automl.pbt import perturb
+
+    space = automl.SearchSpace({"lr": automl.uniform(0.0, 10.0)})
+    got = {round(perturb(space, {"lr": 1.0}, np.random.default_rng(s), 0.0)["lr"], 12) for s in range(40)}
+    assert got == {0.8, 1.2}
