@@ -127,3 +127,23 @@ def test_policy_config_rejects_non_int_window():
 def test_policy_rejects_zero_modules():
     with pytest.raises(ValueError, match="`num_modules` is 0, but must be >= 1"):
         FreezingPolicy(0)
+
+
+def test_policy_force_sets_the_prefix_once_per_change():
+    policy = FreezingPolicy(3, FreezingPolicyConfig(window=1))
+    assert policy.bootstrapping and policy.frozen == 0 and policy.generation == 0
+    policy.force(2, lr=0.05)
+    assert (policy.frozen, policy.generation, policy.lr_at_first_freeze) == (2, 1, 0.05)
+    assert policy.bootstrapping is False
+    policy.force(2, lr=0.9)  # the same prefix: nothing changes, not even the recorded lr
+    assert (policy.frozen, policy.generation, policy.lr_at_first_freeze) == (2, 1, 0.05)
+    policy.force(3)  # the whole model may be frozen
+    assert (policy.frozen, policy.generation) == (3, 2)
+    policy.force(0, lr=0.1)  # unfreezing everything forgets the lr
+    assert (policy.frozen, policy.generation, policy.lr_at_first_freeze) == (0, 3, None)
+
+
+@pytest.mark.parametrize("bad", [-1, 4, 1.0, True])
+def test_policy_force_rejects_a_prefix_outside_the_model(bad):
+    with pytest.raises(ValueError, match=rf"`frozen` is {bad!r}, but must be an int in \[0, 3\]"):
+        FreezingPolicy(3, FreezingPolicyConfig(window=1)).force(bad)
