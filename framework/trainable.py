@@ -7,6 +7,7 @@ behaves on MOP as it does in one process.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -88,9 +89,19 @@ class Trainable:
 def accepted_kwargs(fn: Callable, offered: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments in `offered` that `fn` declares (all of them if it takes `**kwargs`)."""
     try:
+        names = _declared(fn)
+    except TypeError:  # an unhashable callable: read its signature every time
+        names = _declared.__wrapped__(fn)
+    return dict(offered) if names is None else {k: v for k, v in offered.items() if k in names}
+
+
+@functools.lru_cache(maxsize=64)
+def _declared(fn: Callable) -> frozenset[str] | None:
+    """`fn`'s parameter names (None: it takes `**kwargs`), read once per function, not once per unit."""
+    try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or C callable: offer nothing
-        return {}
+        return frozenset()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(offered)
-    return {k: v for k, v in offered.items() if k in params}
+        return None
+    return frozenset(params)

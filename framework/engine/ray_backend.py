@@ -29,13 +29,11 @@ class _RayWorker(Worker):
     def load(
         self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]], fault: str | None = None
     ) -> dict[int, int]:
-        if fault is not None:
-            self._act_out(fault, None)
         resolved = {
             pid: tuple([ray.get(e) if isinstance(e, ray.ObjectRef) else e for e in entries] for entries in pair)
             for pid, pair in partitions.items()
         }
-        return super().load(resolved)
+        return super().load(resolved, fault)
 
 
 def ensure_ray(min_cpus: float = 1.0) -> bool:
