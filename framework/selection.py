@@ -1,74 +1,37 @@
-"""`ModelSelection`: the driver. It owns the run loop; policies, procedures and user code plug into it.
+"""`ModelSelection`: what a user calls. It validates the arguments, records the run, and wires the driver.
 
-Per round (epoch barrier): every active config gets one training unit per partition and then one eval unit per
-validation partition; a `Scheduler` dispatches them to idle workers through a `DispatchState` (the MOP invariants);
-completions arrive through `ray.wait` (event-driven); the catalog logs every unit; the checkpoint writer saves the
-latest state of each config off the critical path; after the round the procedure decides, and the round's results,
-the decision and the procedure's state are committed in one SQLite transaction (the point a resume restarts from).
-
-Failures (Cerebro 5.6): a unit whose worker dies or hangs goes back to the queue and re-runs from the config's last
-state; the worker is restarted (or its partitions re-loaded elsewhere). A failure in user code counts against the
-config only.
+The work itself is done by the driver loop (`framework.driver`) over a `RayBackend` (`framework.engine`): workers
+hold partitions, units hop between them, the procedure decides at every barrier (or at every epoch end when it
+needs no barrier), and every decision is committed to the run directory (the point a resume restarts from).
+Failures (Cerebro 5.6) are the driver's event handlers: a unit whose worker dies or hangs re-runs from the
+config's last state, a failure in user code counts against its config only.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import inspect
 import os
-import queue
 import random
-import signal
 import subprocess
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-import ray
 from tqdm.auto import tqdm
 
-from automl import ACTIVE, FAILED, STOPPED, ConfigState, Decision, Procedure
+from automl import Procedure
 from framework.data import PartitionedDataset
+from framework.driver import Driver, DriverOptions, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError
-from framework.engine.faults import DRIVER_ACTIONS, FaultPlan
-from framework.engine.pool import WorkerPool
-from framework.engine.ray_backend import ensure_ray, materialize
-from framework.engine.recovery import resume_units, should_retry, units_to_redo
-from framework.engine.signing import dumps_signed, loads_signed
-from framework.engine.worker import UnitReport, UnitTask, epoch_metrics, unit_seed
+from framework.engine.checkpoint import CheckpointStore
+from framework.engine.faults import FaultPlan
+from framework.engine.ray_backend import RayBackend, ensure_ray
+from framework.engine.signing import loads_signed
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.scheduling import EVAL, TRAIN, Assignment, DispatchState, Scheduler, Unit, make_scheduler
+from framework.scheduling import Scheduler, make_scheduler
 
 EXECUTORS = ("mop", "task_parallel", "sequential")
 MODES = ("min", "max")
-_LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
-
-
-@dataclass
-class _Config:
-    id: int
-    config: dict[str, Any]
-    parent: int | None = None
-    status: str = ACTIVE
-    history: list[dict[str, float]] = field(default_factory=list)
-    state_ref: Any = None  # ObjectRef of the latest state (None before the first unit)
-    units: int = 0  # training units absorbed so far (all epochs)
-    visited: dict[int, list[int]] = field(default_factory=dict)  # epoch -> partitions absorbed (driver's mirror)
-    failures: int = 0  # failures of user code so far
-
-    def view(self) -> ConfigState:
-        return ConfigState(self.id, dict(self.config), len(self.history), tuple(self.history), self.status, self.parent)
-
-
-@dataclass
-class _InFlight:
-    assignment: Assignment
-    state_ref: Any
-    started: float
-    faults: tuple[str, ...] = ()  # injected driver-side faults (framework.engine.faults.DRIVER_ACTIONS)
 
 
 def _fn_ref(fn: Callable | None) -> str | None:
@@ -151,6 +114,11 @@ class ModelSelection:
             hung, a state object lost, the driver crashed after a given commit) and an observer of the run's
             events, so tests and chaos experiments reach each recovery path on purpose. A `crash_driver` fault
             SIGKILLs the process that calls `run()`.
+        deterministic: reproducible by seed: every config visits its partitions in an order fixed by `seed`
+            (`framework.scheduling.SeededOrderScheduler`, which then replaces `scheduler`) and every procedure
+            keeps the epoch barrier, so two runs with one seed report the same metrics. It costs throughput: a
+            config waits for the holder of its next partition. Procedures driven by a wall clock (a time budget)
+            stay timing-dependent.
     """
 
     def __init__(
@@ -177,6 +145,7 @@ class ModelSelection:
         extract: Callable | None = None,
         max_workers: int | None = None,
         faults: FaultPlan | None = None,
+        deterministic: bool = False,
     ) -> None:
         for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
@@ -239,6 +208,9 @@ class ModelSelection:
             raise TypeError(f"`faults` is {faults!r}, but must be a framework.engine.faults.FaultPlan or None")
         self.faults = faults if faults is not None else FaultPlan()
         self.extract = extract
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"`deterministic` is {deterministic!r}, but must be True or False")
+        self.deterministic = deterministic
         if storage_path is None:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             storage_path = os.path.join("runs", f"run-{stamp}")
@@ -249,10 +221,8 @@ class ModelSelection:
                 f"`storage_path` {self.storage_path!r} already holds a run; choose a new directory or use "
                 "ModelSelection.resume()"
             )
-        self._control: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.pool: WorkerPool | None = None
-        self._live_workers: int | None = None  # what the procedure was last told
-        self.rounds_completed = 0  # rounds (epoch barriers) committed so far; readable while `run` goes on
+        self._driver: Driver | None = None
+        self._commands: list[tuple[str, dict[str, Any]]] = []  # given before `run` started the driver
 
     # ---- public -------------------------------------------------------------------------------------------------
     @classmethod
@@ -305,7 +275,8 @@ class ModelSelection:
             )
         dataset = PartitionedDataset.load(os.path.join(path, "data"), meta["dataset"])
         dataset.availability = {int(k): v for k, v in meta["placement"].items()} if meta["executor"] == "mop" else None
-        options = {"scheduler": meta["scheduler"], "freezing": meta.get("freezing"), **overrides}
+        options = {"scheduler": meta["scheduler"], "freezing": meta.get("freezing"),
+                   "deterministic": bool(meta.get("deterministic", False)), **overrides}
         self = cls(
             model_fn, train_fn, eval_fn, dataset, procedure, input_fn=input_fn, num_workers=meta["num_workers"],
             worker_resources=meta["worker_resources"], executor=meta["executor"], seed=meta["seed"],
@@ -318,555 +289,114 @@ class ModelSelection:
         """Run the selection to completion and return its `Result` (also written under `storage_path`)."""
         os.makedirs(self.storage_path, exist_ok=True)
         ensure_ray(min_cpus=self.num_workers * self.worker_resources.get("CPU", 1))
-        self._catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE))
-        self._ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), self._catalog)
+        catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE))
+        ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), catalog)
         self._t0 = time.time()
         if self._resuming:
-            self._event("resumed", pid=os.getpid())
+            catalog.add_event("resumed", pid=os.getpid())
         else:
-            self._record_meta()
+            self._record_meta(catalog)
+        backend = self._backend()
+        options = DriverOptions(
+            seed=self.seed, metric=self.metric, mode=self.mode, scheduler=self.scheduler_spec,
+            unit_timeout_s=self.unit_timeout_s, max_unit_retries=self.max_unit_retries,
+            max_worker_restarts=self.max_worker_restarts, max_workers=self.max_workers,
+            worker_resources=self.worker_resources, deterministic=self.deterministic, progress=self.progress,
+            storage_path=self.storage_path)
+        placement = {w: [p for p, ws in self.placement.items() if w in ws] for w in range(self.num_workers)}
+        driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
+                        options, self.faults)
+        self._driver = driver
+        for command, args in self._commands:
+            backend.command(command, **args)
+        run = driver.run_state
+        bar = tqdm(total=0, unit="unit", desc="model selection", disable=not self.progress, dynamic_ncols=True)
+        run.bar, run.write = bar, tqdm.write
+        run.on_unit = lambda: bar.update(1)
+        t_round = [time.time()]
+
+        def leaderboard() -> None:
+            bar.write(driver.leaderboard_line(time.time() - t_round[0]))
+            t_round[0] = time.time()
+
+        run.leaderboard = leaderboard
         try:
-            self._start_pool()
-            self._loop()
+            driver.start_workers()
+            info = run.workers.info
+            catalog.add_event("workers_started", count=len(run.workers.holds))
+            catalog.set_meta(data_bytes_per_worker=[info[w].get("data_bytes", 0) for w in sorted(info)])
+            driver.run(resume_from=catalog if self._resuming else None)
         finally:
-            errors = self._ckpt.flush()
-            self._ckpt.close()
-            self._catalog.set_meta(end_time=time.time(), checkpoint_errors=errors)
-            self._catalog.close()
-            if self.pool is not None:
-                self.pool.shutdown()
+            bar.close()
+            errors = ckpt.flush()
+            ckpt.close()
+            catalog.set_meta(end_time=time.time(), checkpoint_errors=errors)
+            catalog.close()
+            backend.shutdown()
         result = Result(self.storage_path, self.model_fn)
         result.write()
         return result
+
+    @property
+    def rounds_completed(self) -> int:
+        """Decisions committed so far (rounds, with a barrier); readable while `run` goes on."""
+        return self._driver.rounds_completed if self._driver is not None else 0
+
+    def live_workers(self) -> list[int]:
+        """Ids of the live workers now (readable while `run` goes on)."""
+        return self._driver.live_workers() if self._driver is not None else []
 
     def add_workers(self, count: int = 1, partitions: list[int] | None = None) -> None:
         """Scale out while the run goes on (thread-safe): start `count` workers; each loads `partitions` (default:
         the partitions with the fewest holders). They take units from the next dispatch on."""
         if not isinstance(count, int) or count < 1:
             raise ValueError(f"`count` is {count!r}, but must be an int >= 1")
-        self._control.put(("add", (count, partitions)))
+        self._command("add", count=count, partitions=partitions)
 
     def drain_worker(self, worker: int) -> None:
         """Scale in (thread-safe): `worker` gets no new units, finishes the one it runs, then leaves. Partitions it
         alone held are re-loaded on other workers."""
-        self._control.put(("drain", worker))
+        self._command("drain", worker=worker)
 
     def kill_worker_process(self, worker: int | None = None) -> int | None:
-        """Chaos testing: SIGKILL a live worker's process (a random one when None). Returns its id."""
-        try:
-            live = sorted(self.pool.holds) if self.pool else []
-        except RuntimeError:  # the run loop changed the pool meanwhile
-            return None
+        """Chaos testing (thread-safe): SIGKILL a live worker's process (a random one when None). Returns its id,
+        or None when no worker lives."""
+        live = self.live_workers()
         if not live:
             return None
         w = random.choice(live) if worker is None else worker
-        try:
-            self.pool.kill_process(w)
-        except (ray.exceptions.RayActorError, KeyError, ProcessLookupError):
-            return None
+        self._command("kill", worker=w)
         return w
 
+    def _command(self, command: str, **args: Any) -> None:
+        if self._driver is None:
+            self._commands.append((command, args))
+        else:
+            self._driver.run_state.backend.command(command, **args)
+
     # ---- set-up -------------------------------------------------------------------------------------------------
-    def _record_meta(self) -> None:
+    def _record_meta(self, catalog: SQLiteCatalog) -> None:
         data_desc = self.dataset.save(os.path.join(self.storage_path, "data"))
-        self._catalog.set_meta(
+        catalog.set_meta(
             start_time=self._t0, seed=self.seed, executor=self.executor, scheduler=self.scheduler_name,
             num_workers=self.num_workers, worker_resources=self.worker_resources, num_threads=self.num_threads,
             metric=self.metric, mode=self.mode, placement={str(k): v for k, v in self.placement.items()},
-            freezing=self.freezing, extract=_extract_ref(self.extract),
+            freezing=self.freezing, extract=_extract_ref(self.extract), deterministic=self.deterministic,
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
             functions={n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
                                                   ("eval_fn", self.eval_fn), ("input_fn", self.input_fn))},
         )
 
-    def _start_pool(self) -> None:
+    def _backend(self) -> RayBackend:
+        """Workers as Ray actors; the full-data baselines see one "partition" 0 that is all the data."""
         ds = self.dataset
-        put = (lambda e: ray.put(e)) if ds.in_memory else (lambda e: e)
-        train = [put(e) for e in ds.train]
-        valid = [put(e) for e in ds.valid]
         if self.executor == "mop":
-            entries = {p: ([train[p]], [valid[p]]) for p in range(ds.num_partitions)}
-        else:  # full-data baselines: the one "partition" 0 is all the data, on every worker
-            entries = {0: (train, valid)}
-        fns = {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn, "input_fn": self.input_fn,
-               "freezing": self.freezing, "extract": self.extract}
-        self.pool = WorkerPool(fns, self.worker_resources, self.num_threads, entries)
-        for w in range(self.num_workers):
-            self._start_worker(w, [p for p, ws in self.placement.items() if w in ws])
-        while self.pool.joining:  # the first round waits for every worker to hold its data
-            [ref], _ = ray.wait(list(self.pool.joining), num_returns=1)
-            self._join(ref, None)
-        if not self.pool.holds:
-            raise RuntimeError("no worker could be started; see the run's events for the errors")
-        self.data_bytes_per_worker = []
-        for actor in list(self.pool.actors.values()):
-            try:
-                self.data_bytes_per_worker.append(ray.get(actor.data_nbytes.remote()))
-            except ray.exceptions.RayActorError:  # died right after loading: the run loop will see it
-                pass
-        self._event("workers_started", count=len(self.pool.holds))
-        self._catalog.set_meta(data_bytes_per_worker=self.data_bytes_per_worker)
-
-    # ---- the run loop -------------------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        bind_params = inspect.signature(self.procedure.bind).parameters
-        extra = {"num_workers": self.num_workers} if "num_workers" in bind_params else {}
-        self.procedure.bind(self.metric, self.mode, self.storage_path, **extra)
-        self._live_workers = self.num_workers
-        self._count_workers()  # fewer may have started
-        self._configs: dict[int, _Config] = {}
-        self._durations: dict[tuple[int, str, int], float] = {}
-        self._round_reports: dict[int, list[UnitReport]] = defaultdict(list)
-        if self._resuming:
-            round_, units = self._restore()
-            self.rounds_completed = round_
+            entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(ds.num_partitions)}
         else:
-            self._commit(-1, [], self.procedure.step([]))
-            round_, units = 0, None
-        bar = tqdm(total=0, unit="unit", desc="model selection", disable=not self.progress, dynamic_ncols=True)
-        try:
-            while True:
-                active = [c for c in self._configs.values() if c.status == ACTIVE]
-                if not active:
-                    break
-                if units is None:
-                    units = [Unit(c.id, len(c.history), p, kind) for c in active for kind in (TRAIN, EVAL)
-                             for p in sorted(self.pool.entries)]
-                bar.total += len(units)
-                bar.refresh()
-                t_round = time.time()
-                self._run_round(round_, units, bar)
-                ended = self._close_round(round_, active)
-                bar.write(self._leaderboard_line(round_, time.time() - t_round))
-                self._commit(round_, ended, self.procedure.step(
-                    [c.view() for c in sorted(self._configs.values(), key=lambda c: c.id)]))
-                round_, units = round_ + 1, None
-                self.rounds_completed = round_
-                self._round_reports = defaultdict(list)
-                self._grow_into_free_resources()
-        finally:
-            bar.close()
-
-    def _scheduler_for(self, round_: int) -> Scheduler:
-        if isinstance(self.scheduler_spec, Scheduler):
-            return self.scheduler_spec
-        return make_scheduler(self.scheduler_spec, seed=unit_seed(self.seed, round_, 7))
-
-    def _run_round(self, round_: int, units: list[Unit], bar: tqdm) -> None:
-        state = DispatchState(units, self.pool.availability(), estimate=self._estimate)
-        scheduler = self._scheduler_for(round_)
-        scheduler.start_round(state)
-        self._in_flight: dict[Any, _InFlight] = {}
-        self._deferred: list[Callable[[], None]] = []
-        while not state.finished:
-            self._handle_control(state)
-            for a in scheduler.select(state):
-                state.start(a)
-                self._submit(a)
-            self._run_deferred()  # log and checkpoint the last completion only once its successor is on its way
-            waitable = list(self._in_flight) + list(self.pool.joining)
-            if not waitable:
-                self._wait_for_holders(state)
-                continue
-            ready, _ = ray.wait(waitable, num_returns=1, timeout=self._wait_timeout())
-            if not ready:
-                self._check_hung(state)
-                continue
-            ref = ready[0]
-            if ref in self.pool.joining:
-                self._join(ref, state)
-                continue
-            flight = self._in_flight.pop(ref)
-            try:
-                report: UnitReport = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                self._worker_lost(flight.assignment.worker, state, f"died ({type(e).__name__})")
-                continue
-            except _LOST_OBJECT_ERRORS as e:
-                self._state_lost(flight.assignment, state, e)
-                continue
-            if self._handle(round_, flight, report, state):
-                bar.update(1)
-        self._run_deferred()
-
-    def _run_deferred(self) -> None:
-        for fn in self._deferred:
-            fn()
-        self._deferred.clear()
-
-    def _submit(self, a: Assignment) -> None:
-        c = self._configs[a.unit.config_id]
-        injected = self.faults.on_dispatch(a.unit, a.worker)
-        for action in injected:
-            self._event("fault_injected", action=action, unit=str(a.unit), worker=a.worker)
-        worker_fault = next((f for f in injected if f not in DRIVER_ACTIONS), None)
-        task = UnitTask(a.unit, c.config, self.seed, fault=worker_fault)
-        state_ref, report_ref = self.pool.actors[a.worker].run.options(num_returns=2).remote(task, c.state_ref)
-        driver_faults = tuple(f for f in injected if f in DRIVER_ACTIONS)
-        self._in_flight[report_ref] = _InFlight(a, state_ref, time.time(), driver_faults)
-
-    def _start_worker(self, worker: int, partitions: Any) -> None:
-        """Start (or restart) a worker and have it load `partitions`; it joins when `ray.wait` sees the load end."""
-        injected = self.faults.on_load(worker)
-        for action in injected:
-            self._event("fault_injected", action=action, worker=worker)
-        self.pool.start(worker, partitions, fault=injected[0] if injected else None)
-
-    def _event(self, kind: str, **detail: Any) -> None:
-        """Log an event (the run's record of what happened) and show it to the fault plan's observer."""
-        self._catalog.add_event(kind, **detail)
-        self.faults.observe(kind, detail)
-
-    def _crash(self) -> None:
-        """An injected driver crash: every queued checkpoint reaches the disk, then the process dies unannounced."""
-        self._ckpt.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def _handle(self, round_: int, flight: _InFlight, report: UnitReport, state: DispatchState) -> bool:
-        """Apply a finished unit; returns False when the unit must run again."""
-        unit, c = flight.assignment.unit, self._configs[flight.assignment.unit.config_id]
-        self._finish_drain(flight.assignment.worker)
-        if report.error is not None:
-            self._catalog.add_unit(round_, report, status="failed")
-            c.failures += 1
-            if should_retry(c.failures, self.max_unit_retries):
-                state.requeue(unit)
-                self._event("unit_retry", config_id=c.id, unit=str(unit), attempt=c.failures)
-                return False
-            state.complete(unit)
-            state.drop_config(c.id)
-            c.status = FAILED
-            self._catalog.update_config(c.id, status=FAILED, error=report.error)
-            self._event("config_failed", config_id=c.id, unit=str(unit))
-            tqdm.write(f"config {c.id} failed in {unit.kind} unit (epoch {unit.epoch}, partition {unit.partition}):\n"
-                       + report.error.strip().splitlines()[-1])
-            return True
-        state.complete(unit)
-        self._durations[(c.id, unit.kind, flight.assignment.worker)] = report.end - report.start
-        self._round_reports[c.id].append(report)
-        if unit.kind == TRAIN:
-            c.state_ref, c.units = flight.state_ref, c.units + 1
-            c.visited.setdefault(unit.epoch, []).append(unit.partition)
-
-        def record(units=c.units, ref=flight.state_ref) -> None:
-            # the log row first, then the checkpoint: a checkpoint never holds a unit the log does not know
-            self._catalog.add_unit(round_, report, status="done")
-            if "crash_driver" in flight.faults:
-                self._crash()
-            if unit.kind == TRAIN and "skip_checkpoint" not in flight.faults:
-                self._ckpt.submit(c.id, unit.epoch, units, lambda: materialize(ray.get(ref)))
-
-        self._deferred.append(record)
-        return True
-
-    # ---- failures, elasticity -----------------------------------------------------------------------------------
-    def _wait_timeout(self) -> float:
-        """ray.wait's timeout: until the earliest unit deadline, and at most 1 s so control requests are seen."""
-        limit = self._unit_limit()
-        if limit is None or not self._in_flight:
-            return 1.0
-        earliest = min(f.started for f in self._in_flight.values()) + limit
-        return max(0.01, min(1.0, earliest - time.time()))
-
-    def _unit_limit(self) -> float | None:
-        if self.unit_timeout_s is not None:
-            return self.unit_timeout_s
-        if not self._durations:
-            return None
-        return max(60.0, 20 * max(self._durations.values()))
-
-    def _check_hung(self, state: DispatchState) -> None:
-        limit = self._unit_limit()
-        if limit is None:
-            return
-        now = time.time()
-        for f in list(self._in_flight.values()):
-            if now - f.started > limit:
-                self._worker_lost(f.assignment.worker, state, f"hung: {f.assignment.unit} ran over {limit:.1f}s")
-
-    def _worker_lost(self, worker: int, state: DispatchState, why: str) -> None:
-        """Requeue what the worker ran (Q' -> Q), then restart it or re-load its partitions elsewhere."""
-        for ref, f in list(self._in_flight.items()):
-            if f.assignment.worker == worker:
-                del self._in_flight[ref]
-        lost = state.remove_worker(worker)
-        held = self.pool.remove(worker)
-        self._event("worker_failed", worker=worker, why=why, requeued=[str(u) for u in lost])
-        self._count_workers()
-        tqdm.write(f"worker {worker} {why}; re-queued {len(lost)} unit(s)")
-        self._restart_or_reassign(worker, held)
-
-    def _restart_or_reassign(self, worker: int, partitions: set[int]) -> None:
-        restarts = self.pool.restarts.get(worker, 0)
-        if restarts < self.max_worker_restarts:
-            self.pool.restarts[worker] = restarts + 1
-            self._start_worker(worker, partitions)
-            self._event("worker_restarting", worker=worker, partitions=sorted(partitions),
-                                    attempt=restarts + 1)
-        else:
-            self._ensure_holders()
-
-    def _ensure_holders(self) -> None:
-        """Re-load every partition that no live or incoming worker holds onto the least-loaded live worker."""
-        av, incoming = self.pool.availability(), self.pool.incoming()
-        live = [w for w in self.pool.holds if w not in self.pool.draining]
-        for p, ws in av.items():
-            if ws or p in incoming:
-                continue
-            if not live:
-                self._event("waiting_for_holder", partition=p)
-                tqdm.write(f"partition {p} has no live worker: waiting for a worker that holds it")
-                continue
-            target = min(live, key=lambda w: len(self.pool.holds[w]))
-            self._start_worker(target, [p])
-            self._event("partition_reload", partition=p, worker=target)
-            tqdm.write(f"partition {p} lost its last holder: re-loading it on worker {target}")
-
-    def _join(self, ref: Any, state: DispatchState | None) -> None:
-        worker, parts = self.pool.joining[ref]
-        try:
-            self.pool.joined(ref)
-        except ray.exceptions.RayActorError as e:
-            self.pool.remove(worker)
-            self._event("worker_start_failed", worker=worker, error=repr(e))
-            self._restart_or_reassign(worker, parts)
-            return
-        if self.extract is not None:
-            try:
-                stats = ray.get(self.pool.actors[worker].extraction_stats.remote())
-                self._event("features_materialized", worker=worker, **stats)
-            except ray.exceptions.RayActorError:  # died right after loading: the run loop will see it
-                pass
-        if state is not None:
-            state.add_worker(worker, parts)
-        self._event("worker_joined", worker=worker, partitions=sorted(parts))
-        self._count_workers()
-
-    def _count_workers(self) -> None:
-        """Tell the procedure the live worker count whenever it changes (its concurrency follows the pool)."""
-        n = len(self.pool.holds)
-        if self._live_workers is not None and n != self._live_workers:  # None: the procedure is not bound yet
-            self._live_workers = n
-            self.procedure.workers_changed(n)
-            self._event("workers_changed", num_workers=n)
-
-    def _state_lost(self, a: Assignment, state: DispatchState, error: Exception) -> None:
-        """The config's latest state object is gone: restore it from its newest verified checkpoint."""
-        c = self._configs[a.unit.config_id]
-        self._run_deferred()  # every completed unit is logged and its checkpoint queued before we look at the disk
-        self._ckpt.flush()
-        try:
-            ckpt, _, units = self._ckpt.load_latest(c.id)
-        except CorruptCheckpointError as e:
-            ckpt, units = None, 0
-            if c.units:
-                state.requeue(a.unit)
-                self._fail_config(c, state, f"its state was lost ({error!r}) and no checkpoint is usable: {e}")
-                return
-        state.requeue(a.unit)
-        behind = c.units - units
-        visited = {e: list(ps) for e, ps in (ckpt or {}).get("visited", {}).items()}
-        epoch = a.unit.epoch
-        redo = units_to_redo(c.visited, visited, epoch, behind)
-        if redo is None:
-            self._fail_config(c, state, f"its state was lost ({error!r}) and the newest checkpoint is {behind} units old")
-            return
-        for p in redo:
-            state.reopen(Unit(c.id, epoch, p, TRAIN))
-        # the units to re-do are gone from the config's weights: their log rows and metrics must go too
-        gone = [r for r in self._round_reports[c.id] if r.unit.kind == TRAIN and r.unit.epoch == epoch
-                and r.unit.partition in redo]
-        self._round_reports[c.id] = [r for r in self._round_reports[c.id] if r not in gone]
-        self._catalog.mark_units(self._catalog.unit_seqs([r.unit for r in gone]), "lost")
-        c.state_ref = ray.put(ckpt) if ckpt is not None else None
-        c.units, c.visited = units, visited
-        self._event("state_restored", config_id=c.id, units=units, rerun=redo)
-
-    def _fail_config(self, c: _Config, state: DispatchState, why: str) -> None:
-        state.drop_config(c.id)
-        c.status = FAILED
-        self._catalog.update_config(c.id, status=FAILED, error=why)
-        self._event("config_failed", config_id=c.id, why=why)
-        tqdm.write(f"config {c.id} failed: {why}")
-
-    def _wait_for_holders(self, state: DispatchState) -> None:
-        stalled = sorted(state.stalled_partitions())
-        self._event("waiting_for_holder", partitions=stalled)
-        tqdm.write(f"units of partitions {stalled} wait for a worker that holds them (add_workers() to provide one)")
-        try:
-            kind, arg = self._control.get(timeout=300)
-        except queue.Empty:
-            raise RuntimeError(f"no worker holds partitions {stalled} and none joined within 300 s") from None
-        self._control.put((kind, arg))
-
-    def _handle_control(self, state: DispatchState) -> None:
-        while True:
-            try:
-                kind, arg = self._control.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "add":
-                count, partitions = arg
-                for _ in range(count):
-                    w = self.pool.next_id()
-                    parts = partitions if partitions is not None else self._least_replicated()
-                    self._start_worker(w, parts)
-                    self._event("worker_added", worker=w, partitions=list(parts))
-            elif kind == "drain" and arg in self.pool.holds:
-                self.pool.draining.add(arg)
-                state.drain_worker(arg)
-                self._event("worker_draining", worker=arg)
-                self._ensure_holders()
-                self._finish_drain(arg)
-
-    def _grow_into_free_resources(self) -> None:
-        """Elastic scale-out at a barrier: add workers while the cluster has room for one and `max_workers` allows.
-
-        Workers still loading count as taken; Ray's available resources already exclude every live actor.
-        """
-        if self.max_workers is None:
-            return
-        free = dict(ray.available_resources())
-        need = {"CPU": 1.0, **self.worker_resources}
-        room = self.max_workers - len(self.pool.holds) - len(self.pool.joining)
-        while room > 0 and all(free.get(k, 0.0) >= v for k, v in need.items() if v > 0):
-            for k, v in need.items():
-                free[k] = free.get(k, 0.0) - v
-            self.add_workers(1)
-            self._event("autoscale", free={k: free.get(k, 0.0) for k in need})
-            room -= 1
-
-    def _least_replicated(self) -> list[int]:
-        """Partitions a new worker should load: the least-held ones (counting workers still loading), as many as an
-        average worker holds."""
-        holders = {p: len(ws) for p, ws in self.pool.availability().items()}
-        for _, parts in self.pool.joining.values():
-            for p in parts:
-                holders[p] += 1
-        per_worker = max(1, round(sum(holders.values()) / max(1, len(self.pool.holds) + len(self.pool.joining))))
-        return sorted(sorted(holders, key=lambda p: (holders[p], p))[:per_worker])
-
-    def _finish_drain(self, worker: int) -> None:
-        if worker in self.pool.draining and not any(f.assignment.worker == worker for f in self._in_flight.values()):
-            self.pool.remove(worker)
-            self._event("worker_drained", worker=worker)
-            self._count_workers()
-
-    # ---- round boundaries -----------------------------------------------------------------------------------
-    def _close_round(self, round_: int, active: list[_Config]) -> list[_Config]:
-        ended = []
-        for c in active:
-            if c.status != ACTIVE:
-                continue
-            c.history.append(epoch_metrics(self._round_reports[c.id]))
-            ended.append(c)
-        return ended
-
-    def _commit(self, round_: int, ended: list[_Config], decision: Decision) -> None:
-        """Apply the procedure's decision and commit the round atomically (metrics, statuses, new configs, state)."""
-        if not isinstance(decision, Decision):
-            raise TypeError(f"{type(self.procedure).__name__}.step returned {decision!r}, but must return a Decision")
-        name = type(self.procedure).__name__
-        for cid in decision.stop:
-            if cid not in self._configs:
-                raise ValueError(f"{name} stopped config {cid!r}, which does not exist")
-            if self._configs[cid].status == ACTIVE:
-                self._configs[cid].status = STOPPED
-        new = []
-        for source, cfg in [(None, cfg) for cfg in decision.add] + list(decision.clone):
-            cid = len(self._configs)
-            c = _Config(cid, dict(cfg), parent=source)
-            if source is not None:
-                if source not in self._configs:
-                    raise ValueError(f"{name} cloned config {source!r}, which does not exist")
-                src_ref = self._configs[source].state_ref
-                if src_ref is not None:  # the clone's own epochs start at 0: it inherits weights, not visits
-                    c.state_ref = ray.put({**ray.get(src_ref), "visited": {}})
-            self._configs[cid] = c
-            new.append((cid, c.config, source, round_ + 1))
-            if c.state_ref is not None:  # a clone's starting point is durable before the round commits
-                self._ckpt.submit(cid, 0, 0, lambda ref=c.state_ref: ray.get(ref))
-        self._ckpt.flush()
-        self._catalog.commit_round(
-            round_,
-            epochs=[(c.id, len(c.history) - 1, c.history[-1]) for c in ended],
-            statuses=[(c.id, c.status, len(c.history)) for c in self._configs.values() if c.status != FAILED],
-            new_configs=new,
-            procedure=dumps_signed(self.procedure),
-        )
-        self._event("round_committed", round=round_)
-        if self.faults.crash_after_commit(round_):
-            self._crash()
-
-    def _restore(self) -> tuple[int, list[Unit]]:
-        """Rebuild the driver's state from the catalog and checkpoints; return the round to run and its units."""
-        last, _, _ = self._catalog.last_round()
-        round_ = last + 1
-        configs, epochs = self._catalog.configs(), self._catalog.epochs()
-        history: dict[int, list[dict]] = defaultdict(list)
-        for row in epochs.sort_values(["config_id", "epoch"]).to_dict("records"):
-            history[row.pop("config_id")].append(
-                {k: v for k, v in row.items() if k not in ("epoch", "round") and v == v})
-        units_log = self._catalog.units(status="done")
-        partial = units_log[units_log["round"] == round_]
-        todo: list[Unit] = []
-        lost_seqs: list[int] = []
-        for row in configs.itertuples():
-            parent = None if row.parent != row.parent or row.parent is None else int(row.parent)
-            c = _Config(int(row.config_id), row.config, parent=parent, status=row.status,
-                        history=history.get(int(row.config_id), []))
-            self._configs[c.id] = c
-            if c.status != ACTIVE:
-                continue
-            try:
-                state, _, c.units = self._ckpt.load_latest(c.id)
-                c.state_ref = ray.put(state)
-                c.visited = {int(e): list(ps) for e, ps in state["visited"].items()}
-            except CorruptCheckpointError as e:
-                if c.history or parent is not None:  # it had trained weights: they cannot be recovered
-                    c.status = FAILED
-                    self._catalog.update_config(c.id, status=FAILED, error=f"cannot resume: {e}")
-                    continue
-                c.state_ref, c.units, c.visited = None, 0, {}  # not trained past its first round: start afresh
-            epoch = len(c.history)
-            rows = {int(r.seq): r for r in partial[partial.config_id == c.id].itertuples()}
-            kept, lost, run = resume_units(
-                c.id, epoch, self.pool.entries, c.visited.get(epoch, []),
-                [(seq, Unit(c.id, int(r.epoch), int(r.partition), r.kind)) for seq, r in rows.items()])
-            for r in (rows[seq] for seq in kept):
-                self._round_reports[c.id].append(UnitReport(
-                    Unit(c.id, int(r.epoch), int(r.partition), r.kind), int(r.worker), r.start, r.end,
-                    _json(r.metrics), int(r.num_examples), int(r.state_bytes)))
-            lost_seqs += lost
-            todo += run
-        self._catalog.mark_units(lost_seqs, "lost")
-        self._event("resume_plan", round=round_, rerun=len(todo), lost_units=len(lost_seqs))
-        return round_, todo
-
-    def _estimate(self, unit: Unit, worker: int) -> float:
-        """Measured duration of this config's last unit of this kind on this worker (or any worker), else 1."""
-        key = (unit.config_id, unit.kind, worker)
-        if key in self._durations:
-            return self._durations[key]
-        same = [d for (cid, kind, _), d in self._durations.items() if cid == unit.config_id and kind == unit.kind]
-        return sum(same) / len(same) if same else 1.0
-
-    def _leaderboard_line(self, round_: int, seconds: float) -> str:
-        scored = [(c.history[-1].get(self.metric), c.id) for c in self._configs.values() if c.history and c.status != FAILED]
-        scored = [(v, cid) for v, cid in scored if v is not None]
-        active = sum(c.status == ACTIVE for c in self._configs.values())
-        failed = sum(c.status == FAILED for c in self._configs.values())
-        if not scored:
-            return f"round {round_}: {seconds:.1f}s, no {self.metric} reported yet ({failed} failed)"
-        v, cid = (min if self.mode == "min" else max)(scored)
-        return (f"round {round_}: {seconds:.1f}s | best config {cid} {self.metric}={v:.4f} | "
-                f"{active} active, {failed} failed, {len(self._configs)} total")
-
-
-def _json(text: str | None) -> dict:
-    import json
-
-    return json.loads(text) if text else {}
+            entries = {0: (list(ds.train), list(ds.valid))}
+        fns = {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn,
+               "input_fn": self.input_fn, "freezing": self.freezing, "extract": self.extract}
+        return RayBackend(fns, self.worker_resources, self.num_threads, entries, put_entries=ds.in_memory)
 
 
 def _scheduler_names() -> set[str]:

@@ -1,21 +1,41 @@
-"""The thin Ray layer: worker actors, in-memory partitions through the object store, and cluster start-up."""
+"""`RayBackend`: workers are Ray actors, partitions go through the object store, states hop as object refs.
+
+This is the only module of the engine that imports Ray. It implements `framework.engine._base.Backend`: the driver
+starts workers and submits units; `poll` turns finished Ray calls into events (a load that finished is a
+`WorkerJoined`, a unit whose actor died a `WorkerLost`, a unit that could not fetch its state a `StateLost`).
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Mapping, Sequence
+import signal
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import ray
 
-from framework.engine.worker import Worker
+from framework.engine._base import (
+    Backend,
+    Event,
+    StateLost,
+    UnitDone,
+    UnitFailed,
+    WorkerJoined,
+    WorkerLost,
+)
+from framework.engine.worker import UnitReport, UnitTask, Worker
+from framework.scheduling import TRAIN
+
+_LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
 
 
 class _RayWorker(Worker):
     """`Worker` as a Ray actor; partition entries may be object refs (in-memory data put once by the driver), and
     frozen weights are shared through the object store."""
 
-    LOST_STATE_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
+    LOST_STATE_ERRORS = _LOST_OBJECT_ERRORS
 
     def _lost_state_error(self, unit) -> BaseException:
         return ray.exceptions.ObjectLostError(ray.ObjectRef.nil().hex(), None, f"injected fault: {unit}")
@@ -68,8 +88,148 @@ def materialize(state: dict | None) -> dict | None:
     return {**{k: v for k, v in state.items() if k != "frozen"}, "model": {**state["model"], **frozen}}
 
 
-def start_worker(worker_id: int, resources: Mapping[str, float], fns: dict[str, Any], num_threads: int) -> Any:
-    """Start one worker actor (not restarted by Ray: the engine handles failures itself, Cerebro 5.6)."""
-    device = "cuda" if resources.get("GPU", 0) > 0 else "cpu"
-    cls = ray.remote(max_restarts=0, max_task_retries=0)(_RayWorker)
-    return cls.options(**actor_options(resources)).remote(worker_id, device=device, num_threads=num_threads, **fns)
+class RayBackend(Backend):
+    """Worker actors on the local or attached Ray cluster (not restarted by Ray: the driver handles failures).
+
+    Args:
+        fns: the `Worker` keyword arguments (`model_fn`, `train_fn`, `eval_fn`, `input_fn`, `freezing`, `extract`).
+        resources: Ray resources per worker; a worker with a GPU puts models on it.
+        num_threads: torch threads per worker.
+        entries: partition -> (train entries, valid entries): data, paths or URIs a worker's `input_fn` loads.
+        put_entries: put every entry into the object store once (in-memory data shared by reference).
+    """
+
+    def __init__(
+        self,
+        fns: Mapping[str, Any],
+        resources: Mapping[str, float],
+        num_threads: int,
+        entries: Mapping[int, tuple[Sequence[Any], Sequence[Any]]],
+        put_entries: bool = False,
+    ) -> None:
+        super().__init__()
+        self.fns, self.resources, self.num_threads = dict(fns), dict(resources), num_threads
+        if put_entries:
+            entries = {p: ([ray.put(e) for e in tr], [ray.put(e) for e in va]) for p, (tr, va) in entries.items()}
+        self.entries = dict(entries)
+        self._actors: dict[int, Any] = {}
+        self._loads: dict[Any, tuple[int, frozenset[int]]] = {}  # load ref -> (worker, partitions)
+        self._units: dict[Any, tuple[int, int, Any, str]] = {}  # report ref -> (ticket, worker, state ref, kind)
+        self._tickets = itertools.count()
+
+    # ---- workers ------------------------------------------------------------------------------------------------
+    def start_worker(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> None:
+        parts = frozenset(partitions)
+        if worker not in self._actors:
+            device = "cuda" if self.resources.get("GPU", 0) > 0 else "cpu"
+            cls = ray.remote(max_restarts=0, max_task_retries=0)(_RayWorker)
+            self._actors[worker] = cls.options(**actor_options(self.resources)).remote(
+                worker, device=device, num_threads=self.num_threads, **self.fns)
+        ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
+        self._loads[ref] = (worker, parts)
+
+    def stop_worker(self, worker: int) -> None:
+        actor = self._actors.pop(worker, None)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+        self._forget(worker)
+
+    def kill(self, worker: int) -> None:
+        try:
+            os.kill(ray.get(self._actors[worker].pid.remote()), signal.SIGKILL)
+        except (ray.exceptions.RayActorError, KeyError, ProcessLookupError):
+            pass  # already gone: its units report it
+
+    def free_resources(self) -> dict[str, float]:
+        return dict(ray.available_resources())
+
+    def _forget(self, worker: int) -> None:
+        for ref, (w, _) in list(self._loads.items()):
+            if w == worker:
+                del self._loads[ref]
+        for ref, (_, w, _, _) in list(self._units.items()):
+            if w == worker:
+                del self._units[ref]
+
+    # ---- units --------------------------------------------------------------------------------------------------
+    def submit(self, workers: Sequence[int], task: UnitTask, state: Any) -> int:
+        if len(workers) != 1:
+            raise NotImplementedError(f"RayBackend runs a unit on one worker, got a gang of {len(workers)}")
+        ticket = next(self._tickets)
+        state_ref, report_ref = self._actors[workers[0]].run.options(num_returns=2).remote(task, state)
+        self._units[report_ref] = (ticket, workers[0], state_ref, task.unit.kind)
+        return ticket
+
+    def poll(self, timeout: float | None) -> list[Event]:
+        deadline = None if timeout is None else time.time() + timeout
+        while True:
+            events = self.commands_received()
+            waitable = list(self._units) + list(self._loads)
+            left = None if deadline is None else max(0.0, deadline - time.time())
+            step = 0.0 if events else (0.2 if left is None else min(left, 0.2))  # commands are seen within 0.2 s
+            if waitable:
+                ready, rest = ray.wait(waitable, num_returns=1, timeout=step)
+            else:
+                ready, rest = [], []
+                time.sleep(step)
+            if ready or events or (left is not None and left <= 0.2):
+                break
+        if ready and rest:  # everything else already finished comes along, in one batch
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        lost: set[int] = set()
+        for ref in ready:
+            if ref in self._loads:
+                events.append(self._joined(ref))
+                continue
+            if ref not in self._units:  # its worker was reported lost earlier in this batch
+                continue
+            ticket, worker, state_ref, kind = self._units.pop(ref)
+            try:
+                report: UnitReport = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                if worker not in lost:
+                    lost.add(worker)
+                    self._actors.pop(worker, None)
+                    self._forget(worker)
+                    events.append(WorkerLost(time.time(), worker, f"died ({type(e).__name__})"))
+                continue
+            except _LOST_OBJECT_ERRORS as e:
+                events.append(StateLost(time.time(), ticket, worker, e))
+                continue
+            if report.error is not None:
+                events.append(UnitFailed(time.time(), ticket, worker, report))
+            else:
+                events.append(UnitDone(time.time(), ticket, worker, report, state_ref if kind == TRAIN else None))
+        return events
+
+    def _joined(self, ref: Any) -> Event:
+        worker, parts = self._loads.pop(ref)
+        actor = self._actors.get(worker)
+        try:
+            ray.get(ref)
+            info: dict[str, Any] = {"data_bytes": ray.get(actor.data_nbytes.remote())}
+            if self.fns.get("extract") is not None:
+                info["extraction"] = ray.get(actor.extraction_stats.remote())
+        except ray.exceptions.RayActorError as e:
+            self._actors.pop(worker, None)
+            self._forget(worker)
+            return WorkerLost(time.time(), worker, repr(e), loading=True)
+        return WorkerJoined(time.time(), worker, parts, info)
+
+    # ---- states and time ---------------------------------------------------------------------------------------
+    def put(self, state: dict[str, Any] | None) -> Any:
+        return None if state is None else ray.put(state)
+
+    def get(self, handle: Any, *, self_contained: bool = False) -> dict[str, Any] | None:
+        if handle is None:
+            return None
+        state = ray.get(handle)
+        return materialize(state) if self_contained else state
+
+    def now(self) -> float:
+        return time.time()
+
+    def shutdown(self) -> None:
+        for w in list(self._actors):
+            self.stop_worker(w)

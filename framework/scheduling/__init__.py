@@ -34,6 +34,7 @@ from framework.scheduling.milp import MILPSolver
 from framework.scheduling.mwr import MWRScheduler
 from framework.scheduling.plan import PlanScheduler
 from framework.scheduling.randomized import RandomizedScheduler
+from framework.scheduling.seeded import SeededOrderScheduler
 
 
 def _plan(solver_cls: type[OfflineSolver], name: str) -> Callable[..., Scheduler]:
@@ -101,6 +102,7 @@ __all__ = [
     "Schedule",
     "ScheduledUnit",
     "Scheduler",
+    "SeededOrderScheduler",
     "ShopProblem",
     "Unit",
     "UnitTimeEstimate",

@@ -13,6 +13,7 @@ Nothing here imports Ray.
 from __future__ import annotations
 
 import abc
+import bisect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -246,12 +247,31 @@ class DispatchState:
         for ws in self.availability.values():
             ws.discard(worker)
 
+    def add_units(self, units: Iterable[Unit]) -> None:
+        """More units join the state while it runs (a config's next epoch, without a barrier). `units` becomes
+        every unit pending or running, the new ones included, so a policy's `start_round` sees what is left."""
+        new = set(units) - self.pending - set(self.running)
+        for u in new:
+            if u.partition not in self.availability:
+                raise ValueError(f"partition {u.partition} of {u} has no entry in `availability`")
+            self.pending.add(u)
+            self._by_partition.setdefault(u.partition, set()).add(u)
+            self._by_config.setdefault(u.config_id, set()).add(u)
+            if u.kind == TRAIN:
+                self._train_left[u.config_id] = self._train_left.get(u.config_id, 0) + 1
+            self.dropped.discard(u.config_id)
+        self.units = sorted(self.pending | set(self.running))
+        self._cost = None  # rebuilt on the next `work_left`
+
     def reopen(self, unit: Unit) -> None:
         """A completed training unit's effect was lost (state object and checkpoint gone): it must run again."""
         self.done.remove(unit)
         self.pending.add(unit)
         self._by_partition[unit.partition].add(unit)
         self._by_config[unit.config_id].add(unit)
+        if unit not in self.units:  # it left `units` when more were added (`add_units`)
+            bisect.insort(self.units, unit)
+            self._cost = None
         if self._cost is not None:
             self._work[unit.config_id] += self._cost[unit]
         if unit.kind == TRAIN:

@@ -1,0 +1,77 @@
+"""What every handler of the driver loop reads and changes: the run's state in one object, and its options.
+
+Handlers are functions `handle(run, event)` in their own modules (`units`, `recovery`, `control`, `commit`);
+they import this module and never each other's loop, so the loop (`framework.driver.loop`) is the only place
+that knows them all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from automl import Procedure
+from framework.driver.configs import ConfigTable
+from framework.driver.dispatch import Dispatcher
+from framework.driver.workers import WorkerTable
+from framework.engine._base import Backend
+from framework.engine.faults import FaultPlan
+
+
+@dataclass(frozen=True)
+class DriverOptions:
+    """The run's knobs the loop acts on (validated by `ModelSelection`)."""
+
+    seed: int = 0
+    metric: str = "valid_loss"
+    mode: str = "min"
+    scheduler: Any = "randomized"  # a name from framework.scheduling.SCHEDULERS or a Scheduler instance
+    unit_timeout_s: float | None = None
+    max_unit_retries: int = 0
+    max_worker_restarts: int = 3
+    max_workers: int | None = None
+    worker_resources: Mapping[str, float] = field(default_factory=lambda: {"CPU": 1})
+    deterministic: bool = False
+    progress: bool = False
+    storage_path: str | None = None  # handed to the procedure's `bind`
+    holder_wait_s: float = 300.0  # how long units of a partition nobody holds wait for a worker
+
+
+@dataclass
+class RunState:
+    backend: Backend
+    log: Any  # framework.driver.log.SQLiteRunLog or MemoryRunLog
+    procedure: Procedure
+    options: DriverOptions
+    faults: FaultPlan
+    workers: WorkerTable
+    configs: ConfigTable = field(default_factory=ConfigTable)
+    dispatch: Dispatcher | None = None
+    round: int = 0  # the round in progress: commits so far (a barrier run commits once per round)
+    synchronous: bool = True  # epoch barrier: every config's epoch ends before the procedure decides
+    ended: list[int] = field(default_factory=list)  # configs whose epoch ended since the last decision, in order
+    deferred: list[Callable[[], None]] = field(default_factory=list)
+    live_workers: int | None = None  # what the procedure was last told
+    round_open: bool = False  # a barrier round is open (its units are dispatched or done)
+    bar: Any = None  # a tqdm progress bar over units, or None
+    leaderboard: Callable[[], None] = lambda: None  # called at every barrier, before the procedure decides
+    on_unit: Callable[[], None] | None = None  # progress callback, once per completed unit
+    write: Callable[[str], None] = print  # where one-line notices go (tqdm.write under a progress bar)
+
+    def event(self, kind: str, **detail: Any) -> None:
+        """Log an event (the run's record of what happened) and show it to the fault plan's observer."""
+        self.log.add_event(kind, **detail)
+        self.faults.observe(kind, detail)
+
+    def run_deferred(self) -> None:
+        for fn in self.deferred:
+            fn()
+        self.deferred.clear()
+
+    def crash(self) -> None:
+        """An injected driver crash: every queued checkpoint reaches the disk, then the process dies unannounced."""
+        self.log.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,162 @@
+"""Epoch ends, decisions and commits: where the procedure is asked and the run's progress becomes durable.
+
+With a barrier (`Procedure.synchronous`, or `deterministic=True`), the procedure decides once every active
+config has finished its epoch of the round; without one, each time one config finishes an epoch (or fails). Each
+decision is applied by the config table's rules and committed in one transaction with the epochs that ended, every
+config's status, the new configs and the procedure's state: the point a resume restarts from. Then the next units
+open: every active config's next epoch (a barrier), or the finished config's next epoch and the new configs'.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from automl import ACTIVE, FAILED, STOPPED
+from framework.driver._state import RunState
+from framework.driver.configs import ConfigRecord
+from framework.driver.control import grow_into_free_resources
+from framework.engine.checkpoint import CorruptCheckpointError
+from framework.engine.recovery import resume_units
+from framework.engine.worker import UnitReport, epoch_metrics
+from framework.scheduling import EVAL, TRAIN, Unit
+
+
+def epoch_units(run: RunState, c: ConfigRecord) -> list[Unit]:
+    """A config's units of its next epoch: one train unit per partition, then one eval unit per partition."""
+    return [Unit(c.id, c.epoch, p, kind) for kind in (TRAIN, EVAL) for p in run.workers.partitions]
+
+
+def open_epochs(run: RunState, configs: list[ConfigRecord], units: list[Unit] | None = None) -> None:
+    """Open the next epoch of `configs` (or just `units`, after a resume) as one wave of the dispatcher."""
+    if units is None:
+        units = [u for c in configs for u in epoch_units(run, c)]
+    per_config: dict[int, int] = defaultdict(int)
+    for u in units:
+        per_config[u.config_id] += 1
+    for c in configs:
+        c.open = per_config.get(c.id, 0)
+        if c.open == 0:  # nothing left to run (a resume after its last unit): it ends at once
+            run.ended.append(c.id)
+    run.dispatch.open(units, run.workers.availability(), wave=run.round)
+    if run.bar is not None:
+        run.bar.total += len(units)
+        run.bar.refresh()
+
+
+def close_epoch(c: ConfigRecord) -> None:
+    """The config finished an epoch: its metrics join the history; a pending stop takes effect."""
+    c.history.append(epoch_metrics(c.reports))
+    c.reports, c.epoch_state, c.open = [], c.state, 0
+    if c.stopping:
+        c.status, c.stopping = STOPPED, False
+
+
+def settle(run: RunState) -> bool:
+    """Close what has ended since the last call and decide about it. Returns True when it committed."""
+    if run.synchronous:
+        if not run.round_open or run.dispatch.flights or not run.dispatch.idle:
+            return False
+        ended = [run.configs[cid] for cid in run.ended if run.configs[cid].status == ACTIVE]
+        run.ended.clear()
+        for c in ended:
+            close_epoch(c)
+        run.round_open = False
+        run.leaderboard()
+        decide(run, ended)
+        open_epochs(run, run.configs.active())
+        run.round_open = bool(run.configs.active())
+        return True
+    committed = False
+    while run.ended:
+        c = run.configs[run.ended.pop(0)]
+        ended = []
+        if c.status == ACTIVE and c.open == 0:
+            close_epoch(c)
+            ended.append(c)
+        elif c.status != FAILED:
+            continue
+        new = decide(run, ended)
+        opening = [c] if c.status == ACTIVE and c.open == 0 and c in ended else []
+        opening += [n for n in new if n.status == ACTIVE]
+        if opening:
+            open_epochs(run, opening)
+        committed = True
+    return committed
+
+
+def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
+    """Ask the procedure, apply its decision, commit it with the epochs that `ended`; returns the new configs."""
+    run.run_deferred()  # every unit of the epochs that ended is logged (and its checkpoint queued) first
+    decision = run.procedure.step(run.configs.views())
+    new = run.configs.apply(decision, type(run.procedure).__name__)
+    for c in new:
+        if c.parent is None:
+            continue
+        src = run.configs[c.parent]
+        handle = src.epoch_state if src.epoch_state is not None else src.state
+        if handle is not None:  # the clone's own epochs start at 0: it inherits weights, not visits
+            c.state = c.epoch_state = run.backend.put({**run.backend.get(handle), "visited": {}})
+            run.log.checkpoint(c.id, 0, 0, lambda h=c.state: run.backend.get(h, self_contained=True))
+    run.log.flush()  # a clone's starting point is durable before the decision commits
+    run.log.commit(
+        run.round,
+        epochs=[(c.id, len(c.history) - 1, c.history[-1]) for c in ended],
+        statuses=[(c.id, c.status, len(c.history)) for c in run.configs if c.status != FAILED],
+        new_configs=[(c.id, c.config, c.parent, run.round + 1) for c in new],
+        procedure=run.procedure,
+    )
+    run.event("round_committed", round=run.round)
+    if run.faults.crash_after_commit(run.round):
+        run.crash()
+    run.round += 1
+    grow_into_free_resources(run)
+    return new
+
+
+def restore(run: RunState, catalog) -> list[Unit]:
+    """Rebuild the run's state from the catalog and checkpoints after a crash; returns the units still to run.
+
+    For every active config, the units of its unfinished epoch that its restored checkpoint absorbed are kept,
+    everything else logged for that epoch was lost with the crash (marked `lost`), and the rest runs.
+    """
+    last, _, _ = catalog.last_round()
+    run.round = last + 1
+    configs, epochs = catalog.configs(), catalog.epochs()
+    history: dict[int, list[dict]] = defaultdict(list)
+    for row in epochs.sort_values(["config_id", "epoch"]).to_dict("records"):
+        history[row.pop("config_id")].append({k: v for k, v in row.items() if k not in ("epoch", "round") and v == v})
+    done = catalog.units(status="done")
+    todo: list[Unit] = []
+    lost_seqs: list[int] = []
+    for row in configs.itertuples():
+        parent = None if row.parent != row.parent or row.parent is None else int(row.parent)
+        c = ConfigRecord(int(row.config_id), row.config, parent=parent, status=row.status,
+                         history=history.get(int(row.config_id), []))
+        run.configs.add(c)
+        if c.status != ACTIVE:
+            continue
+        try:
+            state, _, c.units = run.log.load_latest(c.id)
+            c.state = c.epoch_state = run.backend.put(state)
+            c.visited = {int(e): list(ps) for e, ps in state["visited"].items()}
+        except CorruptCheckpointError as e:
+            if c.history or parent is not None:  # it had trained weights: they cannot be recovered
+                c.status = FAILED
+                run.log.fail_config(c.id, f"cannot resume: {e}")
+                continue
+            c.state, c.units, c.visited = None, 0, {}  # not trained past its first epoch: start afresh
+        mine = done[(done.config_id == c.id) & (done.epoch == c.epoch)]
+        rows = {int(r.seq): r for r in mine.itertuples()}
+        kept, lost, run_units = resume_units(
+            c.id, c.epoch, run.workers.partitions, c.visited.get(c.epoch, []),
+            [(seq, Unit(c.id, int(r.epoch), int(r.partition), r.kind)) for seq, r in rows.items()])
+        for r in (rows[seq] for seq in kept):
+            c.reports.append(UnitReport(Unit(c.id, int(r.epoch), int(r.partition), r.kind), int(r.worker), r.start,
+                                        r.end, json.loads(r.metrics) if r.metrics else {}, int(r.num_examples),
+                                        int(r.state_bytes)))
+        lost_seqs += lost
+        todo += run_units
+    run.log.mark_seqs(lost_seqs, "lost")
+    run.event("resume_plan", round=run.round, rerun=len(todo), lost_units=len(lost_seqs))
+    return todo

@@ -1,0 +1,103 @@
+"""The config table: every config of the run, and the one set of rules that applies a procedure's `Decision`.
+
+Rules (the same for the engine, the simulator, replay and offline runs):
+- `stop` of an unknown id is an error; of an ACTIVE config stops it (at the end of the epoch it is in, when it is
+  in the middle of one: an epoch is never cut short); of a config that is already stopped or failed does nothing
+  (a config may fail between the procedure's look and its decision).
+- `add` entries get the next ids in order, then `clone` entries. A clone of an unknown id is an error. A clone
+  starts from its source's state at the end of the source's last completed epoch, with an empty visit record: its
+  own epochs count from 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from automl import ACTIVE, FAILED, STOPPED, ConfigState, Decision
+from framework.engine.worker import UnitReport
+
+
+@dataclass
+class ConfigRecord:
+    """The driver's view of one config."""
+
+    id: int
+    config: dict[str, Any]
+    parent: int | None = None
+    status: str = ACTIVE
+    history: list[dict[str, float]] = field(default_factory=list)
+    state: Any = None  # backend handle of the latest state (None before the first training unit)
+    epoch_state: Any = None  # handle of the state at the end of the last completed epoch (what a clone copies)
+    units: int = 0  # training units absorbed so far (all epochs)
+    visited: dict[int, list[int]] = field(default_factory=dict)  # epoch -> partitions absorbed (the driver's mirror)
+    failures: int = 0  # failures of user code so far
+    open: int = 0  # units of the current epoch not completed yet (0: between epochs)
+    stopping: bool = False  # the procedure stopped it while an epoch was open: it stops when that epoch ends
+    reports: list[UnitReport] = field(default_factory=list)  # the current epoch's completed units
+
+    @property
+    def epoch(self) -> int:
+        """The epoch it trains now (or next)."""
+        return len(self.history)
+
+    def view(self) -> ConfigState:
+        return ConfigState(self.id, dict(self.config), len(self.history), tuple(self.history), self.status, self.parent)
+
+
+class ConfigTable:
+    """Every config ever added, by id."""
+
+    def __init__(self) -> None:
+        self.configs: dict[int, ConfigRecord] = {}
+
+    def __getitem__(self, config_id: int) -> ConfigRecord:
+        return self.configs[config_id]
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def __iter__(self):
+        return iter(self.configs.values())
+
+    def add(self, record: ConfigRecord) -> None:
+        self.configs[record.id] = record
+
+    def active(self) -> list[ConfigRecord]:
+        return [c for c in self.configs.values() if c.status == ACTIVE]
+
+    def views(self) -> list[ConfigState]:
+        return [self.configs[i].view() for i in sorted(self.configs)]
+
+    def count(self, status: str) -> int:
+        return sum(c.status == status for c in self.configs.values())
+
+    def apply(self, decision: Decision, who: str) -> list[ConfigRecord]:
+        """Apply `decision` (from procedure `who`) by the module's rules; returns the new configs, clones last
+        (their `parent` names the source; the caller gives them the source's state)."""
+        if not isinstance(decision, Decision):
+            raise TypeError(f"{who}.step returned {decision!r}, but must return a Decision")
+        for cid in decision.stop:
+            if cid not in self.configs:
+                raise ValueError(f"{who} stopped config {cid!r}, which does not exist")
+        for source, _ in decision.clone:
+            if source not in self.configs:
+                raise ValueError(f"{who} cloned config {source!r}, which does not exist")
+        for cid in decision.stop:
+            c = self.configs[cid]
+            if c.status != ACTIVE:
+                continue
+            if c.open:
+                c.stopping = True
+            else:
+                c.status = STOPPED
+        new = []
+        for source, cfg in [(None, cfg) for cfg in decision.add] + list(decision.clone):
+            c = ConfigRecord(len(self.configs), dict(cfg), parent=source)
+            self.configs[c.id] = c
+            new.append(c)
+        return new
+
+    def fail(self, config_id: int) -> None:
+        c = self.configs[config_id]
+        c.status, c.stopping, c.open = FAILED, False, 0

@@ -1,0 +1,106 @@
+"""Dispatch: the units that may run, the policy that picks them, and the units in flight.
+
+Units arrive in *waves* (`open`): with a barrier, a wave is a round (every active config's next epoch); without
+one, a wave is one config's next epoch, opened as soon as the procedure has decided about it. A wave joins the
+`DispatchState` that is running, or starts a fresh one when everything before it has finished. A scheduler given
+by name is rebuilt for every wave from (seed, wave), so a resumed run dispatches as the original would; a
+`Scheduler` instance is kept for the whole run. Every wave calls the policy's `start_round`, so a plan-based
+policy plans what is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from framework.engine.worker import unit_seed
+from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, make_scheduler
+
+
+@dataclass
+class Flight:
+    """A unit on its way: where it runs, when it was submitted (backend clock), driver-side faults to act out."""
+
+    unit: Unit
+    worker: int
+    started: float
+    faults: tuple[str, ...] = ()
+
+
+class Dispatcher:
+    def __init__(self, scheduler: str | Scheduler, seed: int) -> None:
+        self.spec, self.seed = scheduler, seed
+        self.state: DispatchState | None = None
+        self.scheduler: Scheduler | None = None
+        self.waves = 0
+        self.flights: dict[int, Flight] = {}  # ticket -> flight
+        self.durations: dict[tuple[int, str, int], float] = {}  # (config, kind, worker) -> last measured seconds
+        self._per_config: dict[tuple[int, str], dict[int, float]] = {}  # (config, kind) -> worker -> seconds
+        self.longest = 0.0
+
+    def open(self, units: Iterable[Unit], availability: Mapping[int, Iterable[int]], wave: int | None = None) -> None:
+        """Add a wave of units (see the module docstring); `wave` numbers it for a named scheduler's seed."""
+        units = list(units)
+        if not units:
+            return
+        if self.state is None or self.state.finished:
+            self.state = DispatchState(units, availability, estimate=self.estimate)
+        else:
+            self.state.add_units(units)
+        wave = self.waves if wave is None else wave
+        self.waves += 1
+        if isinstance(self.spec, Scheduler):
+            self.scheduler = self.spec
+        else:
+            self.scheduler = make_scheduler(self.spec, seed=unit_seed(self.seed, wave, 7))
+        self.scheduler.start_round(self.state)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending or running."""
+        return self.state is None or self.state.finished
+
+    def select(self) -> list[Assignment]:
+        if self.state is None or not self.state.pending:
+            return []
+        return self.scheduler.select(self.state)
+
+    def estimate(self, unit: Unit, worker: int) -> float:
+        """Measured duration of this config's last unit of this kind on this worker (or any worker), else 1."""
+        same = self._per_config.get((unit.config_id, unit.kind))
+        if not same:
+            return 1.0
+        if worker in same:
+            return same[worker]
+        return sum(same.values()) / len(same)
+
+    def record(self, unit: Unit, worker: int, seconds: float) -> None:
+        """A unit's measured duration (what `estimate` and the hang limit are made of)."""
+        self.durations[(unit.config_id, unit.kind, worker)] = seconds
+        self._per_config.setdefault((unit.config_id, unit.kind), {})[worker] = seconds
+        self.longest = max(self.longest, seconds)
+
+    def flights_of(self, worker: int) -> list[tuple[int, Flight]]:
+        return [(t, f) for t, f in self.flights.items() if f.worker == worker]
+
+    def unit_limit(self, unit_timeout_s: float | None) -> float | None:
+        """How long a unit may run before it is declared hung (None: no limit yet)."""
+        if unit_timeout_s is not None:
+            return unit_timeout_s
+        if not self.durations:
+            return None
+        return max(60.0, 20 * self.longest)
+
+    def overdue(self, now: float, limit: float | None) -> list[Flight]:
+        if limit is None:
+            return []
+        return [f for f in self.flights.values() if now - f.started > limit]
+
+    def poll_timeout(self, now: float, limit: float | None) -> float | None:
+        """How long the backend may wait for an event: until the earliest unit deadline (None: no deadline)."""
+        if limit is None or not self.flights:
+            return None
+        earliest = min(f.started for f in self.flights.values()) + limit
+        return max(0.01, earliest - now)
+
+

@@ -1,0 +1,116 @@
+"""Where the driver writes what happened: the schedule log, events, commits and checkpoints.
+
+`SQLiteRunLog` is a run directory (the catalog `run.db` and the checkpoint store): it survives a crash and is what
+resume, replay and `Result` read. `MemoryRunLog` keeps the same records in lists, for simulations and offline runs
+that want a thousand unit events per millisecond and no files; its checkpoints are the states themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from framework.engine.catalog import SQLiteCatalog
+from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError
+from framework.engine.signing import dumps_signed
+from framework.engine.worker import UnitReport
+from framework.scheduling import Unit
+
+UNIT_COLUMNS = ["config_id", "epoch", "partition", "worker", "kind", "start", "end"]
+
+
+class SQLiteRunLog:
+    """The run directory's catalog and checkpoint store behind the driver's calls."""
+
+    def __init__(self, catalog: SQLiteCatalog, checkpoints: CheckpointStore) -> None:
+        self.catalog, self.checkpoints = catalog, checkpoints
+
+    def add_unit(self, round_: int, report: UnitReport, status: str) -> None:
+        self.catalog.add_unit(round_, report, status=status)
+
+    def mark_lost(self, units: Iterable[Unit]) -> None:
+        self.catalog.mark_units(self.catalog.unit_seqs(list(units)), "lost")
+
+    def mark_seqs(self, seqs: list[int], status: str) -> None:
+        self.catalog.mark_units(seqs, status)
+
+    def add_event(self, kind: str, **detail: Any) -> None:
+        self.catalog.add_event(kind, **detail)
+
+    def fail_config(self, config_id: int, error: str) -> None:
+        self.catalog.update_config(config_id, status="failed", error=error)
+
+    def commit(self, round_: int, epochs: list, statuses: list, new_configs: list, procedure: Any) -> None:
+        self.catalog.commit_round(round_, epochs=epochs, statuses=statuses, new_configs=new_configs,
+                                  procedure=dumps_signed(procedure))
+
+    def checkpoint(self, config_id: int, epoch: int, units: int, fetch: Callable[[], dict]) -> None:
+        self.checkpoints.submit(config_id, epoch, units, fetch)
+
+    def flush(self) -> list[str]:
+        return self.checkpoints.flush()
+
+    def load_latest(self, config_id: int) -> tuple[dict[str, Any], int, int]:
+        return self.checkpoints.load_latest(config_id)
+
+
+@dataclass
+class MemoryRunLog:
+    """The same records in memory. `schedule()` gives the done units in the validator's columns."""
+
+    units: list[tuple[int, UnitReport, str]] = field(default_factory=list)  # (round, report, status)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    epochs: list[tuple[int, int, int, dict[str, float]]] = field(default_factory=list)  # (config, epoch, round, m)
+    configs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rounds: int = 0
+    record_events: bool = True
+    _ckpts: dict[int, tuple[int, int, Callable[[], dict]]] = field(default_factory=dict)
+
+    def add_unit(self, round_: int, report: UnitReport, status: str) -> None:
+        self.units.append((round_, report, status))
+
+    def mark_lost(self, units: Iterable[Unit]) -> None:
+        gone = set(units)
+        self.units = [(r, rep, "lost" if st == "done" and rep.unit in gone else st) for r, rep, st in self.units]
+
+    def mark_seqs(self, seqs: list[int], status: str) -> None:
+        for i in seqs:
+            r, rep, _ = self.units[i]
+            self.units[i] = (r, rep, status)
+
+    def add_event(self, kind: str, **detail: Any) -> None:
+        if self.record_events:
+            self.events.append((kind, detail))
+
+    def fail_config(self, config_id: int, error: str) -> None:
+        self.configs.setdefault(config_id, {}).update(status="failed", error=error)
+
+    def commit(self, round_: int, epochs: list, statuses: list, new_configs: list, procedure: Any) -> None:
+        for cid, epoch, metrics in epochs:
+            self.epochs.append((cid, epoch, round_, metrics))
+        for cid, status, n in statuses:
+            self.configs.setdefault(cid, {}).update(status=status, epochs=n)
+        for cid, config, parent, first in new_configs:
+            self.configs[cid] = {"config": config, "parent": parent, "first_round": first, "status": "active",
+                                 "epochs": 0}
+        self.rounds += 1
+
+    def checkpoint(self, config_id: int, epoch: int, units: int, fetch: Callable[[], dict]) -> None:
+        self._ckpts[config_id] = (epoch, units, fetch)
+
+    def flush(self) -> list[str]:
+        return []
+
+    def load_latest(self, config_id: int) -> tuple[dict[str, Any], int, int]:
+        if config_id not in self._ckpts:
+            raise CorruptCheckpointError(f"no valid checkpoint for config {config_id}: none written")
+        epoch, units, fetch = self._ckpts[config_id]
+        return fetch(), epoch, units
+
+    def schedule(self, status: str = "done") -> pd.DataFrame:
+        rows = [(r.unit.config_id, r.unit.epoch, r.unit.partition, r.worker, r.unit.kind, r.start, r.end)
+                for _, r, st in self.units if st == status]
+        return pd.DataFrame(rows, columns=UNIT_COLUMNS)

@@ -1,0 +1,187 @@
+"""The driver loop: one loop for the engine, the simulator, replay and offline runs.
+
+    start the workers; ask the procedure for its first decision; open the first units
+    while a config is active or a unit is in flight:
+        settle: close the epochs that ended, ask the procedure, commit, open the next units
+        dispatch: the scheduler picks units for idle workers; submit them to the backend
+        for event in backend.poll(): handle(event)
+
+What runs the units is a `framework.engine._base.Backend` (`RayBackend`, `LocalBackend`, or the simulator's
+`SimulatedBackend`); what records them is a run log (`framework.driver.log`). Handlers live in their own modules
+(`units`, `recovery`, `control`, `commit`); this module only maps events to them. No other thread touches the
+backend: `add_workers`, `drain_worker` and `kill_worker` queue commands that arrive here as events.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from automl import ACTIVE, FAILED, Procedure
+from framework.driver import commit, control, recovery, units
+from framework.driver._state import DriverOptions, RunState
+from framework.driver.dispatch import Dispatcher
+from framework.driver.workers import WorkerTable
+from framework.engine._base import (
+    Backend,
+    CommandReceived,
+    StateLost,
+    UnitDone,
+    UnitFailed,
+    UnitStarted,
+    WorkerJoined,
+    WorkerLost,
+    WorkerPreempted,
+)
+from framework.engine.faults import FaultPlan
+from framework.scheduling import SeededOrderScheduler
+
+HANDLERS = {
+    UnitDone: units.on_unit_done,
+    UnitFailed: units.on_unit_failed,
+    UnitStarted: lambda run, ev: None,
+    StateLost: recovery.on_state_lost,
+    WorkerJoined: control.on_joined,
+    WorkerLost: recovery.on_worker_lost,
+    WorkerPreempted: lambda run, ev: control.on_command(run, CommandReceived(ev.time, "drain", {"worker": ev.worker})),
+    CommandReceived: control.on_command,
+}
+
+
+class Driver:
+    """Runs a procedure's configs to the end on `backend`, recording into `log`.
+
+    Args:
+        backend: what runs the units.
+        procedure: the model-selection procedure (asked at every barrier, or at every epoch end when it is not
+            `synchronous`).
+        log: a `framework.driver.log.SQLiteRunLog` (a run directory) or `MemoryRunLog`.
+        placement: worker -> partitions it loads at the start.
+        partitions: every partition id (each config trains on all of them per epoch, then evaluates on all).
+        options: the run's knobs (`DriverOptions`).
+        faults: faults to inject and an observer of events.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        procedure: Procedure,
+        log: Any,
+        placement: Mapping[int, list[int]],
+        partitions: list[int],
+        options: DriverOptions | None = None,
+        faults: FaultPlan | None = None,
+    ) -> None:
+        options = options or DriverOptions()
+        self.placement = {w: list(ps) for w, ps in placement.items()}
+        scheduler = SeededOrderScheduler(options.seed) if options.deterministic else options.scheduler
+        synchronous = options.deterministic or getattr(procedure, "synchronous", True)
+        self.run_state = RunState(
+            backend=backend, log=log, procedure=procedure, options=options, faults=faults or FaultPlan(),
+            workers=WorkerTable(partitions), dispatch=Dispatcher(scheduler, options.seed), round=-1,
+            synchronous=synchronous,
+        )
+
+    # ---- commands (any thread) ----------------------------------------------------------------------------------
+    def add_workers(self, count: int = 1, partitions: list[int] | None = None) -> None:
+        self.run_state.backend.command("add", count=count, partitions=partitions)
+
+    def drain_worker(self, worker: int) -> None:
+        self.run_state.backend.command("drain", worker=worker)
+
+    def kill_worker(self, worker: int | None = None) -> None:
+        self.run_state.backend.command("kill", worker=worker)
+
+    # ---- the loop -----------------------------------------------------------------------------------------------
+    def start_workers(self) -> None:
+        """Start every worker of the placement and wait until each has joined (or failed for good)."""
+        run = self.run_state
+        for w, parts in sorted(self.placement.items()):
+            control.start_worker(run, w, parts)
+        while run.workers.loading:
+            for ev in run.backend.poll(None):
+                HANDLERS[type(ev)](run, ev)
+        if not run.workers.holds:
+            raise RuntimeError("no worker could be started; see the run's events for the errors")
+
+    def run(self, resume_from: Any = None) -> None:
+        """Run to the end. `resume_from`: the catalog of a crashed run to continue (after `start_workers`)."""
+        run = self.run_state
+        if not run.workers.holds:
+            self.start_workers()
+        bind = run.procedure.bind
+        extra = {"num_workers": len(self.placement)} if "num_workers" in inspect.signature(bind).parameters else {}
+        bind(run.options.metric, run.options.mode, run.options.storage_path, **extra)
+        run.live_workers = len(self.placement)
+        control.count_workers(run)  # fewer may have started
+        if resume_from is not None:
+            todo = commit.restore(run, resume_from)
+            active = run.configs.active()
+            commit.open_epochs(run, active, todo)
+        else:
+            commit.decide(run, [])
+            active = run.configs.active()
+            commit.open_epochs(run, active)
+        run.round_open = bool(active)
+        while True:
+            commit.settle(run)
+            if not run.configs.active() and not run.dispatch.flights:
+                break
+            for ev in run.backend.commands_received():  # commands act before the next dispatch
+                HANDLERS[type(ev)](run, ev)
+            for a in run.dispatch.select():
+                units.submit(run, a)
+            run.run_deferred()  # log and checkpoint the last completions once their successors are on their way
+            if not run.dispatch.flights and not run.workers.loading:
+                self._wait_for_holders()
+                continue
+            limit = run.dispatch.unit_limit(run.options.unit_timeout_s)
+            events = run.backend.poll(run.dispatch.poll_timeout(run.backend.now(), limit))
+            if not events:
+                recovery.check_hung(run)
+                continue
+            for ev in events:
+                HANDLERS[type(ev)](run, ev)
+        run.run_deferred()
+
+    def _wait_for_holders(self) -> None:
+        """Nothing runs and nothing loads, yet units wait: their partitions have no live holder."""
+        run = self.run_state
+        state = run.dispatch.state
+        stalled = sorted(state.stalled_partitions()) if state is not None else []
+        run.event("waiting_for_holder", partitions=stalled)
+        run.write(f"units of partitions {stalled} wait for a worker that holds them (add_workers() to provide one)")
+        events = run.backend.poll(run.options.holder_wait_s)
+        if not events:
+            raise RuntimeError(
+                f"no worker holds partitions {stalled} and none joined within {run.options.holder_wait_s:g} s "
+                f"(at t={run.backend.now():g}; {len(state.pending) if state else 0} units pending)")
+        for ev in events:
+            HANDLERS[type(ev)](run, ev)
+
+    # ---- what the caller reads ----------------------------------------------------------------------------------
+    @property
+    def rounds_completed(self) -> int:
+        return max(0, self.run_state.round)
+
+    def live_workers(self) -> list[int]:
+        for _ in range(10):  # read from another thread while the loop changes it: try again
+            try:
+                return sorted(self.run_state.workers.holds)
+            except RuntimeError:
+                continue
+        return []
+
+    def leaderboard_line(self, seconds: float) -> str:
+        run = self.run_state
+        metric, mode = run.options.metric, run.options.mode
+        scored = [(c.history[-1].get(metric), c.id) for c in run.configs if c.history and c.status != FAILED]
+        scored = [(v, cid) for v, cid in scored if v is not None]
+        active, failed = run.configs.count(ACTIVE), run.configs.count(FAILED)
+        round_ = run.round
+        if not scored:
+            return f"round {round_}: {seconds:.1f}s, no {metric} reported yet ({failed} failed)"
+        v, cid = (min if mode == "min" else max)(scored)
+        return (f"round {round_}: {seconds:.1f}s | best config {cid} {metric}={v:.4f} | "
+                f"{active} active, {failed} failed, {len(run.configs)} total")
