@@ -38,6 +38,7 @@ class DriverOptions:
     progress: bool = False
     storage_path: str | None = None  # handed to the procedure's `bind`
     holder_wait_s: float = 300.0  # how long units of a partition nobody holds wait for a worker
+    reassign_partitions: bool = True  # re-load the partitions of a worker out of restarts onto live workers
 
 
 @dataclass
@@ -59,7 +60,7 @@ class RunState:
     bar: Any = None  # a tqdm progress bar over units, or None
     leaderboard: Callable[[], None] = lambda: None  # called at every barrier, before the procedure decides
     on_unit: Callable[[], None] | None = None  # progress callback, once per completed unit
-    write: Callable[[str], None] = print  # where one-line notices go (tqdm.write under a progress bar)
+    write: Callable[[str], None] = lambda line: None  # where one-line notices go (tqdm.write in ModelSelection)
 
     def event(self, kind: str, **detail: Any) -> None:
         """Log an event (the run's record of what happened) and show it to the fault plan's observer."""

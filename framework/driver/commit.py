@@ -23,8 +23,9 @@ from framework.scheduling import EVAL, TRAIN, Unit
 
 
 def epoch_units(run: RunState, c: ConfigRecord) -> list[Unit]:
-    """A config's units of its next epoch: one train unit per partition, then one eval unit per partition."""
-    return [Unit(c.id, c.epoch, p, kind) for kind in (TRAIN, EVAL) for p in run.workers.partitions]
+    """A config's units of its next epoch: one train unit per partition, then one eval unit per eval partition."""
+    return ([Unit(c.id, c.epoch, p, TRAIN) for p in run.workers.partitions]
+            + [Unit(c.id, c.epoch, p, EVAL) for p in run.workers.eval_partitions])
 
 
 def open_epochs(run: RunState, configs: list[ConfigRecord], units: list[Unit] | None = None) -> None:

@@ -52,7 +52,7 @@ def restart_or_reassign(run: RunState, worker: int, partitions: set[int]) -> Non
         run.workers.restarts[worker] = restarts + 1
         start_worker(run, worker, partitions)
         run.event("worker_restarting", worker=worker, partitions=sorted(partitions), attempt=restarts + 1)
-    else:
+    elif run.options.reassign_partitions:
         ensure_holders(run)
 
 
@@ -82,9 +82,10 @@ def finish_drain(run: RunState, worker: int) -> None:
         count_workers(run)
 
 
-def add_workers(run: RunState, count: int, partitions: list[int] | None = None) -> None:
+def add_workers(run: RunState, count: int, partitions: list[int] | None = None, worker: int | None = None) -> None:
+    """Start `count` new workers (or `worker` itself, when given: a worker that comes back)."""
     for _ in range(count):
-        w = run.workers.next_id()
+        w = run.workers.next_id() if worker is None else worker
         parts = partitions if partitions is not None else run.workers.least_replicated()
         start_worker(run, w, parts)
         run.event("worker_added", worker=w, partitions=list(parts))
@@ -92,7 +93,7 @@ def add_workers(run: RunState, count: int, partitions: list[int] | None = None) 
 
 def on_command(run: RunState, ev: CommandReceived) -> None:
     if ev.command == "add":
-        add_workers(run, ev.args.get("count", 1), ev.args.get("partitions"))
+        add_workers(run, ev.args.get("count", 1), ev.args.get("partitions"), ev.args.get("worker"))
     elif ev.command == "drain":
         w = ev.args["worker"]
         if w in run.workers.holds:

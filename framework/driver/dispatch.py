@@ -10,11 +10,12 @@ policy plans what is left.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from framework.engine.worker import unit_seed
-from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, make_scheduler
+from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, UnitTimeEstimate, make_scheduler
 
 
 @dataclass
@@ -28,8 +29,9 @@ class Flight:
 
 
 class Dispatcher:
-    def __init__(self, scheduler: str | Scheduler, seed: int) -> None:
+    def __init__(self, scheduler: str | Scheduler, seed: int, estimate: UnitTimeEstimate | None = None) -> None:
         self.spec, self.seed = scheduler, seed
+        self._estimate = estimate  # known unit times (a simulation); None: measured ones
         self.state: DispatchState | None = None
         self.scheduler: Scheduler | None = None
         self.waves = 0
@@ -37,6 +39,8 @@ class Dispatcher:
         self.durations: dict[tuple[int, str, int], float] = {}  # (config, kind, worker) -> last measured seconds
         self._per_config: dict[tuple[int, str], dict[int, float]] = {}  # (config, kind) -> worker -> seconds
         self.longest = 0.0
+        self.decision_s = 0.0  # time spent in the policy's `select` and `start_round`
+        self.select_calls = 0
 
     def open(self, units: Iterable[Unit], availability: Mapping[int, Iterable[int]], wave: int | None = None) -> None:
         """Add a wave of units (see the module docstring); `wave` numbers it for a named scheduler's seed."""
@@ -44,7 +48,7 @@ class Dispatcher:
         if not units:
             return
         if self.state is None or self.state.finished:
-            self.state = DispatchState(units, availability, estimate=self.estimate)
+            self.state = DispatchState(units, availability, estimate=self._estimate or self.estimate)
         else:
             self.state.add_units(units)
         wave = self.waves if wave is None else wave
@@ -53,7 +57,9 @@ class Dispatcher:
             self.scheduler = self.spec
         else:
             self.scheduler = make_scheduler(self.spec, seed=unit_seed(self.seed, wave, 7))
+        t0 = time.perf_counter()
         self.scheduler.start_round(self.state)
+        self.decision_s += time.perf_counter() - t0
 
     @property
     def idle(self) -> bool:
@@ -63,7 +69,11 @@ class Dispatcher:
     def select(self) -> list[Assignment]:
         if self.state is None or not self.state.pending:
             return []
-        return self.scheduler.select(self.state)
+        t0 = time.perf_counter()
+        chosen = self.scheduler.select(self.state)
+        self.decision_s += time.perf_counter() - t0
+        self.select_calls += 1
+        return chosen
 
     def estimate(self, unit: Unit, worker: int) -> float:
         """Measured duration of this config's last unit of this kind on this worker (or any worker), else 1."""

@@ -15,7 +15,7 @@ backend: `add_workers`, `drain_worker` and `kill_worker` queue commands that arr
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from automl import ACTIVE, FAILED, Procedure
@@ -35,7 +35,7 @@ from framework.engine._base import (
     WorkerPreempted,
 )
 from framework.engine.faults import FaultPlan
-from framework.scheduling import SeededOrderScheduler
+from framework.scheduling import SeededOrderScheduler, Unit
 
 HANDLERS = {
     UnitDone: units.on_unit_done,
@@ -58,7 +58,9 @@ class Driver:
             `synchronous`).
         log: a `framework.driver.log.SQLiteRunLog` (a run directory) or `MemoryRunLog`.
         placement: worker -> partitions it loads at the start.
-        partitions: every partition id (each config trains on all of them per epoch, then evaluates on all).
+        partitions: every partition id (each config trains on all of them per epoch, then evaluates).
+        eval_partitions: what each config evaluates on per epoch (default: `partitions`; may be empty).
+        estimate: `estimate(unit, worker) -> seconds` the policies see (default: the durations measured so far).
         options: the run's knobs (`DriverOptions`).
         faults: faults to inject and an observer of events.
     """
@@ -72,6 +74,8 @@ class Driver:
         partitions: list[int],
         options: DriverOptions | None = None,
         faults: FaultPlan | None = None,
+        eval_partitions: list[int] | None = None,
+        estimate: Callable[[Unit, int], float] | None = None,
     ) -> None:
         options = options or DriverOptions()
         self.placement = {w: list(ps) for w, ps in placement.items()}
@@ -79,7 +83,7 @@ class Driver:
         synchronous = options.deterministic or getattr(procedure, "synchronous", True)
         self.run_state = RunState(
             backend=backend, log=log, procedure=procedure, options=options, faults=faults or FaultPlan(),
-            workers=WorkerTable(partitions), dispatch=Dispatcher(scheduler, options.seed), round=-1,
+            workers=WorkerTable(partitions, eval_partitions), dispatch=Dispatcher(scheduler, options.seed, estimate), round=-1,
             synchronous=synchronous,
         )
 
@@ -102,7 +106,7 @@ class Driver:
         while run.workers.loading:
             for ev in run.backend.poll(None):
                 HANDLERS[type(ev)](run, ev)
-        if not run.workers.holds:
+        if self.placement and not run.workers.holds:
             raise RuntimeError("no worker could be started; see the run's events for the errors")
 
     def run(self, resume_from: Any = None) -> None:
@@ -111,7 +115,8 @@ class Driver:
         if not run.workers.holds:
             self.start_workers()
         bind = run.procedure.bind
-        extra = {"num_workers": len(self.placement)} if "num_workers" in inspect.signature(bind).parameters else {}
+        n = len(self.placement) or None  # None: no worker yet (a simulation whose workers all join later)
+        extra = {"num_workers": n} if "num_workers" in inspect.signature(bind).parameters else {}
         bind(run.options.metric, run.options.mode, run.options.storage_path, **extra)
         run.live_workers = len(self.placement)
         control.count_workers(run)  # fewer may have started
@@ -155,7 +160,7 @@ class Driver:
         events = run.backend.poll(run.options.holder_wait_s)
         if not events:
             raise RuntimeError(
-                f"no worker holds partitions {stalled} and none joined within {run.options.holder_wait_s:g} s "
+                f"stalled: no worker holds partitions {stalled} and none joined within {run.options.holder_wait_s:g} s "
                 f"(at t={run.backend.now():g}; {len(state.pending) if state else 0} units pending)")
         for ev in events:
             HANDLERS[type(ev)](run, ev)

@@ -15,6 +15,7 @@ from framework.driver.control import count_workers, restart_or_reassign
 from framework.engine._base import StateLost, WorkerLost
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import units_to_redo
+from framework.engine.worker import UnitReport
 from framework.scheduling import TRAIN, Unit
 
 
@@ -34,8 +35,10 @@ def worker_lost(run: RunState, worker: int, why: str) -> None:
     """Requeue what the worker ran (Q' -> Q), then restart it or re-load its partitions elsewhere."""
     if worker not in run.workers.holds and worker not in run.workers.loading:
         return  # already handled
-    for ticket, _ in run.dispatch.flights_of(worker):
+    now = run.backend.now()
+    for ticket, f in run.dispatch.flights_of(worker):
         del run.dispatch.flights[ticket]
+        run.log.add_unit(run.round, UnitReport(f.unit, worker, f.started, now), "interrupted")
     state = run.dispatch.state
     lost = state.remove_worker(worker) if state is not None else []
     held = run.workers.remove(worker)

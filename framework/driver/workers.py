@@ -11,8 +11,10 @@ from collections.abc import Iterable
 
 
 class WorkerTable:
-    def __init__(self, partitions: Iterable[int]) -> None:
-        self.partitions = sorted(partitions)
+    def __init__(self, partitions: Iterable[int], eval_partitions: Iterable[int] | None = None) -> None:
+        self.partitions = sorted(partitions)  # each config trains on every one per epoch
+        # ... and evaluates on every one of these (by default the same ids: partition p holds train and valid data)
+        self.eval_partitions = self.partitions if eval_partitions is None else sorted(eval_partitions)
         self.holds: dict[int, set[int]] = {}  # live, loaded worker -> partitions
         self.loading: dict[int, set[int]] = {}  # worker -> partitions it is loading now
         self.draining: set[int] = set()
@@ -46,7 +48,7 @@ class WorkerTable:
 
     def availability(self) -> dict[int, list[int]]:
         """partition -> live, loaded, non-draining workers holding it (every partition, maybe empty)."""
-        av: dict[int, list[int]] = {p: [] for p in self.partitions}
+        av: dict[int, list[int]] = {p: [] for p in (*self.partitions, *self.eval_partitions)}
         for w, parts in sorted(self.holds.items()):
             if w not in self.draining:
                 for p in parts:

@@ -118,7 +118,8 @@ class LocalBackend(Backend):
     def stop_worker(self, worker: int) -> None:
         self.workers.pop(worker, None)
         self._todo = deque(item for item in self._todo if item[2][0] != worker)
-        kept = [item for item in self._heap if getattr(item[2], "worker", None) != worker]
+        kept = [item for item in self._heap  # its units' outcomes go; scheduled worker events stay
+                if not (hasattr(item[2], "ticket") and item[2].worker == worker)]
         if len(kept) != len(self._heap):
             self._heap = kept
             heapq.heapify(self._heap)
