@@ -89,8 +89,10 @@ class Procedure(abc.ABC):
 
     Subclasses implement `step`. The engine guarantees:
         * `step([])` is the first call; later calls get every config ever added, in id order;
-        * a config listed as ACTIVE trained exactly `epochs` epochs, one per round it was active;
-        * `step` is called from one thread, between rounds, never concurrently;
+        * a config listed as ACTIVE trained exactly `epochs` epochs, one per round it was active (with
+          `synchronous = False`: `epochs` finished epochs, and it may be training its next one);
+        * `step` is called from one thread, never concurrently: between rounds, or after each epoch end when the
+          procedure is not `synchronous`;
         * `bind(metric, mode, storage_path, num_workers=...)` is called once before the first `step` (again, with
           the same arguments, after a resume);
         * `workers_changed(n)` is called, between steps, whenever the number of live workers changes (a worker
@@ -98,6 +100,14 @@ class Procedure(abc.ABC):
     A procedure must not return ids it has not seen, nor re-activate stopped configs, and should be deterministic given
     its seed and the sequence of states (so runs replay and resume). It must pickle (it is saved with the run).
     """
+
+    #: Whether the procedure needs the epoch barrier. True (the default, and what grid search, HyperBand and PBT
+    #: need): `step` is called once every active config has finished its epoch of the round. False (ASHA, TPE):
+    #: `step` is called each time one config finishes an epoch (or fails), with every config's current state, so a
+    #: config's next epoch starts as soon as the procedure has decided about it; configs listed as ACTIVE may then
+    #: be in the middle of an epoch, and `epochs` counts only their finished ones. A stop of a config that is in the
+    #: middle of an epoch takes effect when that epoch ends.
+    synchronous: bool = True
 
     #: The metric the procedure ranks by and its direction; the engine fills them from `ModelSelection(metric, mode)`
     #: unless the procedure was constructed with its own.

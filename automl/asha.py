@@ -52,10 +52,15 @@ class ASHA(OptunaProcedure):
     `max_configs` configs were started or `time_budget_s` seconds (measured by `clock`, from the first `step`)
     are spent; the configs already running then finish their rungs. Every epoch is reported to the trial.
 
+    ASHA needs no epoch barrier (`synchronous = False`): a config is ranked at its rung as soon as it gets there,
+    against everything recorded at that rung so far, and a freed slot is filled at once, as in task-parallel ASHA.
     Unlike task-parallel ASHA, a config that is not promoted on arrival is stopped and never resumed (the template
-    cannot pause a config); the epoch barrier lets each decision see every result of its round (Cerebro E.2).
+    cannot pause a config). Run under a barrier (`deterministic=True`, or the offline runner), each decision sees
+    every result of its round (Cerebro E.2).
     At least one of `max_configs` and `time_budget_s` must be given, so the run ends.
     """
+
+    synchronous = False  # no epoch barrier: decide as each config finishes an epoch
 
     def __init__(
         self,
@@ -87,6 +92,7 @@ class ASHA(OptunaProcedure):
         self.recorded: list[list[tuple[float, int]]] = [[] for _ in self.rungs]  # per rung: (score, id)
         self._issued = 0
         self._start: float | None = None
+        self._ranked: dict[int, int] = {}  # id -> epochs at which it was last looked at (not ranked twice)
         super().__init__()
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
@@ -109,7 +115,11 @@ class ASHA(OptunaProcedure):
         self._tell_failed(states)
         stop: list[int] = []
         arrivals: list[tuple[int, ConfigState]] = []
+        ranked = vars(self).setdefault("_ranked", {})
         for s in self._active(states):
+            if ranked.get(s.id) == s.epochs:
+                continue  # no epoch finished since the last look (without a barrier it is mid-epoch)
+            ranked[s.id] = s.epochs
             if s.epochs >= self.max_epochs:
                 stop.append(s.id)
                 self._tell(s, pruned=False)

@@ -25,6 +25,8 @@ class TPE(OptunaProcedure):
     reported to the trial; failed configs are told FAIL.
     """
 
+    synchronous = False  # no epoch barrier: decide as each config finishes an epoch
+
     def __init__(
         self,
         space: dict[str, Any],

@@ -1,0 +1,235 @@
+"""The driver loop on `LocalBackend`: every recovery path, commands, the barrier, determinism, in milliseconds.
+
+Each run trains a real (tiny) MLP in this process with scripted faults; no Ray. Every test checks what the run
+must never do: lose a unit or count one twice (`_assert_complete`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import automl
+from automl import ACTIVE, FAILED, STOPPED, Decision, Procedure
+from framework.driver import Driver, DriverOptions, MemoryRunLog
+from framework.engine.faults import Fault, FaultPlan
+from framework.engine.local import LocalBackend
+from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.scheduling import EVAL, TRAIN
+from simulators import validate_schedule
+
+P = 3  # partitions (and workers)
+FNS = {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}
+SPACE = {"lr": [0.01, 0.05, 0.1], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
+
+
+def _entries(partitions: int = P) -> dict:
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for p in range(partitions):
+        x, xv = torch.randn(48, 8, generator=g), torch.randn(16, 8, generator=g)
+        out[p] = ([(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())], [(xv, (xv[:, 0] > 0).long())])
+    return out
+
+
+def _grid(epochs: int = 2) -> automl.GridSearch:
+    return automl.GridSearch(SPACE, epochs=epochs)
+
+
+def _run(procedure: Procedure, faults: FaultPlan | None = None, workers: int = P, unit_time=None,
+         **options) -> tuple[Driver, MemoryRunLog]:
+    backend = LocalBackend(FNS, _entries(), num_threads=1, unit_time=unit_time)
+    log = MemoryRunLog()
+    placement = {w: [p for p in range(P) if p % workers == w] for w in range(workers)}
+    driver = Driver(backend, procedure, log, placement, list(range(P)), DriverOptions(**options), faults)
+    driver.run()
+    return driver, log
+
+
+def _events(log: MemoryRunLog, kind: str) -> list[dict]:
+    return [d for k, d in log.events if k == kind]
+
+
+def _assert_complete(driver: Driver, log: MemoryRunLog) -> None:
+    """Every finished epoch of every config: each partition trained and evaluated exactly once, the visit record
+    in the final state agrees, and the history has one entry per finished epoch."""
+    done = log.schedule()
+    assert not done.duplicated(["config_id", "epoch", "partition", "kind"]).any(), "a unit counted twice"
+    assert validate_schedule(done).ok
+    for c in driver.run_state.configs:
+        if c.status == FAILED:
+            continue
+        for e in range(len(c.history)):
+            mine = done[(done.config_id == c.id) & (done.epoch == e)]
+            assert sorted(mine[mine.kind == TRAIN].partition) == list(range(P)), (c.id, e)
+            assert sorted(mine[mine.kind == EVAL].partition) == list(range(P)), (c.id, e)
+        state = driver.run_state.backend.get(c.state)
+        assert {e: sorted(ps) for e, ps in state["visited"].items()} == {e: list(range(P)) for e in
+                                                                         range(len(c.history))}
+
+
+def test_a_clean_run_trains_every_config_every_epoch_once():
+    driver, log = _run(_grid(epochs=2))
+    _assert_complete(driver, log)
+    assert [c.status for c in driver.run_state.configs] == [STOPPED] * 3
+    assert all(len(c.history) == 2 and "valid_loss" in c.history[-1] for c in driver.run_state.configs)
+    assert sorted((r, cid, e) for cid, e, r, _ in log.epochs) == [(e, c, e) for e in range(2) for c in range(3)]
+
+
+def test_a_killed_worker_restarts_and_only_its_unit_runs_again():
+    plan = FaultPlan([Fault("kill_worker", config_id=1, epoch=0, kind=TRAIN, nth=2)])
+    driver, log = _run(_grid(), plan)
+    _assert_complete(driver, log)
+    [failed] = _events(log, "worker_failed")
+    assert len(failed["requeued"]) == 1 and _events(log, "worker_restarting")
+    assert len(log.schedule(status="interrupted")) == 1
+
+
+def test_a_hung_unit_is_found_by_the_health_check_and_runs_again():
+    plan = FaultPlan([Fault("hang", config_id=0, epoch=1, kind=TRAIN)])
+    driver, log = _run(_grid(), plan, unit_timeout_s=5.0)
+    _assert_complete(driver, log)
+    [failed] = _events(log, "worker_failed")
+    assert failed["why"].startswith("hung: Unit(config_id=0, epoch=1")
+
+
+def test_failing_user_code_is_retried_then_fails_only_its_config():
+    retried, log = _run(_grid(), FaultPlan([Fault("raise", config_id=2)]), max_unit_retries=1)
+    _assert_complete(retried, log)
+    assert _events(log, "unit_retry") and all(c.status == STOPPED for c in retried.run_state.configs)
+
+    failed, log = _run(_grid(), FaultPlan([Fault("raise", config_id=2, epoch=1)]))
+    _assert_complete(failed, log)
+    statuses = [c.status for c in failed.run_state.configs]
+    assert statuses == [STOPPED, STOPPED, FAILED]
+    assert len(failed.run_state.configs[2].history) == 1  # its first epoch stays committed
+    assert "InjectedFault" in log.configs[2]["error"]
+
+
+def test_a_lost_state_is_restored_from_its_checkpoint_and_the_missing_units_rerun():
+    plan = FaultPlan([Fault("lose_state", config_id=0, epoch=1, kind=TRAIN, nth=2)])
+    driver, log = _run(_grid(), plan)
+    _assert_complete(driver, log)
+    [restored] = _events(log, "state_restored")
+    assert restored["config_id"] == 0
+
+
+def test_a_worker_that_dies_loading_is_started_again():
+    driver, log = _run(_grid(epochs=1), FaultPlan([Fault("kill_loading", worker=1)]))
+    _assert_complete(driver, log)
+    assert _events(log, "worker_start_failed") and _events(log, "worker_restarting")
+    assert sorted(driver.run_state.workers.holds) == [0, 1, 2]
+
+
+def test_a_worker_out_of_restarts_hands_its_partitions_to_a_live_worker():
+    plan = FaultPlan([Fault("kill_worker", worker=2, nth=1)])
+    driver, log = _run(_grid(), plan, max_worker_restarts=0)
+    _assert_complete(driver, log)
+    [reload] = _events(log, "partition_reload")
+    assert reload["partition"] == 2 and 2 not in driver.run_state.workers.holds
+
+
+def test_commands_add_and_drain_workers_at_known_rounds():
+    driver: Driver | None = None
+
+    def on_event(kind: str, detail: dict) -> None:
+        if kind == "round_committed" and detail["round"] == 0:
+            driver.add_workers(1, partitions=[0, 1, 2])
+        if kind == "round_committed" and detail["round"] == 1:
+            driver.drain_worker(0)
+
+    backend = LocalBackend(FNS, _entries(), num_threads=1)
+    log = MemoryRunLog()
+    driver = Driver(backend, _grid(epochs=3), log, {w: [w] for w in range(P)}, list(range(P)), DriverOptions(),
+                    FaultPlan(on_event=on_event))
+    driver.run()
+    _assert_complete(driver, log)
+    done = log.schedule()
+    assert (done[done.epoch == 1].worker == 3).any()  # the new worker took units from the next round on
+    assert not (done[done.epoch == 2].worker == 0).any()  # the drained one took none after it left
+    assert [d["num_workers"] for d in _events(log, "workers_changed")] == [4, 3]
+
+
+class _Scripted(Procedure):
+    def __init__(self, decisions):
+        self.decisions = list(decisions)
+
+    def step(self, states):
+        return self.decisions.pop(0) if self.decisions else Decision(stop=[s.id for s in states if s.status == ACTIVE])
+
+
+def test_decision_rules_are_one_set_for_every_caller():
+    # stopping a config twice is ignored; an unknown id is an error; a clone starts from its source's weights
+    ok = _Scripted([Decision(add=[{"lr": 0.05, **_fixed()}] * 2), Decision(stop=[0], clone=[(1, {"lr": 0.1, **_fixed()})]),
+                    Decision(stop=[0, 1, 2])])
+    driver, log = _run(ok)
+    _assert_complete(driver, log)
+    configs = driver.run_state.configs
+    assert [c.parent for c in configs] == [None, None, 1] and len(configs[2].history) == 1
+    with pytest.raises(ValueError, match="stopped config 9, which does not exist"):
+        _run(_Scripted([Decision(add=[_fixed()]), Decision(stop=[9])]))
+
+
+def _fixed() -> dict:
+    return {"in_features": 8, "hidden": 8, "classes": 3, "batch_size": 16}
+
+
+def test_without_a_barrier_a_fast_config_starts_its_next_epoch_before_a_slow_one_ends():
+    # config 0 is ten times slower on the logical clock; TPE keeps the barrier off (synchronous = False)
+    slow = lambda unit, worker: 10.0 if unit.config_id == 0 else 1.0  # noqa: E731
+    tpe = automl.TPE(SPACE, num_samples=3, epochs=3, concurrency=3, seed=0)
+    driver, log = _run(tpe, unit_time=slow)
+    _assert_complete(driver, log)
+    done = log.schedule()
+    fast_epoch2 = done[(done.config_id == 1) & (done.epoch == 2)].start.min()
+    slow_epoch0 = done[(done.config_id == 0) & (done.epoch == 0)].end.max()
+    assert fast_epoch2 < slow_epoch0
+    barrier, blog = _run(automl.TPE(SPACE, num_samples=3, epochs=3, concurrency=3, seed=0), unit_time=slow,
+                         deterministic=True)
+    _assert_complete(barrier, blog)
+    assert log.schedule().end.max() <= blog.schedule().end.max()
+
+
+def test_deterministic_runs_give_the_same_metrics_whatever_the_timing():
+    def histories(unit_time, **options):
+        driver, log = _run(_grid(epochs=2), unit_time=unit_time, **options)
+        _assert_complete(driver, log)
+        return [c.history for c in driver.run_state.configs], log.schedule()
+
+    uniform = lambda unit, worker: 1.0  # noqa: E731
+    skewed = lambda unit, worker: 1.0 + (7 * unit.config_id + 3 * unit.partition + unit.epoch) % 5  # noqa: E731
+    a, sa = histories(uniform, deterministic=True, seed=3)
+    b, sb = histories(skewed, deterministic=True, seed=3)
+    assert a == b and not sa[["start", "end"]].equals(sb[["start", "end"]])
+    order = lambda s: [tuple(g.partition) for _, g in s[s.kind == TRAIN].groupby(["config_id", "epoch"])]  # noqa: E731
+    assert order(sa) == order(sb)
+    _, fa = histories(uniform)
+    _, fb = histories(skewed)
+    assert order(fa) != order(fb)  # timing-driven dispatch: the visit order follows the timing
+
+
+def test_the_same_scripted_workload_gives_the_same_schedule_on_local_and_simulated_backends():
+    from automl import FixedEpochsProcedure
+    from simulators import Workload
+    from simulators.backend import SimulatedBackend
+
+    rng = np.random.default_rng(0)
+    wl = Workload(rng.uniform(1, 3, size=(3, P)).round(2), {p: (p,) for p in range(P)})
+
+    class Three(FixedEpochsProcedure):
+        def configs(self):
+            return [{"lr": 0.05, **_fixed()} for _ in range(3)]
+
+    def schedule(backend) -> pd.DataFrame:
+        log = MemoryRunLog()
+        d = Driver(backend, Three(2), log, {w: [w] for w in range(P)}, list(range(P)),
+                   DriverOptions(scheduler="randomized", seed=5), eval_partitions=[], estimate=wl.duration)
+        d.run()
+        return log.schedule()
+
+    local = schedule(LocalBackend(FNS, _entries(), num_threads=1, unit_time=wl.duration))
+    simulated = schedule(SimulatedBackend(wl))
+    pd.testing.assert_frame_equal(local, simulated)
+    assert len(local) == 3 * 2 * P
