@@ -64,15 +64,20 @@ class HyperBand(Procedure):
     max_epochs. Rung decisions are this procedure's own ranking of the whole rung, not an Optuna pruner, whose
     survivors would depend on the order in which results of the same round are reported.
 
-    Configs are drawn from `space` with `numpy.random.default_rng(seed)`, bracket s_max first.
+    Configs are drawn from `space` with `numpy.random.default_rng(seed)`, bracket s_max first. `iterations` repeats
+    the whole bracket table (Li et al.'s outer loop); the repeats run side by side from the first round, each with
+    configs of its own.
     """
 
-    def __init__(self, space: dict[str, Any], max_epochs: int, eta: int = 3, seed: int = 0) -> None:
+    def __init__(
+        self, space: dict[str, Any], max_epochs: int, eta: int = 3, seed: int = 0, iterations: int = 1
+    ) -> None:
         self.space = SearchSpace(space)
         self.max_epochs = check_int("max_epochs", max_epochs, 1)
         self.eta = check_int("eta", eta, 2)
         self.seed = check_seed(seed)
-        self.brackets = hyperband_brackets(self.max_epochs, self.eta)
+        self.iterations = check_int("iterations", iterations, 1)
+        self.brackets = hyperband_brackets(self.max_epochs, self.eta) * self.iterations
         self._issued = 0
         self._members: list[list[int]] = []  # per bracket: ids of its configs
         self._rung: list[int] = []  # per bracket: index of the rung its configs are training towards

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from simulators.bounds import lower_bound, shop_problem
 from simulators.comm_cost import CommCostParams, comm_costs, format_bytes
-from simulators.simulator import FAIL, JOIN, RETURN, Noise, SimulationResult, Simulator, WorkerEvent, simulate
+from simulators.simulator import (
+    FAIL,
+    JOIN,
+    RETURN,
+    Noise,
+    SimulationResult,
+    Simulator,
+    WorkerEvent,
+    simulate,
+    simulate_selection,
+)
 from simulators.validate import ValidationReport, as_frame, validate_schedule
 from simulators.workload import (
     CNN_MFLOPS,
@@ -43,5 +53,6 @@ __all__ = [
     "replicate",
     "shop_problem",
     "simulate",
+    "simulate_selection",
     "validate_schedule",
 ]

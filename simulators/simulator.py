@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from automl import FixedEpochsProcedure
+from automl import FixedEpochsProcedure, Procedure
 from framework.driver import Driver, DriverOptions, MemoryRunLog
 from framework.scheduling import Scheduler, Unit, make_scheduler
-from simulators.backend import FAIL, JOIN, RETURN, Noise, SimulatedBackend, WorkerEvent
+from simulators.backend import FAIL, JOIN, RETURN, Noise, Objective, SimulatedBackend, WorkerEvent
 from simulators.workload import Workload
 
-__all__ = ["FAIL", "JOIN", "RETURN", "Noise", "SimulationResult", "Simulator", "WorkerEvent", "simulate"]
+__all__ = ["FAIL", "JOIN", "RETURN", "Noise", "SimulationResult", "Simulator", "WorkerEvent", "simulate",
+           "simulate_selection"]
 
 
 @dataclass
@@ -36,6 +37,8 @@ class SimulationResult:
     n_select_calls: int
     requeued: list[Unit] = field(default_factory=list)
     wall_s: float = 0.0  # how long the simulation itself took
+    configs: pd.DataFrame | None = None  # `simulate_selection`: every config's status, epochs and last metric
+    rounds: int = 0  # decisions committed
 
     @property
     def decision_ms_per_unit(self) -> float:
@@ -121,3 +124,47 @@ class Simulator:
 def simulate(workload: Workload, scheduler: Scheduler | str, **kwargs) -> SimulationResult:
     """`Simulator(workload, scheduler, **kwargs).run()`."""
     return Simulator(workload, scheduler, **kwargs).run()
+
+
+def simulate_selection(
+    procedure: Procedure,
+    workload: Workload,
+    objective: Objective | None = None,
+    *,
+    scheduler: Scheduler | str = "randomized",
+    events: list[WorkerEvent] | tuple[WorkerEvent, ...] = (),
+    noise: Noise | None = None,
+    seed: int = 0,
+    metric: str = "valid_loss",
+    mode: str = "min",
+    max_worker_restarts: int = 0,
+) -> SimulationResult:
+    """A whole model selection (`procedure` deciding, the driver recovering from `events`) on a simulated clock.
+
+    Config i takes row i of `workload.times` (the workload needs at least as many rows as the procedure starts
+    configs); its metrics come from `objective(config, epoch)` (see `SimulatedBackend`). The result's `configs`
+    holds every config's status and history.
+    """
+    joining = {e.worker for e in events if e.kind == JOIN}
+    placement = {w: [q for q, ws in workload.availability.items() if w in ws]
+                 for w in range(workload.n_workers) if w not in joining}
+    backend = SimulatedBackend(workload, noise, seed, events, objective=objective)
+    log = MemoryRunLog()
+    options = DriverOptions(seed=seed, metric=metric, mode=mode, scheduler=scheduler,
+                            max_worker_restarts=max_worker_restarts, reassign_partitions=False)
+    driver = Driver(backend, procedure, log, placement, workload.train_partitions, options,
+                    eval_partitions=list(workload.eval_partitions), estimate=workload.duration)
+    t0 = time.perf_counter()
+    driver.run()
+    wall = time.perf_counter() - t0
+    df, failed = log.schedule(), log.schedule(status="interrupted")
+    dispatch = driver.run_state.dispatch
+    configs = pd.DataFrame([{"config_id": c.id, "status": c.status, "epochs": len(c.history),
+                             **({metric: c.history[-1].get(metric)} if c.history else {})}
+                            for c in driver.run_state.configs])
+    return SimulationResult(
+        schedule=df, failed=failed, makespan=float(df["end"].max()) if len(df) else 0.0,
+        epochs=int(configs["epochs"].max()) if len(configs) else 0, decision_time_s=dispatch.decision_s,
+        n_select_calls=dispatch.select_calls,
+        requeued=[Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind) for r in failed.itertuples()],
+        wall_s=wall, configs=configs, rounds=driver.run_state.round)

@@ -110,7 +110,7 @@ class Dispatcher:
         """How long the backend may wait for an event: until the earliest unit deadline (None: no deadline)."""
         if limit is None or not self.flights:
             return None
-        earliest = min(f.started for f in self.flights.values()) + limit
+        earliest = next(iter(self.flights.values())).started + limit  # flights are kept in submission order
         return max(0.01, earliest - now)
 
 

@@ -131,8 +131,8 @@ class Driver:
         run.round_open = bool(active)
         while True:
             commit.settle(run)
-            if not run.configs.active() and not run.dispatch.flights:
-                break
+            if run.dispatch.idle and not run.dispatch.flights and not run.ended:
+                break  # nothing open: every config has stopped or failed (an active config always has units)
             for ev in run.backend.commands_received():  # commands act before the next dispatch
                 HANDLERS[type(ev)](run, ev)
             for a in run.dispatch.select():

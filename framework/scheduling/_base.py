@@ -98,6 +98,15 @@ class DispatchState:
         for u in self.units:
             if u.kind == TRAIN:
                 self._train_left[u.config_id] = self._train_left.get(u.config_id, 0) + 1
+        self._parts_of: dict[int, set[int]] = {}  # worker -> partitions it holds (the reverse of `availability`)
+        for p, ws in self.availability.items():
+            for w in ws:
+                self._parts_of.setdefault(w, set()).add(p)
+        # Workers that may have an eligible unit. A worker leaves the set when a look finds nothing eligible for
+        # it, and comes back on every change that can make a unit eligible for it (it turns idle, a config of one
+        # of its partitions turns free, a unit of one of its partitions is added or re-queued, it joins), so
+        # `eligible` skips the rest at no cost: large runs ask for few workers' units per completion.
+        self._dirty: set[int] = set(self.workers)
 
     # ---- queries used by policies -------------------------------------------------------------------------------
     @property
@@ -119,7 +128,7 @@ class DispatchState:
         return sorted(w for w in self.workers if w not in busy)
 
     def partitions_of(self, worker: int) -> set[int]:
-        return {p for p, ws in self.availability.items() if worker in ws}
+        return set(self._parts_of.get(worker, ()))
 
     def is_eligible(self, unit: Unit, worker: int) -> bool:
         return (
@@ -133,20 +142,64 @@ class DispatchState:
 
     def eligible(self, worker: int) -> list[Unit]:
         """Pending units that `worker` may start now, in a deterministic (sorted) order."""
-        return sorted(self.eligible_unsorted(worker))
+        return sorted(self.eligible_unsorted(worker), key=_unit_key)
 
     def eligible_unsorted(self, worker: int) -> list[Unit]:
         """Same units as `eligible`, in no particular order (cheaper; for policies that rank candidates anyway)."""
-        if worker not in self.workers or worker in self._busy_workers:
+        if worker not in self._dirty or worker not in self.workers or worker in self._busy_workers:
             return []
         busy = self._busy_configs
         left = self._train_left
-        return [
+        out = [
             u
-            for p in self.partitions_of(worker)
+            for p in self._parts_of.get(worker, ())
             for u in self._by_partition.get(p, ())
             if u.config_id not in busy and (u.kind == TRAIN or left.get(u.config_id, 0) == 0)
         ]
+        if not out:
+            self._dirty.discard(worker)  # nothing for it until a change marks it again
+        return out
+
+    def eligible_map(self, workers: Iterable[int]) -> EligibleMap:
+        """`{worker: eligible(worker)}` for the given workers, leaving out those with nothing eligible.
+
+        The same answer as asking `eligible` worker by worker, found from whichever side is cheaper: the workers'
+        partitions (many configs, few idle workers) or the free configs' pending units (few configs, many idle
+        workers, as in the last rounds of HyperBand on hundreds of workers; the lists are then built only for the
+        workers a policy looks at).
+        """
+        busy_w, busy_c, left = self._busy_workers, self._busy_configs, self._train_left
+        ws = [w for w in workers if w in self._dirty and w in self.workers and w not in busy_w]
+        if not ws:
+            return EligibleMap({}, {})
+        free = [c for c, us in self._by_config.items() if us and c not in busy_c]
+        if 4 * len(free) >= len(ws):  # look from the workers' side
+            out: dict[int, list[Unit]] = {}
+            for w in ws:
+                us = self.eligible_unsorted(w)
+                if us:
+                    out[w] = sorted(us, key=_unit_key) if len(us) > 1 else us
+            return EligibleMap(out, {})
+        wanted = set(ws)
+        units: dict[int, list[Unit]] = {}  # free config -> its eligible units
+        holders: dict[int, set[int]] = {}  # worker -> free configs with a unit it may run
+        for c in free:
+            mine = [u for u in self._by_config[c] if u.kind == TRAIN or left.get(c, 0) == 0]
+            units[c] = mine
+            for u in mine:
+                for w in self.availability.get(u.partition, ()):
+                    if w in wanted:
+                        holders.setdefault(w, set()).add(c)
+        for w in wanted - holders.keys():
+            self._dirty.discard(w)  # nothing eligible for it until a change marks it again
+        return EligibleMap({}, holders, units, self.availability)
+
+    def _mark_partition(self, partition: int) -> None:
+        self._dirty.update(self.availability.get(partition, ()))
+
+    def _mark_config(self, config_id: int) -> None:
+        for u in self._by_config.get(config_id, ()):
+            self._dirty.update(self.availability.get(u.partition, ()))
 
     def remaining(self, config_id: int) -> list[Unit]:
         """Units of a config still pending (not running, not done)."""
@@ -197,6 +250,8 @@ class DispatchState:
         worker = self.running.pop(unit)
         self._busy_workers.discard(worker)
         self._busy_configs.discard(unit.config_id)
+        self._dirty.add(worker)
+        self._mark_config(unit.config_id)
 
     def complete(self, unit: Unit) -> None:
         self._release(unit)
@@ -211,6 +266,7 @@ class DispatchState:
             self.pending.add(unit)
             self._by_partition[unit.partition].add(unit)
             self._by_config[unit.config_id].add(unit)
+            self._mark_partition(unit.partition)
             if self._cost is not None:
                 self._work[unit.config_id] += self._cost[unit]
 
@@ -231,8 +287,8 @@ class DispatchState:
         for u in lost:
             self.requeue(u)
         self.workers.discard(worker)
-        for ws in self.availability.values():
-            ws.discard(worker)
+        for p in self._parts_of.pop(worker, ()):
+            self.availability[p].discard(worker)
         return lost
 
     def add_worker(self, worker: int, partitions: Iterable[int]) -> None:
@@ -240,12 +296,14 @@ class DispatchState:
         self.workers.add(worker)
         for p in partitions:
             self.availability.setdefault(p, set()).add(worker)
+            self._parts_of.setdefault(worker, set()).add(p)
+        self._dirty.add(worker)
 
     def drain_worker(self, worker: int) -> None:
         """Give `worker` no new units (elastic scale-in); a unit it is running finishes and completes normally."""
         self.workers.discard(worker)
-        for ws in self.availability.values():
-            ws.discard(worker)
+        for p in self._parts_of.pop(worker, ()):
+            self.availability[p].discard(worker)
 
     def add_units(self, units: Iterable[Unit]) -> None:
         """More units join the state while it runs (a config's next epoch, without a barrier). `units` becomes
@@ -260,6 +318,7 @@ class DispatchState:
             if u.kind == TRAIN:
                 self._train_left[u.config_id] = self._train_left.get(u.config_id, 0) + 1
             self.dropped.discard(u.config_id)
+            self._mark_partition(u.partition)
         self.units = sorted(self.pending | set(self.running))
         self._cost = None  # rebuilt on the next `work_left`
 
@@ -269,6 +328,7 @@ class DispatchState:
         self.pending.add(unit)
         self._by_partition[unit.partition].add(unit)
         self._by_config[unit.config_id].add(unit)
+        self._mark_partition(unit.partition)
         if unit not in self.units:  # it left `units` when more were added (`add_units`)
             bisect.insort(self.units, unit)
             self._cost = None
@@ -276,6 +336,34 @@ class DispatchState:
             self._work[unit.config_id] += self._cost[unit]
         if unit.kind == TRAIN:
             self._train_left[unit.config_id] += 1
+
+
+def _unit_key(u: Unit) -> tuple[int, int, int, str]:
+    return (u.config_id, u.epoch, u.partition, u.kind)  # Unit's own order, compared as a plain tuple (faster)
+
+
+class EligibleMap:
+    """What `DispatchState.eligible_map` returns: worker -> its eligible units (sorted), for the workers that have
+    any; `configs` are the configs those units belong to. Lists found from the configs' side are built when asked."""
+
+    def __init__(self, lists: dict[int, list[Unit]], holders: dict[int, set[int]],
+                 units: dict[int, list[Unit]] | None = None, availability: Mapping[int, set[int]] | None = None):
+        self._lists, self._holders, self._units, self._availability = lists, holders, units or {}, availability
+        self.configs = ({u.config_id for us in lists.values() for u in us} if lists
+                        else {c for cs in holders.values() for c in cs})
+
+    def __contains__(self, worker: int) -> bool:
+        return worker in self._lists or worker in self._holders
+
+    def __getitem__(self, worker: int) -> list[Unit]:
+        if worker not in self._lists:
+            av = self._availability
+            us = [u for c in self._holders[worker] for u in self._units[c] if worker in av[u.partition]]
+            self._lists[worker] = sorted(us, key=_unit_key)
+        return self._lists[worker]
+
+    def get(self, worker: int, default=None):
+        return self[worker] if worker in self else default
 
 
 class Scheduler(abc.ABC):
@@ -307,8 +395,13 @@ def greedy_select(
     """Assign idle `workers` in the given order; `pick(worker, candidates)` chooses among still-eligible units."""
     out: list[Assignment] = []
     taken_configs: set[int] = set()
+    eligible = state.eligible_map(workers)
     for w in workers:
-        candidates = [u for u in state.eligible(w) if u.config_id not in taken_configs]
+        if len(taken_configs) == len(eligible.configs):
+            break  # every config that could run is taken: no later worker has a candidate
+        if w not in eligible:
+            continue
+        candidates = [u for u in eligible[w] if u.config_id not in taken_configs]
         if not candidates:
             continue
         unit = pick(w, candidates)
