@@ -1,13 +1,16 @@
 """Replay a finished run from its schedule log: same units, same per-config visit order, same seeds.
 
-The replay runs in-process (no Ray) with one `Worker` that holds every partition, using as many torch threads as the
-run's workers did, so on CPU the final weights are bit-identical to the run's. (With layer freezing the reference
-model is evaluated asynchronously, so when a layer freezes can differ between a run and its replay.)
+The replay is the driver loop itself (`framework.driver`) on a `LocalBackend`: one in-process worker holds every
+partition and runs the logged units one at a time in the logged order (`LoggedOrder`), while `LoggedDecisions`
+repeats the run's decisions (configs added and cloned at the commits where they appeared, stopped after the epochs
+they trained, failed at the unit that failed them). Clones, checkpoints and epoch metrics therefore follow exactly
+the rules of a live run. The worker uses as many torch threads as the run's workers did, so on CPU the final
+weights are bit-identical to the run's. (With layer freezing the reference model is evaluated asynchronously, so
+when a layer freezes can differ between a run and its replay.)
 """
 
 from __future__ import annotations
 
-import copy
 import importlib
 import os
 from collections import defaultdict
@@ -16,12 +19,17 @@ from typing import Any
 
 import torch
 
+from automl import ACTIVE, FAILED, Decision, Procedure
 from framework.data import PartitionedDataset
+from framework.driver import Driver, DriverOptions, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import write_atomic
-from framework.engine.worker import UnitReport, UnitTask, Worker, epoch_metrics
+from framework.engine.checkpoint import CheckpointStore
+from framework.engine.faults import Fault, FaultPlan
+from framework.engine.local import LocalBackend
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.scheduling import TRAIN, Unit
+from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
+
+REPLAY_WORKER = 0  # the one worker of a replay; the log keeps each unit's original worker
 
 
 def _import_ref(ref: str | None, name: str) -> Callable | None:
@@ -36,6 +44,65 @@ def _import_ref(ref: str | None, name: str) -> Callable | None:
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+class LoggedDecisions(Procedure):
+    """The decisions of a logged run, repeated: at commit k, the configs that first appeared in round k + 1 are
+    added (`parent` None) or cloned; a config is stopped once it has trained the epochs it trained in the run
+    (configs that failed are failed by their failing unit instead)."""
+
+    def __init__(self, configs, synchronous: bool = True, fails: set[int] = frozenset()) -> None:
+        self.synchronous = synchronous
+        self._commit = -1
+        self._new: dict[int, list[tuple[int | None, dict]]] = defaultdict(list)  # first round -> (parent, config)
+        self._epochs: dict[int, int] = {}
+        for row in configs.itertuples():
+            self._new[int(row.first_round)].append((_opt_int(row.parent), dict(row.config)))
+            self._epochs[int(row.config_id)] = int(row.epochs)
+        self._failed = set(fails)
+
+    def step(self, states):
+        self._commit += 1
+        rows = self._new.get(self._commit, [])
+        stop = [s.id for s in states if s.status == ACTIVE and s.id not in self._failed
+                and s.epochs >= self._epochs[s.id]]
+        return Decision(add=[dict(c) for p, c in rows if p is None],
+                        clone=[(p, dict(c)) for p, c in rows if p is not None], stop=stop)
+
+
+class LoggedOrder(Scheduler):
+    """Dispatches the logged units in the logged order, one at a time, on the replay's worker."""
+
+    name = "logged"
+
+    def __init__(self, order: list[Unit]) -> None:
+        self.order, self._next = order, 0
+
+    def select(self, state: DispatchState) -> list[Assignment]:
+        if state.running:
+            return []
+        while self._next < len(self.order):
+            unit = self.order[self._next]
+            if state.is_eligible(unit, REPLAY_WORKER):
+                self._next += 1
+                return [Assignment(unit, REPLAY_WORKER)]
+            if unit not in state.pending:  # its config is gone (units open before the scheduler is asked)
+                self._next += 1
+                continue
+            return []
+        return []
+
+
+class _ReplayLog(SQLiteRunLog):
+    """The replay's log: each unit row keeps the worker it ran on in the run."""
+
+    def __init__(self, catalog: SQLiteCatalog, checkpoints: CheckpointStore, workers: dict) -> None:
+        super().__init__(catalog, checkpoints)
+        self.workers = workers
+
+    def add_unit(self, round_: int, report, status: str) -> None:
+        report.worker = self.workers.get(report.unit, report.worker)
+        super().add_unit(round_, report, status)
 
 
 def replay(
@@ -56,9 +123,8 @@ def replay(
     """
     src = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE))
     try:
-        meta = src.meta()
-        configs = src.configs()
-        units = src.units(status="done")
+        meta, configs = src.meta(), src.configs()
+        done, failed = src.units(status="done"), src.units(status="failed")
     finally:
         src.close()
     fns = meta["functions"]
@@ -75,55 +141,50 @@ def replay(
     if meta["executor"] == "mop":
         held = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(ds.num_partitions)}
     else:
-        held = {0: (ds.train, ds.valid)}
+        held = {0: (list(ds.train), list(ds.valid))}
+
+    # what runs, in order: every done unit of a committed epoch, and of the epoch in which a config failed, plus
+    # the unit that failed it (it fails the config again, through an injected fault)
+    epochs = dict(zip(configs.config_id, configs.epochs))
+    status = dict(zip(configs.config_id, configs.status))
+    faults = []
+    for cid, group in failed.groupby("config_id"):
+        if status.get(cid) == FAILED:
+            last = group.iloc[-1]
+            faults.append(Fault("raise", config_id=int(cid), epoch=int(last.epoch), partition=int(last.partition),
+                                kind=last.kind))
+    fails = {f.config_id for f in faults}
+    rows = [r for r in done.itertuples() if r.epoch < epochs[r.config_id] or r.config_id in fails]
+    rows += [failed[failed.config_id == cid].iloc[-1] for cid in sorted(fails)]
+    rows.sort(key=lambda r: r.seq)
+    order = [Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind) for r in rows]
+    workers = {Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind): int(r.worker) for r in rows}
 
     out_path = out_path or os.path.join(storage_path, "replay")
     os.makedirs(os.path.join(out_path, CHECKPOINT_DIR), exist_ok=True)
     if os.path.exists(os.path.join(out_path, CATALOG_FILE)):
         os.remove(os.path.join(out_path, CATALOG_FILE))
     dst = SQLiteCatalog(os.path.join(out_path, CATALOG_FILE))
+    ckpt = CheckpointStore(os.path.join(out_path, CHECKPOINT_DIR), dst)
     threads = torch.get_num_threads()
     try:
         dst.set_meta(**{**meta, "replay_of": os.path.abspath(storage_path)})
-        worker = Worker(-1, model_fn, train_fn, eval_fn, input_fn, num_threads=int(meta.get("num_threads", 1)),
-                        freezing=meta.get("freezing"), extract=extract)
-        worker.load(held)
-        states: dict[int, dict | None] = {}
-        counts: dict[int, int] = defaultdict(int)
-        reports: dict[tuple[int, int], list[UnitReport]] = defaultdict(list)
-        rounds: dict[tuple[int, int], int] = {}
-        cfg = dict(zip(configs.config_id, configs.config))
-        parent = dict(zip(configs.config_id, configs.parent))
-        first_round = dict(zip(configs.config_id, configs.first_round))
-        for row in configs.itertuples():
-            dst.add_config(row.config_id, row.config, row.status, parent=_opt_int(row.parent), first_round=row.first_round)
-            dst.update_config(row.config_id, epochs=int(row.epochs), error=row.error)
-        for round_, group in units.groupby("round", sort=True):
-            for cid, r0 in first_round.items():  # clones start from the parent's state at the end of the last round
-                if r0 == round_ and _opt_int(parent[cid]) is not None:
-                    src = states.get(_opt_int(parent[cid]))
-                    states[cid] = None if src is None else {**copy.deepcopy(src), "visited": {}}
-            for row in group.itertuples():
-                unit = Unit(int(row.config_id), int(row.epoch), int(row.partition), row.kind)
-                new_state, report = worker.run(UnitTask(unit, cfg[unit.config_id], int(meta["seed"])), states.get(unit.config_id))
-                if report.error is not None:
-                    raise RuntimeError(f"replay of {unit} failed although the run's unit succeeded:\n{report.error}")
-                report.worker = int(row.worker)
-                dst.add_unit(int(round_), report, status="done")
-                reports[(unit.config_id, unit.epoch)].append(report)
-                rounds[(unit.config_id, unit.epoch)] = int(round_)
-                if unit.kind == TRAIN:
-                    states[unit.config_id] = new_state
-                    counts[unit.config_id] += 1
-        for (cid, epoch), reps in sorted(reports.items()):
-            dst.add_epoch(cid, epoch, rounds[(cid, epoch)], epoch_metrics(reps))
-        for cid, state in states.items():
-            if state is not None and counts[cid]:
-                path = os.path.join(out_path, CHECKPOINT_DIR, f"config_{cid}_u{counts[cid]}.pt")
-                digest, size = write_atomic(state, path)
-                dst.add_checkpoint(cid, max(state["visited"]), counts[cid], path, digest, size)
+        backend = LocalBackend(
+            {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn,
+             "freezing": meta.get("freezing"), "extract": extract},
+            held, num_threads=int(meta.get("num_threads", 1)))
+        procedure = LoggedDecisions(configs, synchronous=bool(meta.get("synchronous", True)),
+                                    fails={f.config_id for f in faults})
+        options = DriverOptions(seed=int(meta["seed"]), metric=meta["metric"], mode=meta["mode"],
+                                scheduler=LoggedOrder(order), max_worker_restarts=0)
+        Driver(backend, procedure, _ReplayLog(dst, ckpt, workers), {REPLAY_WORKER: sorted(held)}, sorted(held),
+               options, FaultPlan(faults)).run()
+        for row in configs.itertuples():  # the run's own words for why a config failed
+            if row.status == FAILED:
+                dst.update_config(int(row.config_id), status=FAILED, error=row.error)
     finally:
         torch.set_num_threads(threads)
+        ckpt.close()
         dst.close()
     result = Result(out_path, model_fn)
     result.write()

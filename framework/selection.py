@@ -382,6 +382,7 @@ class ModelSelection:
             num_workers=self.num_workers, worker_resources=self.worker_resources, num_threads=self.num_threads,
             metric=self.metric, mode=self.mode, placement={str(k): v for k, v in self.placement.items()},
             freezing=self.freezing, extract=_extract_ref(self.extract), deterministic=self.deterministic,
+            synchronous=self.deterministic or getattr(self.procedure, "synchronous", True),
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
             functions={n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
                                                   ("eval_fn", self.eval_fn), ("input_fn", self.input_fn))},

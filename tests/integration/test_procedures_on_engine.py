@@ -50,3 +50,29 @@ def test_procedure_runs_on_engine_with_mop_invariants(name, ray_cluster, small_d
         assert len(clones) >= 1  # exploit happened: clones start from a donor's weights
     if name in ("asha", "tpe"):
         assert (tmp_path / name / "optuna.db").exists()
+
+
+def test_an_async_run_with_a_failed_config_replays_bit_identically(ray_cluster, small_digits, tmp_path):
+    """ASHA runs without the barrier; a config fails evaluating its first epoch; the replay (the driver on LocalBackend,
+    repeating the logged order and decisions) gives every config the run's weights and fails the same config."""
+    import torch
+
+    from framework.engine.faults import Fault, FaultPlan
+
+    asha = automl.ASHA(SPACE, max_epochs=3, eta=3, max_configs=4, seed=0)
+    result = framework.ModelSelection(
+        mlp_model_fn, classifier_train_fn, classifier_eval_fn, small_digits, asha, storage_path=str(tmp_path / "a"),
+        progress=False, seed=0, faults=FaultPlan([Fault("raise", config_id=2, epoch=0, kind="eval")]),
+    ).run()
+    status = result.status.set_index("config_id").status
+    assert status[2] == "failed" and (status.drop(2) == "stopped").all()
+    again = framework.replay(result.storage_path, out_path=str(tmp_path / "replay"))
+    assert again.status.set_index("config_id").status.to_dict() == status.to_dict()
+    for cid in result.configs:
+        if status[cid] == "failed":
+            continue
+        a, b = result.load_state(cid), again.load_state(cid)
+        assert a["visited"] == b["visited"]
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), f"config {cid} differs"
+    merged = result.metrics.merge(again.metrics, on=["config_id", "epoch"], suffixes=("", "_replay"))
+    assert len(merged) == len(result.metrics) and (merged.valid_loss == merged.valid_loss_replay).all()
