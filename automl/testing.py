@@ -1,6 +1,7 @@
-"""An offline engine: drives a procedure through rounds in pure Python with a synthetic objective.
+"""An offline engine: drives a procedure through rounds with a synthetic objective, on the engine's own driver.
 
-`run_procedure_offline` follows the engine's contract to the letter (see `automl._base`), so it serves unit tests,
+The run is the driver loop of the live engine (`framework.driver`) on a simulated backend with one worker and one
+partition, so a procedure meets exactly the engine's rules (`framework.driver.configs`). It serves unit tests,
 quick experiments with a procedure's logic, and users writing their own procedure:
 
 * `bind(metric, mode, storage_path, num_workers=...)` once, then `step([])`, then `step(states)` after every round;
@@ -16,14 +17,14 @@ the engine does.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from automl._base import ACTIVE, FAILED, STOPPED, ConfigState, Decision, Procedure
+from automl._base import ACTIVE, ConfigState, Decision, Procedure
 
 Objective = Callable[[dict[str, Any], int], dict[str, float]]
+
 
 
 @dataclass
@@ -71,7 +72,13 @@ def _freeze(config: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 class OfflineEngine:
     """The offline engine as an object, so a run can advance round by round and be pickled mid-run (with its
-    procedure; the objective must then be picklable too). `run_procedure_offline` is the one-call form."""
+    procedure; the objective must then be picklable too, or set again after unpickling). `run_procedure_offline`
+    is the one-call form. The procedure's first decision is applied on construction.
+
+    The epoch barrier is kept whatever the procedure's `synchronous` says: a round trains every active config one
+    epoch, then the procedure decides (`train_round`). Failures of the objective (raising, or a NaN or infinite
+    `*loss*`) fail their config, as the engine does.
+    """
 
     def __init__(
         self,
@@ -85,11 +92,75 @@ class OfflineEngine:
     ) -> None:
         self.procedure = procedure
         self.objective = objective
-        self.metric = metric
+        self.metric, self.mode, self.storage_path, self.num_workers = metric, mode, storage_path, num_workers
         self.run = OfflineRun(states=[])
-        procedure.bind(metric, mode, storage_path, num_workers=num_workers)
-        self._apply(procedure.step([]))
+        self._driver = None
+        self._on_round: Callable[[int, list[ConfigState]], None] | None = None
+        self._start(None)
 
+    # ---- the driver behind it ---------------------------------------------------------------------------------
+    def _start(self, records) -> None:
+        import numpy as np
+
+        from framework.driver import Driver, DriverOptions, MemoryRunLog
+        from simulators.backend import SimulatedBackend
+        from simulators.workload import Workload
+
+        workload = Workload(np.ones((1, 1)), {0: (0,), 1: (0,)}, eval_partitions=(1,), eval_fraction=1.0)
+        workload = _AnyConfig(workload)
+        backend = SimulatedBackend(workload, objective=lambda config, epoch: self.objective(config, epoch))
+        options = DriverOptions(metric=self.metric, mode=self.mode, storage_path=self.storage_path, barrier=True,
+                                max_worker_restarts=0, reassign_partitions=False, num_workers=self.num_workers or 0)
+        self.log = MemoryRunLog()
+        driver = Driver(backend, self.procedure, self.log, {0: [0, 1]}, [0], options, eval_partitions=[1])
+        driver.run_state.on_decision = self.run.decisions.append
+        driver.run_state.leaderboard = self._round_trained
+        self._driver = driver
+        if records is not None:
+            driver.run_state.round = self.run.rounds  # the round the restored run is in
+        driver.start(records)
+        self._sync()
+
+    def _round_trained(self) -> None:
+        self.run.rounds += 1
+        self._sync()
+        if self._on_round is not None:
+            self._on_round(self.run.rounds, list(self.run.states))
+
+    def _sync(self) -> None:
+        """Copy the driver's view of every config into `run`."""
+        run_state = self._driver.run_state
+        self.run.states = run_state.configs.views()
+        for c in run_state.configs:
+            state = run_state.backend.get(c.state)
+            self.run.weight_epochs[c.id] = state["trained"] if state else 0
+            error = self.log.configs.get(c.id, {}).get("error")
+            if c.status == "failed" and error:
+                self.run.errors[c.id] = error.strip().splitlines()[-1]
+
+    def __getstate__(self) -> dict:
+        state = dict(vars(self))
+        state["_driver"] = state["log"] = None
+        state["_on_round"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+
+    def _ensure_driver(self) -> None:
+        if self._driver is not None:
+            return
+        from framework.driver.configs import ConfigRecord
+
+        records = []
+        for s in self.run.states:  # restored from a pickle: each config's weights are its trained epochs
+            trained = self.run.weight_epochs.get(s.id, 0)
+            handle = {"visited": {e: [0] for e in range(s.epochs)}, "trained": trained}
+            records.append(ConfigRecord(s.id, dict(s.config), s.parent, s.status, list(s.history), handle, handle,
+                                        units=trained, visited={e: [0] for e in range(s.epochs)}))
+        self._start(records)
+
+    # ---- the API ------------------------------------------------------------------------------------------------
     @property
     def states(self) -> list[ConfigState]:
         return self.run.states
@@ -99,61 +170,40 @@ class OfflineEngine:
         """Nothing active after the last decision: the run has ended."""
         return not any(s.status == ACTIVE for s in self.run.states)
 
-    def _apply(self, decision: Decision) -> None:
-        states, run = self.run.states, self.run
-        if not isinstance(decision, Decision):
-            raise RuntimeError(f"`step` returned {decision!r}, but must return a Decision")
-        run.decisions.append(decision)
-        for cid in decision.stop:
-            known = isinstance(cid, int) and 0 <= cid < len(states)
-            if not known or states[cid].status != ACTIVE:
-                status = states[cid].status if known else "unknown"
-                raise RuntimeError(f"`stop` holds {cid!r}, but only ACTIVE ids can be stopped (it is {status})")
-            states[cid] = replace(states[cid], status=STOPPED)
-        for config in decision.add:
-            run.weight_epochs[len(states)] = 0
-            states.append(ConfigState(id=len(states), config=dict(config)))
-        for source, config in decision.clone:
-            if not (isinstance(source, int) and 0 <= source < len(states)):
-                raise RuntimeError(f"`clone` names the source {source!r}, but no config has that id")
-            run.weight_epochs[len(states)] = run.weight_epochs[source]
-            states.append(ConfigState(id=len(states), config=dict(config), parent=source))
-
     def train_round(self) -> None:
-        """Every ACTIVE config trains one epoch (a failure marks it FAILED)."""
-        states, run = self.run.states, self.run
-        for i, s in enumerate(states):
-            if s.status != ACTIVE:
-                continue
-            try:
-                metrics = dict(self.objective(dict(s.config), run.weight_epochs[i]))
-                if math.isnan(float(metrics.get(self.metric, 0.0))):
-                    raise FloatingPointError(f"{self.metric} is NaN")
-            except Exception as e:  # noqa: BLE001 - a failure in user code is recorded against its config
-                run.errors[i] = f"{type(e).__name__}: {e}"
-                states[i] = replace(s, status=FAILED)
-                continue
-            run.weight_epochs[i] += 1
-            states[i] = replace(s, epochs=s.epochs + 1, history=(*s.history, metrics))
-        run.rounds += 1
+        """Every ACTIVE config trains one epoch (a failure marks it FAILED), then the procedure decides."""
+        self.run_rounds(1)
 
     def decide(self) -> None:
-        """`step(states)` and apply its decision."""
-        self._apply(self.procedure.step(list(self.run.states)))
+        """Kept for round-by-round scripts: `train_round` already asks the procedure after the round."""
 
     def run_rounds(
         self, max_rounds: int, on_round: Callable[[int, list[ConfigState]], None] | None = None
     ) -> OfflineRun:
         """Train and decide until the run ends or `max_rounds` more rounds have trained."""
-        for _ in range(max_rounds):
-            if self.done:
-                break
-            self.train_round()
-            if on_round is not None:
-                on_round(self.run.rounds, list(self.run.states))
-            self.decide()
+        self._ensure_driver()
+        self._on_round = on_round
+        try:
+            if not self.done:
+                self._driver.run(max_commits=max_rounds)
+        finally:
+            self._on_round = None
+        self._sync()
         self.run.finished = self.done
         return self.run
+
+
+class _AnyConfig:
+    """A one-row workload that answers for every config id (the offline engine's unit time is always 1)."""
+
+    def __init__(self, workload) -> None:
+        self._w = workload
+
+    def __getattr__(self, name: str):
+        return getattr(self._w, name)
+
+    def duration(self, unit, worker: int) -> float:
+        return 1.0
 
 
 def run_procedure_offline(
@@ -170,8 +220,8 @@ def run_procedure_offline(
     """Run `procedure` to its end (or `max_rounds` rounds) against `objective` (see the module docstring).
 
     `on_round(round, states)` is called after every round, before `step` (tests use it to advance a fake clock).
-    Raises `RuntimeError` when the procedure breaks the contract (stops an unknown or inactive id, clones an unknown
-    id, returns something else than a Decision). `OfflineRun.finished` is False when `max_rounds` cut it short.
+    Raises `framework.driver.configs.DecisionError` (a `RuntimeError`) when the procedure breaks the contract (stops
+    an unknown or stopped id, clones an unknown id); `TypeError` when `step` returns something else than a Decision. `OfflineRun.finished` is False when `max_rounds` cut it short.
     """
     engine = OfflineEngine(
         procedure, objective, metric=metric, mode=mode, storage_path=storage_path, num_workers=num_workers

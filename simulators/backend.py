@@ -154,7 +154,8 @@ class SimulatedBackend(LocalBackend):
                          if not k.startswith("train_")}
                 for k, v in (*train.items(), *valid.items()):
                     if "loss" in k and not math.isfinite(v):
-                        raise FloatingPointError(f"the objective returned a non-finite loss: {k} = {v}")
+                        what = "NaN" if math.isnan(v) else "infinite"
+                        raise FloatingPointError(f"the objective returned a {what} loss: {k} = {v}")
                 self._metrics[key] = (train, valid)
             except Exception:  # noqa: BLE001 - a failure of the objective fails its config, as user code would
                 self._metrics[key] = traceback.format_exc()

@@ -38,6 +38,8 @@ class DriverOptions:
     progress: bool = False
     storage_path: str | None = None  # handed to the procedure's `bind`
     holder_wait_s: float = 300.0  # how long units of a partition nobody holds wait for a worker
+    num_workers: int | None = None  # the concurrency hint `bind` gets (None: the placement's workers; 0: unknown)
+    barrier: bool | None = None  # keep the epoch barrier (None: as the procedure's `synchronous` says)
     reassign_partitions: bool = True  # re-load the partitions of a worker out of restarts onto live workers
 
 
@@ -59,6 +61,7 @@ class RunState:
     round_open: bool = False  # a barrier round is open (its units are dispatched or done)
     bar: Any = None  # a tqdm progress bar over units, or None
     leaderboard: Callable[[], None] = lambda: None  # called at every barrier, before the procedure decides
+    on_decision: Callable[[Any], None] | None = None  # sees every Decision the procedure returns
     on_unit: Callable[[], None] | None = None  # progress callback, once per completed unit
     write: Callable[[str], None] = lambda line: None  # where one-line notices go (tqdm.write in ModelSelection)
 

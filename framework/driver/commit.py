@@ -91,6 +91,8 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     run.run_deferred()  # every unit of the epochs that ended is logged (and its checkpoint queued) first
     decision = run.procedure.step(run.configs.views())
     new = run.configs.apply(decision, type(run.procedure).__name__)
+    if run.on_decision is not None:
+        run.on_decision(decision)
     for c in new:
         if c.parent is None:
             continue

@@ -1,9 +1,9 @@
 """The config table: every config of the run, and the one set of rules that applies a procedure's `Decision`.
 
 Rules (the same for the engine, the simulator, replay and offline runs):
-- `stop` of an unknown id is an error; of an ACTIVE config stops it (at the end of the epoch it is in, when it is
-  in the middle of one: an epoch is never cut short); of a config that is already stopped or failed does nothing
-  (a config may fail between the procedure's look and its decision).
+- `stop` of an ACTIVE config stops it (at the end of the epoch it is in, when it is in the middle of one: an epoch
+  is never cut short); of a failed config does nothing (it may fail between the procedure's look and its
+  decision); of an unknown or already stopped id is an error (`DecisionError`): the procedure lost track.
 - `add` entries get the next ids in order, then `clone` entries. A clone of an unknown id is an error. A clone
   starts from its source's state at the end of the source's last completed epoch, with an empty visit record: its
   own epochs count from 0.
@@ -45,6 +45,10 @@ class ConfigRecord:
         return ConfigState(self.id, dict(self.config), len(self.history), tuple(self.history), self.status, self.parent)
 
 
+class DecisionError(RuntimeError, ValueError):
+    """A procedure's decision breaks the contract (see the module docstring)."""
+
+
 class ConfigTable:
     """Every config ever added, by id."""
 
@@ -78,11 +82,12 @@ class ConfigTable:
         if not isinstance(decision, Decision):
             raise TypeError(f"{who}.step returned {decision!r}, but must return a Decision")
         for cid in decision.stop:
-            if cid not in self.configs:
-                raise ValueError(f"{who} stopped config {cid!r}, which does not exist")
+            status = self.configs[cid].status if cid in self.configs else "unknown"
+            if status not in (ACTIVE, FAILED):
+                raise DecisionError(f"{who}: `stop` holds {cid!r}, but only ACTIVE ids can be stopped (it is {status})")
         for source, _ in decision.clone:
             if source not in self.configs:
-                raise ValueError(f"{who} cloned config {source!r}, which does not exist")
+                raise DecisionError(f"{who}: `clone` names the source {source!r}, but no config has that id")
         for cid in decision.stop:
             c = self.configs[cid]
             if c.status != ACTIVE:

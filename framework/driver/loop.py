@@ -80,7 +80,8 @@ class Driver:
         options = options or DriverOptions()
         self.placement = {w: list(ps) for w, ps in placement.items()}
         scheduler = SeededOrderScheduler(options.seed) if options.deterministic else options.scheduler
-        synchronous = options.deterministic or getattr(procedure, "synchronous", True)
+        synchronous = options.barrier if options.barrier is not None else getattr(procedure, "synchronous", True)
+        synchronous = synchronous or options.deterministic
         self.run_state = RunState(
             backend=backend, log=log, procedure=procedure, options=options, faults=faults or FaultPlan(),
             workers=WorkerTable(partitions, eval_partitions), dispatch=Dispatcher(scheduler, options.seed, estimate), round=-1,
@@ -109,30 +110,49 @@ class Driver:
         if self.placement and not run.workers.holds:
             raise RuntimeError("no worker could be started; see the run's events for the errors")
 
-    def run(self, resume_from: Any = None) -> None:
-        """Run to the end. `resume_from`: the catalog of a crashed run to continue (after `start_workers`)."""
+    def start(self, resume_from: Any = None) -> None:
+        """Start the workers, bind the procedure, and open the first units: after the procedure's first decision,
+        or where a run left off. `resume_from`: the catalog of a crashed run, or the `ConfigRecord`s of a run
+        held in memory (an offline run restored from a pickle: no first decision, every active config opens its
+        next epoch)."""
         run = self.run_state
         if not run.workers.holds:
             self.start_workers()
         bind = run.procedure.bind
-        n = len(self.placement) or None  # None: no worker yet (a simulation whose workers all join later)
+        n = len(self.placement) if run.options.num_workers is None else run.options.num_workers
+        n = n or None  # None: unknown (no worker yet: a simulation whose workers all join later)
         extra = {"num_workers": n} if "num_workers" in inspect.signature(bind).parameters else {}
         bind(run.options.metric, run.options.mode, run.options.storage_path, **extra)
         run.live_workers = len(self.placement)
         control.count_workers(run)  # fewer may have started
-        if resume_from is not None:
+        if isinstance(resume_from, list):
+            for c in resume_from:
+                run.configs.add(c)
+            commit.open_epochs(run, run.configs.active())
+        elif resume_from is not None:
             todo = commit.restore(run, resume_from)
-            active = run.configs.active()
-            commit.open_epochs(run, active, todo)
+            commit.open_epochs(run, run.configs.active(), todo)
         else:
             commit.decide(run, [])
-            active = run.configs.active()
-            commit.open_epochs(run, active)
-        run.round_open = bool(active)
+            commit.open_epochs(run, run.configs.active())
+        run.round_open = bool(run.configs.active())
+        self._started = True
+
+    def run(self, resume_from: Any = None, max_commits: int | None = None) -> bool:
+        """Run to the end (starting first, see `start`), or until `max_commits` more decisions have committed.
+        Returns True when the run has ended."""
+        run = self.run_state
+        if not getattr(self, "_started", False):
+            self.start(resume_from)
+        stop_at = None if max_commits is None else run.round + max_commits
         while True:
             commit.settle(run)
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
-                break  # nothing open: every config has stopped or failed (an active config always has units)
+                run.run_deferred()
+                return True  # nothing open: every config has stopped or failed (an active config always has units)
+            if stop_at is not None and run.round >= stop_at:
+                run.run_deferred()
+                return False
             for ev in run.backend.commands_received():  # commands act before the next dispatch
                 HANDLERS[type(ev)](run, ev)
             for a in run.dispatch.select():
@@ -148,7 +168,6 @@ class Driver:
                 continue
             for ev in events:
                 HANDLERS[type(ev)](run, ev)
-        run.run_deferred()
 
     def _wait_for_holders(self) -> None:
         """Nothing runs and nothing loads, yet units wait: their partitions have no live holder."""

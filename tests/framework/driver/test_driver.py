@@ -161,15 +161,17 @@ class _Scripted(Procedure):
 
 
 def test_decision_rules_are_one_set_for_every_caller():
-    # stopping a config twice is ignored; an unknown id is an error; a clone starts from its source's weights
+    # an unknown id or a stopped one is an error; a clone starts from its source's weights
     ok = _Scripted([Decision(add=[{"lr": 0.05, **_fixed()}] * 2), Decision(stop=[0], clone=[(1, {"lr": 0.1, **_fixed()})]),
-                    Decision(stop=[0, 1, 2])])
+                    Decision(stop=[1, 2])])
     driver, log = _run(ok)
     _assert_complete(driver, log)
     configs = driver.run_state.configs
     assert [c.parent for c in configs] == [None, None, 1] and len(configs[2].history) == 1
-    with pytest.raises(ValueError, match="stopped config 9, which does not exist"):
+    with pytest.raises(ValueError, match=r"`stop` holds 9, but only ACTIVE ids can be stopped \(it is unknown\)"):
         _run(_Scripted([Decision(add=[_fixed()]), Decision(stop=[9])]))
+    with pytest.raises(ValueError, match=r"`stop` holds 0, .* \(it is stopped\)"):
+        _run(_Scripted([Decision(add=[_fixed()] * 2), Decision(stop=[0]), Decision(stop=[0])]))
 
 
 def _fixed() -> dict:
