@@ -79,10 +79,11 @@ class DispatchState:
     def __post_init__(self) -> None:
         self.units = sorted(set(self.units))
         self.pending = set(self.units)
-        self._by_partition: dict[int, set[Unit]] = {}
+        # partition -> its pending units, sorted (so a worker's eligible units come out in order, unsorted)
+        self._by_partition: dict[int, list[Unit]] = {}
         self._by_config: dict[int, set[Unit]] = {}
-        for u in self.units:
-            self._by_partition.setdefault(u.partition, set()).add(u)
+        for u in self.units:  # already sorted
+            self._by_partition.setdefault(u.partition, []).append(u)
             self._by_config.setdefault(u.config_id, set()).add(u)
         # config -> estimated pending work, built lazily on the first `work_left` call, then kept up to date
         self._cost: dict[Unit, float] | None = None
@@ -142,7 +143,8 @@ class DispatchState:
 
     def eligible(self, worker: int) -> list[Unit]:
         """Pending units that `worker` may start now, in a deterministic (sorted) order."""
-        return sorted(self.eligible_unsorted(worker), key=_unit_key)
+        units = self.eligible_unsorted(worker)
+        return sorted(units, key=_unit_key) if len(self._parts_of.get(worker, ())) > 1 else units
 
     def eligible_unsorted(self, worker: int) -> list[Unit]:
         """Same units as `eligible`, in no particular order (cheaper; for policies that rank candidates anyway)."""
@@ -172,14 +174,14 @@ class DispatchState:
         ws = [w for w in workers if w in self._dirty and w in self.workers and w not in busy_w]
         if not ws:
             return EligibleMap({}, {})
-        free = [c for c, us in self._by_config.items() if us and c not in busy_c]
-        if 4 * len(free) >= len(ws):  # look from the workers' side
+        if 4 * (len(self._by_config) - len(busy_c)) >= len(ws):  # many configs (free or done): the workers' side
             out: dict[int, list[Unit]] = {}
             for w in ws:
-                us = self.eligible_unsorted(w)
+                us = self.eligible(w)
                 if us:
-                    out[w] = sorted(us, key=_unit_key) if len(us) > 1 else us
+                    out[w] = us
             return EligibleMap(out, {})
+        free = [c for c, us in self._by_config.items() if us and c not in busy_c]
         wanted = set(ws)
         units: dict[int, list[Unit]] = {}  # free config -> its eligible units
         holders: dict[int, set[int]] = {}  # worker -> free configs with a unit it may run
@@ -194,11 +196,24 @@ class DispatchState:
             self._dirty.discard(w)  # nothing eligible for it until a change marks it again
         return EligibleMap({}, holders, units, self.availability)
 
+    def _list(self, unit: Unit) -> None:
+        bisect.insort(self._by_partition.setdefault(unit.partition, []), unit, key=_unit_key)
+
+    def _unlist(self, unit: Unit) -> None:
+        units = self._by_partition[unit.partition]
+        i = bisect.bisect_left(units, _unit_key(unit), key=_unit_key)
+        if i < len(units) and units[i] == unit:
+            del units[i]
+
     def _mark_partition(self, partition: int) -> None:
         self._dirty.update(self.availability.get(partition, ()))
 
     def _mark_config(self, config_id: int) -> None:
-        for u in self._by_config.get(config_id, ()):
+        pending = self._by_config.get(config_id, ())
+        if len(self.workers) - len(self._busy_workers) <= len(pending):  # fewer idle workers: mark them all
+            self._dirty.update(self.workers - self._busy_workers)
+            return
+        for u in pending:
             self._dirty.update(self.availability.get(u.partition, ()))
 
     def remaining(self, config_id: int) -> list[Unit]:
@@ -238,7 +253,7 @@ class DispatchState:
         if not self.is_eligible(unit, worker):
             raise ValueError(f"{unit} is not eligible on worker {worker}")
         self.pending.remove(unit)
-        self._by_partition[unit.partition].discard(unit)
+        self._unlist(unit)
         self._by_config[unit.config_id].discard(unit)
         if self._cost is not None:
             self._work[unit.config_id] -= self._cost[unit]
@@ -264,7 +279,7 @@ class DispatchState:
         self._release(unit)
         if unit.config_id not in self.dropped:
             self.pending.add(unit)
-            self._by_partition[unit.partition].add(unit)
+            self._list(unit)
             self._by_config[unit.config_id].add(unit)
             self._mark_partition(unit.partition)
             if self._cost is not None:
@@ -276,7 +291,7 @@ class DispatchState:
         gone = {u for u in self.pending if u.config_id == config_id}
         self.pending -= gone
         for u in gone:
-            self._by_partition[u.partition].discard(u)
+            self._unlist(u)
             self._by_config[u.config_id].discard(u)
         if self._cost is not None:
             self._work[config_id] = 0.0
@@ -313,7 +328,7 @@ class DispatchState:
             if u.partition not in self.availability:
                 raise ValueError(f"partition {u.partition} of {u} has no entry in `availability`")
             self.pending.add(u)
-            self._by_partition.setdefault(u.partition, set()).add(u)
+            self._list(u)
             self._by_config.setdefault(u.config_id, set()).add(u)
             if u.kind == TRAIN:
                 self._train_left[u.config_id] = self._train_left.get(u.config_id, 0) + 1
@@ -326,7 +341,7 @@ class DispatchState:
         """A completed training unit's effect was lost (state object and checkpoint gone): it must run again."""
         self.done.remove(unit)
         self.pending.add(unit)
-        self._by_partition[unit.partition].add(unit)
+        self._list(unit)
         self._by_config[unit.config_id].add(unit)
         self._mark_partition(unit.partition)
         if unit not in self.units:  # it left `units` when more were added (`add_units`)
