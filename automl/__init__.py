@@ -1,8 +1,8 @@
 """AutoML procedures on the epoch-level template (no Ray imports).
 
 The contract (`Procedure.step(states) -> Decision`, `ConfigState`, `Procedure.bind`) lives in `automl._base`;
-search spaces in `automl.space`; each procedure in its own module; `automl.testing.run_procedure_offline` drives a
-procedure in pure Python.
+search spaces in `automl.space`; each procedure in its own module. `simulators.run_procedure_offline` drives a
+procedure without Ray, on the engine's own driver loop.
 """
 
 from automl._base import (
@@ -34,7 +34,6 @@ from automl.space import (
     randint,
     uniform,
 )
-from automl.testing import OfflineEngine, OfflineRun, run_procedure_offline
 from automl.tpe import TPE
 
 __all__ = [
@@ -55,8 +54,6 @@ __all__ = [
     "GridSearch",
     "HyperBand",
     "LogUniform",
-    "OfflineEngine",
-    "OfflineRun",
     "Procedure",
     "RandInt",
     "RandomSearch",
@@ -72,6 +69,5 @@ __all__ = [
     "loguniform",
     "perturb",
     "randint",
-    "run_procedure_offline",
     "uniform",
 ]

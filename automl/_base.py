@@ -14,7 +14,7 @@ the source's latest weights (after the source's last completed epoch). Its `epoc
 the clone itself trained, so they restart at 0; a procedure that needs the lineage's epoch count keeps the offset
 (see `automl.pbt.PBT`). The source is not stopped by cloning; stop it explicitly if it should stop.
 
-`automl.testing.run_procedure_offline` implements exactly this contract in pure Python.
+`simulators.run_procedure_offline` runs a procedure by exactly this contract, on the engine's own driver loop.
 """
 
 from __future__ import annotations

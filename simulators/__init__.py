@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from simulators.bounds import lower_bound, shop_problem
 from simulators.comm_cost import CommCostParams, comm_costs, format_bytes
+from simulators.offline import OfflineEngine, OfflineRun, run_procedure_offline
 from simulators.simulator import (
     FAIL,
     JOIN,
@@ -38,6 +39,8 @@ __all__ = [
     "RETURN",
     "CommCostParams",
     "Noise",
+    "OfflineEngine",
+    "OfflineRun",
     "SimulationResult",
     "Simulator",
     "ValidationReport",
@@ -51,6 +54,7 @@ __all__ = [
     "homogeneous",
     "lower_bound",
     "replicate",
+    "run_procedure_offline",
     "shop_problem",
     "simulate",
     "simulate_selection",

@@ -1,7 +1,7 @@
 """`SimulatedBackend`: the driver's backend on a simulated clock, so a simulation runs the real driver loop.
 
 Units take the workload's unit time (times `Noise`), nothing is trained: a unit's metrics come from an optional
-`objective(config, epoch)` (the same contract as `automl.testing`), its state is a small dict with the visit
+`objective(config, epoch)` (the same contract as `simulators.run_procedure_offline`), its state is a small dict with the visit
 record. Worker failures, returns and joins are scheduled `WorkerEvent`s on the same clock: a failure is reported as
 a lost worker, a return or a join as a command to add that worker with its partitions. Everything else (the event
 heap, same-time events delivered together, hung units) is `LocalBackend`'s.

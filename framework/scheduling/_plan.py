@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import math
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -183,18 +182,6 @@ class OfflineSolver(abc.ABC):
     @abc.abstractmethod
     def solve(self, problem: ShopProblem) -> Schedule:
         """A feasible schedule of every unit of `problem` (status and bound filled in)."""
-
-    def _warm_start(self, problem: ShopProblem, t0: float) -> tuple[Schedule, float, Schedule | None]:
-        """The exact solvers' shared first step: the dense heuristic's schedule (upper bound and hint), the lower
-        bound, and that schedule marked optimal when it already meets the bound (then the solver is skipped)."""
-        from framework.scheduling.approx import DenseApproxSolver
-
-        lb = problem.lower_bound()
-        warm = DenseApproxSolver().solve(problem)
-        done = None
-        if warm.makespan <= lb * (1 + 1e-9):
-            done = Schedule(warm.entries, OPTIMAL, lb, self.name, time.perf_counter() - t0, {"skipped": "UB == LB"})
-        return warm, lb, done
 
 
 def left_shift(entries: Iterable[ScheduledUnit], duration) -> list[ScheduledUnit]:

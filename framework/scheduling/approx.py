@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from framework.scheduling._plan import HEURISTIC, OfflineSolver, Schedule, ShopProblem
+from framework.scheduling._plan import HEURISTIC, OPTIMAL, OfflineSolver, Schedule, ShopProblem
+from framework.scheduling._replay import replay
 
 
 class DenseApproxSolver(OfflineSolver):
@@ -27,7 +28,6 @@ class DenseApproxSolver(OfflineSolver):
         self.seed = seed
 
     def solve(self, problem: ShopProblem) -> Schedule:
-        from framework.scheduling._replay import replay
         from framework.scheduling.lpt import LPTScheduler
         from framework.scheduling.mwr import MWRScheduler
 
@@ -46,3 +46,14 @@ class DenseApproxSolver(OfflineSolver):
             runtime_s=time.perf_counter() - t0,
             info=info,
         )
+
+
+def warm_start(name: str, problem: ShopProblem, t0: float) -> tuple[Schedule, float, Schedule | None]:
+    """The exact solvers' shared first step: the dense heuristic's schedule (upper bound and hint), the lower bound,
+    and that schedule marked optimal when it already meets the bound (then the solver `name` is skipped)."""
+    lb = problem.lower_bound()
+    warm = DenseApproxSolver().solve(problem)
+    done = None
+    if warm.makespan <= lb * (1 + 1e-9):
+        done = Schedule(warm.entries, OPTIMAL, lb, name, time.perf_counter() - t0, {"skipped": "UB == LB"})
+    return warm, lb, done

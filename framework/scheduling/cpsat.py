@@ -16,6 +16,7 @@ from framework.scheduling._plan import (
     ShopProblem,
     left_shift,
 )
+from framework.scheduling.approx import warm_start
 
 
 def integer_durations(problem: ShopProblem, resolution: int = 1000) -> tuple[dict, float, float]:
@@ -55,7 +56,7 @@ class CPSATSolver(OfflineSolver):
         from ortools.sat.python import cp_model
 
         t0 = time.perf_counter()
-        warm, lb, done = self._warm_start(problem, t0)
+        warm, lb, done = warm_start(self.name, problem, t0)
         if done is not None:
             return done
         dur, scale, alpha = integer_durations(problem)

@@ -15,6 +15,7 @@ from framework.scheduling._plan import (
     ShopProblem,
     left_shift,
 )
+from framework.scheduling.approx import warm_start
 
 
 class MILPSolver(OfflineSolver):
@@ -51,7 +52,7 @@ class MILPSolver(OfflineSolver):
         from ortools.linear_solver import pywraplp
 
         t0 = time.perf_counter()
-        warm, lb, done = self._warm_start(problem, t0)
+        warm, lb, done = warm_start(self.name, problem, t0)
         if done is not None:
             return done
         worker_of = {e.unit: e.worker for e in warm.entries}

@@ -9,6 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 import automl
+import simulators
 from automl import ACTIVE, STOPPED, ConfigState
 
 
@@ -108,7 +109,7 @@ def test_asha_records_reports_and_stops_in_the_study(space):
 
 def test_asha_study_persists_in_sqlite_under_storage_path(space, objective, tmp_path):
     asha = automl.ASHA(space, max_epochs=3, eta=3, max_configs=4, seed=2)
-    run = automl.run_procedure_offline(asha, objective, storage_path=str(tmp_path), num_workers=2)
+    run = simulators.run_procedure_offline(asha, objective, storage_path=str(tmp_path), num_workers=2)
     assert os.path.exists(tmp_path / "optuna.db")
     study = optuna.load_study(study_name="ASHA-seed2", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     assert len(study.trials) == len(run.states) == 4
@@ -118,7 +119,7 @@ def test_asha_study_persists_in_sqlite_under_storage_path(space, objective, tmp_
 
 def test_asha_keeps_num_workers_configs_active(space, objective):
     asha = automl.ASHA(space, max_epochs=9, max_configs=100, seed=0)
-    engine = automl.OfflineEngine(asha, objective, num_workers=5)
+    engine = simulators.OfflineEngine(asha, objective, num_workers=5)
     assert len(engine.states) == 5
     for _ in range(6):
         engine.run_rounds(1)
@@ -130,7 +131,7 @@ def test_asha_defaults_to_four_workers_without_a_hint(space):
 
 
 def test_asha_stops_at_max_configs(space, objective):
-    run = automl.run_procedure_offline(automl.ASHA(space, max_epochs=9, max_configs=7), objective, num_workers=3)
+    run = simulators.run_procedure_offline(automl.ASHA(space, max_epochs=9, max_configs=7), objective, num_workers=3)
     assert run.finished and len(run.states) == 7
 
 
@@ -149,7 +150,7 @@ def test_asha_stops_adding_configs_when_the_time_budget_is_spent(space, objectiv
     def tick(rounds: int, states) -> None:
         clock.now = 3.0 * rounds  # each round takes 3 s
 
-    run = automl.run_procedure_offline(asha, objective, num_workers=2, on_round=tick)
+    run = simulators.run_procedure_offline(asha, objective, num_workers=2, on_round=tick)
     assert run.finished
     adds = [len(d.add) for d in run.decisions]
     assert all(n == 0 for n in adds[4:])  # after round 4, 12 s > 10 s: nothing new
@@ -181,10 +182,10 @@ def test_asha_rejects_unknown_options(space):
 
 
 def test_asha_resumes_from_a_pickle_with_its_sqlite_study(space, objective, tmp_path):
-    whole = automl.run_procedure_offline(
+    whole = simulators.run_procedure_offline(
         automl.ASHA(space, max_epochs=3, max_configs=5, seed=1), objective, storage_path=str(tmp_path / "a")
     )
-    engine = automl.OfflineEngine(
+    engine = simulators.OfflineEngine(
         automl.ASHA(space, max_epochs=3, max_configs=5, seed=1), objective, storage_path=str(tmp_path / "b")
     )
     engine.run_rounds(2)

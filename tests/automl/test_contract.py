@@ -5,19 +5,20 @@ from __future__ import annotations
 import pickle
 
 import automl
+import simulators
 from automl._base import ACTIVE, STOPPED
 
 
 def test_procedure_runs_to_an_end(procedure_case, objective):
     _, factory, _ = procedure_case
-    run = automl.run_procedure_offline(factory(0), objective, max_rounds=200)
+    run = simulators.run_procedure_offline(factory(0), objective, max_rounds=200)
     assert run.finished
     assert all(s.status == STOPPED for s in run.states)
 
 
 def test_procedure_suggestions_stay_inside_the_space(procedure_case, objective):
     _, factory, space = procedure_case
-    run = automl.run_procedure_offline(factory(1), objective, max_rounds=200)
+    run = simulators.run_procedure_offline(factory(1), objective, max_rounds=200)
     searched = automl.SearchSpace(space)
     assert run.states
     for s in run.states:
@@ -26,17 +27,17 @@ def test_procedure_suggestions_stay_inside_the_space(procedure_case, objective):
 
 def test_procedure_same_seed_gives_the_same_trace(procedure_case, objective):
     _, factory, _ = procedure_case
-    a = automl.run_procedure_offline(factory(3), objective, max_rounds=200)
-    b = automl.run_procedure_offline(factory(3), objective, max_rounds=200)
+    a = simulators.run_procedure_offline(factory(3), objective, max_rounds=200)
+    b = simulators.run_procedure_offline(factory(3), objective, max_rounds=200)
     assert a.trace() == b.trace()
 
 
 def test_procedure_pickles_before_and_after_steps(procedure_case, objective):
     name, factory, _ = procedure_case
     fresh = pickle.loads(pickle.dumps(factory(4)))
-    whole = automl.run_procedure_offline(fresh, objective, max_rounds=200)
+    whole = simulators.run_procedure_offline(fresh, objective, max_rounds=200)
 
-    engine = automl.OfflineEngine(factory(4), objective)
+    engine = simulators.OfflineEngine(factory(4), objective)
     engine.run_rounds(1)
     assert not engine.done, name
     engine.objective = None  # the objective is the test's, not the procedure's: keep it out of the pickle
@@ -49,7 +50,7 @@ def test_procedure_pickles_before_and_after_steps(procedure_case, objective):
 
 def test_procedure_never_reactivates_stopped_configs(procedure_case, objective):
     _, factory, _ = procedure_case
-    engine = automl.OfflineEngine(factory(5), objective)
+    engine = simulators.OfflineEngine(factory(5), objective)
     stopped: set[int] = set()
     while not engine.done:
         engine.train_round()
@@ -72,12 +73,12 @@ def test_procedure_survives_failing_configs(procedure_case, objective):
             raise RuntimeError("diverged")
         return objective(config, epoch)
 
-    run = automl.run_procedure_offline(factory(6), flaky, max_rounds=200)
+    run = simulators.run_procedure_offline(factory(6), flaky, max_rounds=200)
     assert run.finished
     assert all(s.status in (STOPPED, automl.FAILED) for s in run.states)
 
 
 def test_procedure_ranks_by_a_bound_max_metric(procedure_case, objective):
     _, factory, _ = procedure_case
-    run = automl.run_procedure_offline(factory(7), objective, max_rounds=200, metric="valid_accuracy", mode="max")
+    run = simulators.run_procedure_offline(factory(7), objective, max_rounds=200, metric="valid_accuracy", mode="max")
     assert run.finished

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 import automl
+import simulators
 from automl import ACTIVE, FAILED, STOPPED, ConfigState, Rung
 
 # Li et al. 2017, Table 1 (R = 81, eta = 3): (n_i, r_i) per rung, brackets s = 4..0.
@@ -94,7 +95,7 @@ def test_hyperband_failed_configs_rank_last_and_free_no_extra_slot(space):
 
 
 def test_hyperband_offline_run_trains_each_rung_its_epochs(space, objective):
-    run = automl.run_procedure_offline(automl.HyperBand(space, max_epochs=25, eta=3), objective)
+    run = simulators.run_procedure_offline(automl.HyperBand(space, max_epochs=25, eta=3), objective)
     epochs = sorted(s.epochs for s in run.states)
     # bracket 2: 6 stop at 3, 2 at 8, 1 at 25; bracket 1: 4 at 8, 1 at 25; bracket 0: 3 at 25
     assert epochs == [3] * 6 + [8] * 6 + [25] * 5

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import automl
+import simulators
 from automl import ACTIVE, FAILED, STOPPED, ConfigState
 
 
@@ -66,7 +67,7 @@ def test_pbt_clones_get_perturbed_donor_configs_inside_the_space(space):
 
 def test_pbt_every_lineage_trains_exactly_epochs(space, objective):
     pbt = automl.PBT(space, population=6, epochs=5, perturbation_interval=2, quantile_fraction=0.5)
-    run = automl.run_procedure_offline(pbt, objective)
+    run = simulators.run_procedure_offline(pbt, objective)
     final = run.decisions[-1].stop
     assert sorted(final) == sorted(pbt.members) and len(final) == 6
     assert all(run.weight_epochs[i] == 5 for i in final)

@@ -6,6 +6,7 @@ import textwrap
 import pytest
 
 import automl
+import simulators
 
 PLUGIN = textwrap.dedent(
     """
@@ -63,7 +64,7 @@ def test_load_procedure_by_a_class(space):
 
 def test_load_procedure_user_module_class_string_runs(plugin_path, objective):
     proc = automl.load_procedure("my_plugin:OneShot", config={"lr": 0.01, "act": "relu"}, epochs=2)
-    run = automl.run_procedure_offline(proc, objective)
+    run = simulators.run_procedure_offline(proc, objective)
     assert run.finished and [s.epochs for s in run.states] == [2]
 
 

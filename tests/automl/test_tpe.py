@@ -5,10 +5,11 @@ import pytest
 from optuna.trial import TrialState
 
 import automl
+import simulators
 
 
 def test_tpe_runs_in_batches_of_concurrency(space, objective):
-    run = automl.run_procedure_offline(automl.TPE(space, num_samples=7, epochs=2, concurrency=3), objective)
+    run = simulators.run_procedure_offline(automl.TPE(space, num_samples=7, epochs=2, concurrency=3), objective)
     assert [len(d.add) for d in run.decisions] == [3, 0, 3, 0, 1, 0, 0]
     assert [d.stop for d in run.decisions] == [[], [], [0, 1, 2], [], [3, 4, 5], [], [6]]
     assert all(s.epochs == 2 for s in run.states)
@@ -26,7 +27,7 @@ def test_tpe_concurrency_defaults_to_the_num_workers_hint(space):
 
 def test_tpe_tells_the_final_metric(space, objective, quality):
     tpe = automl.TPE(space, num_samples=4, epochs=3, concurrency=2, seed=1)
-    run = automl.run_procedure_offline(tpe, objective)
+    run = simulators.run_procedure_offline(tpe, objective)
     trials = tpe.study.trials
     assert isinstance(tpe.study.sampler, optuna.samplers.TPESampler)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
@@ -36,7 +37,7 @@ def test_tpe_tells_the_final_metric(space, objective, quality):
 
 def test_tpe_maximises_when_bound_with_max(space, objective):
     tpe = automl.TPE(space, num_samples=2, epochs=1, concurrency=2)
-    automl.run_procedure_offline(tpe, objective, metric="valid_accuracy", mode="max")
+    simulators.run_procedure_offline(tpe, objective, metric="valid_accuracy", mode="max")
     assert tpe.study.direction == optuna.study.StudyDirection.MAXIMIZE
 
 
@@ -47,7 +48,7 @@ def test_tpe_tells_failed_configs_fail(space, objective):
         return objective(config, epoch)
 
     tpe = automl.TPE(space, num_samples=6, epochs=2, concurrency=3, seed=0)
-    run = automl.run_procedure_offline(tpe, failing)
+    run = simulators.run_procedure_offline(tpe, failing)
     failed = {s.id for s in run.states if s.status == automl.FAILED}
     assert failed
     assert {i for i, t in enumerate(tpe.study.trials) if t.state == TrialState.FAIL} == failed

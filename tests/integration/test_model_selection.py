@@ -143,3 +143,18 @@ def test_lr_schedule_and_grad_scaler_hop_checkpoint_and_replay_bit_identically(r
         assert a["lr_scheduler"] == b["lr_scheduler"] and a["grad_scaler"] == b["grad_scaler"]
         for k in a["model"]:
             assert torch.equal(a["model"][k], b["model"][k]), f"config {cid} {k} differs after replay"
+
+
+def test_deterministic_runs_with_one_seed_report_the_same_metrics(ray_cluster, digits, tmp_path):
+    """deterministic=True: the seed fixes every config's visit order, so two runs (different timings, fresh worker
+    processes) train the same weights; the default dispatch follows the timing instead."""
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=3, seed=2)
+    runs = [_run(ds, tmp_path, f"det{i}", automl.GridSearch(SPACE, epochs=2), seed=11, deterministic=True)
+            for i in range(2)]
+    a, b = (r.metrics.sort_values(["config_id", "epoch"]).reset_index(drop=True) for r in runs)
+    assert a[["valid_loss", "valid_accuracy", "train_loss"]].equals(b[["valid_loss", "valid_accuracy", "train_loss"]])
+    for cid in runs[0].configs:
+        sa, sb = runs[0].load_state(cid), runs[1].load_state(cid)
+        assert sa["visited"] == sb["visited"]
+        assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+    assert runs[0].schedule.kind.eq("train").sum() == 2 * 2 * 3

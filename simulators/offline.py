@@ -21,7 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from automl._base import ACTIVE, ConfigState, Decision, Procedure
+from framework.driver import Driver, DriverOptions, MemoryRunLog
+from framework.driver.configs import ConfigRecord
+from simulators.backend import SimulatedBackend
+from simulators.workload import Workload
 
 Objective = Callable[[dict[str, Any], int], dict[str, float]]
 
@@ -100,12 +106,6 @@ class OfflineEngine:
 
     # ---- the driver behind it ---------------------------------------------------------------------------------
     def _start(self, records) -> None:
-        import numpy as np
-
-        from framework.driver import Driver, DriverOptions, MemoryRunLog
-        from simulators.backend import SimulatedBackend
-        from simulators.workload import Workload
-
         workload = Workload(np.ones((1, 1)), {0: (0,), 1: (0,)}, eval_partitions=(1,), eval_fraction=1.0)
         workload = _AnyConfig(workload)
         backend = SimulatedBackend(workload, objective=lambda config, epoch: self.objective(config, epoch))
@@ -150,8 +150,6 @@ class OfflineEngine:
     def _ensure_driver(self) -> None:
         if self._driver is not None:
             return
-        from framework.driver.configs import ConfigRecord
-
         records = []
         for s in self.run.states:  # restored from a pickle: each config's weights are its trained epochs
             trained = self.run.weight_epochs.get(s.id, 0)
