@@ -9,6 +9,10 @@ Setting: 64 training partitions held by 4 workers each (256 workers), 8 validati
 each; unit times from `simulators.heterogeneous` (one row per config); HyperBand(max_epochs=27, eta=3,
 iterations=20) = 980 configs; 16 workers fail at given times and come back 30 simulated seconds later. Needs no
 Ray: `python experiments/driver_scale.py [--workers 256 --iterations 20 --seed 0]`.
+
+`--deterministic-cost` instead prints what `ModelSelection(deterministic=True)` costs in makespan: the seeded visit
+order (`SeededOrderScheduler`) against the default randomized dispatch, side by side on the same simulated
+workloads (2 epochs, unit times with lognormal noise sigma 0.2, 5 seeds each).
 """
 
 from __future__ import annotations
@@ -23,7 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import automl  # noqa: E402
-from simulators import FAIL, RETURN, WorkerEvent, Workload, heterogeneous, simulate_selection  # noqa: E402
+from framework.scheduling import SeededOrderScheduler  # noqa: E402
+from simulators import (  # noqa: E402
+    FAIL,
+    RETURN,
+    Noise,
+    WorkerEvent,
+    Workload,
+    heterogeneous,
+    homogeneous,
+    simulate,
+    simulate_selection,
+)
+from simulators import lower_bound as shop_lower_bound  # noqa: E402
 
 SPACE = {"lr": automl.loguniform(1e-4, 1e-1), "width": [64, 128, 256]}
 
@@ -53,6 +69,22 @@ def lower_bound(result, wl: Workload) -> float:
     return max(fastest.sum() / wl.n_workers, chains.max())
 
 
+def deterministic_cost(seeds: int = 5) -> None:
+    """Makespan / lower bound of the randomized and the seeded dispatch on the same workloads."""
+    print(f"{'workload':14s} {'|S|':>4s} {'p':>3s}  randomized  deterministic  cost")
+    for kind in ("homogeneous", "heterogeneous"):
+        for n_configs, p in ((16, 8), (32, 8), (16, 16)):
+            rand, seeded = [], []
+            for seed in range(seeds):
+                w = homogeneous(n_configs, p) if kind == "homogeneous" else heterogeneous(n_configs, p, seed=seed)
+                lb = shop_lower_bound(w, epochs=2)
+                noise = Noise(sigma=0.2)
+                rand.append(simulate(w, "randomized", epochs=2, seed=seed, noise=noise).makespan / lb)
+                seeded.append(simulate(w, SeededOrderScheduler(seed), epochs=2, seed=seed, noise=noise).makespan / lb)
+            r, d = float(np.mean(rand)), float(np.mean(seeded))
+            print(f"{kind:14s} {n_configs:4d} {p:3d}  {r:10.3f}  {d:13.3f}  x{d / r:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -63,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failures", type=int, default=16, help="workers that fail (and return 30 s later)")
     ap.add_argument("--scheduler", default="randomized", help="a name from framework.scheduling.SCHEDULERS")
     ap.add_argument("--seed", type=int, default=0, help="seeds the configs, the unit times and the policy")
+    ap.add_argument("--deterministic-cost", action="store_true",
+                    help="print the makespan cost of deterministic=True instead (see the module docstring)")
     a = ap.parse_args(argv)
+    if a.deterministic_cost:
+        deterministic_cost()
+        return 0
     procedure = automl.HyperBand(SPACE, max_epochs=a.max_epochs, eta=3, seed=a.seed, iterations=a.iterations)
     n_configs = sum(b.rungs[0].n for b in procedure.brackets)
     wl = workload(a.workers, n_configs, a.replicas, a.seed)

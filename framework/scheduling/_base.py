@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import bisect
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -241,7 +242,7 @@ class DispatchState:
         self._cost = cost
         self._work = {}
         for c, us in self._by_config.items():
-            self._work[c] = sum(cost[u] for u in us)
+            self._work[c] = math.fsum(cost[u] for u in us)  # exact: the same whatever the set order
 
     def stalled_partitions(self) -> set[int]:
         """Partitions with pending units that no live worker holds (the run must wait for one)."""
