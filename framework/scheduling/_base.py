@@ -197,6 +197,13 @@ class DispatchState:
             self._dirty.discard(w)  # nothing eligible for it until a change marks it again
         return EligibleMap({}, holders, units, self.availability)
 
+    def _unindex_config(self, unit: Unit) -> None:
+        units = self._by_config.get(unit.config_id)
+        if units is not None:
+            units.discard(unit)
+            if not units:  # only configs with pending units stay: their count tells how many could run
+                del self._by_config[unit.config_id]
+
     def _list(self, unit: Unit) -> None:
         bisect.insort(self._by_partition.setdefault(unit.partition, []), unit, key=_unit_key)
 
@@ -205,6 +212,40 @@ class DispatchState:
         i = bisect.bisect_left(units, _unit_key(unit), key=_unit_key)
         if i < len(units) and units[i] == unit:
             del units[i]
+
+    def candidate_workers(self) -> list[int]:
+        """Idle live workers that may have an eligible unit, in ascending id order (a subset of `idle_workers`
+        that leaves out every worker known to have nothing eligible)."""
+        busy = self._busy_workers
+        return sorted(w for w in self._dirty if w in self.workers and w not in busy)
+
+    def few_free_configs(self, workers: list[int]) -> bool:
+        """Whether the configs that could run are few next to `workers` (then look from the configs' side)."""
+        return 4 * (len(self._by_config) - len(self._busy_configs)) < len(workers)
+
+    def sample_eligible(self, worker: int, rng, exclude: set[int], tries: int = 8) -> Unit | None:
+        """A uniformly random unit among `eligible(worker)` whose config is not in `exclude` (None: there is none).
+
+        Draws pending units of the worker's partitions at random and keeps the first eligible one (rejection
+        sampling: uniform, and cheap when most are eligible); after `tries` misses it draws from the full list.
+        `rng` is a `random.Random`.
+        """
+        if worker not in self._dirty or worker not in self.workers or worker in self._busy_workers:
+            return None
+        lists = [self._by_partition.get(p, ()) for p in sorted(self._parts_of.get(worker, ()))]
+        total = sum(len(units) for units in lists)
+        busy, left = self._busy_configs, self._train_left
+        for _ in range(tries if total else 0):
+            i = rng.randrange(total)
+            for units in lists:
+                if i < len(units):
+                    u = units[i]
+                    break
+                i -= len(units)
+            if u.config_id not in busy and u.config_id not in exclude and (u.kind == TRAIN or left.get(u.config_id, 0) == 0):
+                return u
+        units = [u for u in self.eligible(worker) if u.config_id not in exclude]
+        return rng.choice(units) if units else None
 
     def _mark_partition(self, partition: int) -> None:
         self._dirty.update(self.availability.get(partition, ()))
@@ -255,7 +296,7 @@ class DispatchState:
             raise ValueError(f"{unit} is not eligible on worker {worker}")
         self.pending.remove(unit)
         self._unlist(unit)
-        self._by_config[unit.config_id].discard(unit)
+        self._unindex_config(unit)
         if self._cost is not None:
             self._work[unit.config_id] -= self._cost[unit]
         self.running[unit] = worker
@@ -281,10 +322,10 @@ class DispatchState:
         if unit.config_id not in self.dropped:
             self.pending.add(unit)
             self._list(unit)
-            self._by_config[unit.config_id].add(unit)
+            self._by_config.setdefault(unit.config_id, set()).add(unit)
             self._mark_partition(unit.partition)
             if self._cost is not None:
-                self._work[unit.config_id] += self._cost[unit]
+                self._work[unit.config_id] = self._work.get(unit.config_id, 0.0) + self._cost[unit]
 
     def drop_config(self, config_id: int) -> None:
         """Remove a config (failed or stopped) from the round: its pending units are discarded."""
@@ -293,7 +334,7 @@ class DispatchState:
         self.pending -= gone
         for u in gone:
             self._unlist(u)
-            self._by_config[u.config_id].discard(u)
+            self._unindex_config(u)
         if self._cost is not None:
             self._work[config_id] = 0.0
 
@@ -343,13 +384,13 @@ class DispatchState:
         self.done.remove(unit)
         self.pending.add(unit)
         self._list(unit)
-        self._by_config[unit.config_id].add(unit)
+        self._by_config.setdefault(unit.config_id, set()).add(unit)
         self._mark_partition(unit.partition)
         if unit not in self.units:  # it left `units` when more were added (`add_units`)
             bisect.insort(self.units, unit)
             self._cost = None
         if self._cost is not None:
-            self._work[unit.config_id] += self._cost[unit]
+            self._work[unit.config_id] = self._work.get(unit.config_id, 0.0) + self._cost[unit]
         if unit.kind == TRAIN:
             self._train_left[unit.config_id] += 1
 

@@ -24,4 +24,14 @@ class RandomizedScheduler(Scheduler):
         self._rng = random.Random(seed)
 
     def select(self, state: DispatchState) -> list[Assignment]:
-        return greedy_select(state, lambda _w, units: self._rng.choice(units), state.idle_workers())
+        workers = state.candidate_workers()
+        if state.few_free_configs(workers):  # few configs, many idle workers: find the candidates from the configs
+            return greedy_select(state, lambda _w, units: self._rng.choice(units), workers)
+        out: list[Assignment] = []
+        taken: set[int] = set()
+        for w in workers:  # each draws uniformly among its eligible units (by rejection while most are eligible)
+            unit = state.sample_eligible(w, self._rng, taken)
+            if unit is not None:
+                out.append(Assignment(unit, w))
+                taken.add(unit.config_id)
+        return out
