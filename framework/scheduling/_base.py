@@ -174,28 +174,21 @@ class DispatchState:
         busy_w, busy_c, left = self._busy_workers, self._busy_configs, self._train_left
         ws = [w for w in workers if w in self._dirty and w in self.workers and w not in busy_w]
         if not ws:
-            return EligibleMap({}, {})
+            return EligibleMap({})
         if 4 * (len(self._by_config) - len(busy_c)) >= len(ws):  # many configs (free or done): the workers' side
             out: dict[int, list[Unit]] = {}
             for w in ws:
                 us = self.eligible(w)
                 if us:
                     out[w] = us
-            return EligibleMap(out, {})
+            return EligibleMap(out)
         free = [c for c, us in self._by_config.items() if us and c not in busy_c]
-        wanted = set(ws)
         units: dict[int, list[Unit]] = {}  # free config -> its eligible units
-        holders: dict[int, set[int]] = {}  # worker -> free configs with a unit it may run
         for c in free:
             mine = [u for u in self._by_config[c] if u.kind == TRAIN or left.get(c, 0) == 0]
-            units[c] = mine
-            for u in mine:
-                for w in self.availability.get(u.partition, ()):
-                    if w in wanted:
-                        holders.setdefault(w, set()).add(c)
-        for w in wanted - holders.keys():
-            self._dirty.discard(w)  # nothing eligible for it until a change marks it again
-        return EligibleMap({}, holders, units, self.availability)
+            if mine:
+                units[c] = mine
+        return EligibleMap({}, units, self._parts_of)
 
     def _unindex_config(self, unit: Unit) -> None:
         units = self._by_config.get(unit.config_id)
@@ -219,9 +212,27 @@ class DispatchState:
         busy = self._busy_workers
         return sorted(w for w in self._dirty if w in self.workers and w not in busy)
 
-    def few_free_configs(self, workers: list[int]) -> bool:
-        """Whether the configs that could run are few next to `workers` (then look from the configs' side)."""
-        return 4 * (len(self._by_config) - len(self._busy_configs)) < len(workers)
+    def few_free_configs(self) -> bool:
+        """Whether the configs that could run are few next to the idle workers (then look from the configs'
+        side: `free_config_units`)."""
+        return 4 * (len(self._by_config) - len(self._busy_configs)) < len(self.workers) - len(self._busy_workers)
+
+    def free_config_units(self) -> dict[int, list[Unit]]:
+        """config -> its eligible units (by config order), for every config that is not busy and has one."""
+        busy, left = self._busy_configs, self._train_left
+        out = {}
+        for c in sorted(self._by_config):
+            if c not in busy:
+                mine = [u for u in self._by_config[c] if u.kind == TRAIN or left.get(c, 0) == 0]
+                if mine:
+                    out[c] = mine
+        return out
+
+    def idle_holders(self, units: Iterable[Unit]) -> list[int]:
+        """Idle live workers that hold the partition of at least one of `units`, in ascending id order."""
+        av = self.availability
+        held = set().union(*(av.get(u.partition, ()) for u in units))
+        return sorted((held - self._busy_workers) & self.workers)
 
     def sample_eligible(self, worker: int, rng, exclude: set[int], tries: int = 8) -> Unit | None:
         """A uniformly random unit among `eligible(worker)` whose config is not in `exclude` (None: there is none).
@@ -244,7 +255,11 @@ class DispatchState:
                 i -= len(units)
             if u.config_id not in busy and u.config_id not in exclude and (u.kind == TRAIN or left.get(u.config_id, 0) == 0):
                 return u
-        units = [u for u in self.eligible(worker) if u.config_id not in exclude]
+        units = [u for units in lists for u in units  # a fixed order (each list sorted): no sort needed to draw
+                 if u.config_id not in busy and (u.kind == TRAIN or left.get(u.config_id, 0) == 0)]
+        if not units:
+            self._dirty.discard(worker)  # nothing for it until a change marks it again
+        units = [u for u in units if u.config_id not in exclude] if exclude else units
         return rng.choice(units) if units else None
 
     def _mark_partition(self, partition: int) -> None:
@@ -401,21 +416,26 @@ def _unit_key(u: Unit) -> tuple[int, int, int, str]:
 
 class EligibleMap:
     """What `DispatchState.eligible_map` returns: worker -> its eligible units (sorted), for the workers that have
-    any; `configs` are the configs those units belong to. Lists found from the configs' side are built when asked."""
+    any; `configs` are the configs those units belong to. Found from the configs' side, a worker's list is built
+    only when a policy asks for it (a policy that stops once every config is taken never looks at the rest)."""
 
-    def __init__(self, lists: dict[int, list[Unit]], holders: dict[int, set[int]],
-                 units: dict[int, list[Unit]] | None = None, availability: Mapping[int, set[int]] | None = None):
-        self._lists, self._holders, self._units, self._availability = lists, holders, units or {}, availability
-        self.configs = ({u.config_id for us in lists.values() for u in us} if lists
-                        else {c for cs in holders.values() for c in cs})
+    def __init__(self, lists: dict[int, list[Unit]], units: dict[int, list[Unit]] | None = None,
+                 parts_of: Mapping[int, set[int]] | None = None) -> None:
+        self._lists, self._units, self._parts_of = lists, units or {}, parts_of or {}
+        self._parts = {c: {u.partition for u in us} for c, us in self._units.items()}
+        self.configs = {u.config_id for us in lists.values() for u in us} | set(self._units)
 
     def __contains__(self, worker: int) -> bool:
-        return worker in self._lists or worker in self._holders
+        if worker in self._lists:
+            return bool(self._lists[worker])
+        held = self._parts_of.get(worker, ())
+        return any(not held.isdisjoint(parts) for parts in self._parts.values())
 
     def __getitem__(self, worker: int) -> list[Unit]:
         if worker not in self._lists:
-            av = self._availability
-            us = [u for c in self._holders[worker] for u in self._units[c] if worker in av[u.partition]]
+            held = self._parts_of.get(worker, ())
+            us = [u for c, units in self._units.items() if not held.isdisjoint(self._parts[c])
+                  for u in units if u.partition in held]
             self._lists[worker] = sorted(us, key=_unit_key)
         return self._lists[worker]
 

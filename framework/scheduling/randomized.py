@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 
-from framework.scheduling._base import Assignment, DispatchState, Scheduler, greedy_select
+from framework.scheduling._base import Assignment, DispatchState, Scheduler
 
 
 class RandomizedScheduler(Scheduler):
@@ -24,14 +25,36 @@ class RandomizedScheduler(Scheduler):
         self._rng = random.Random(seed)
 
     def select(self, state: DispatchState) -> list[Assignment]:
-        workers = state.candidate_workers()
-        if state.few_free_configs(workers):  # few configs, many idle workers: find the candidates from the configs
-            return greedy_select(state, lambda _w, units: self._rng.choice(units), workers)
+        if state.few_free_configs():
+            return self._from_configs(state)
         out: list[Assignment] = []
         taken: set[int] = set()
-        for w in workers:  # each draws uniformly among its eligible units (by rejection while most are eligible)
+        for w in state.candidate_workers():  # each draws uniformly among its eligible units (by rejection)
             unit = state.sample_eligible(w, self._rng, taken)
             if unit is not None:
                 out.append(Assignment(unit, w))
                 taken.add(unit.config_id)
+        return out
+
+    def _from_configs(self, state: DispatchState) -> list[Assignment]:
+        """Few free configs, many idle workers (the last rounds of HyperBand on hundreds of workers): the same
+        draws as letting every idle worker in id order take a random unit among its candidates, but found from
+        the configs: the next worker to draw is the smallest idle holder of a config not taken yet."""
+        units = state.free_config_units()
+        holders = {c: state.idle_holders(us) for c, us in units.items()}
+        out: list[Assignment] = []
+        taken: set[int] = set()
+        last = -1
+        while len(taken) < len(units):
+            heads = [hs[i] for c, hs in holders.items() if c not in taken
+                     for i in (bisect.bisect_right(hs, last),) if i < len(hs)]
+            if not heads:
+                break
+            w = last = min(heads)
+            held = state.partitions_of(w)
+            cands = sorted((u for c, us in units.items() if c not in taken for u in us if u.partition in held),
+                           key=lambda u: (u.config_id, u.epoch, u.partition, u.kind))
+            unit = self._rng.choice(cands)
+            out.append(Assignment(unit, w))
+            taken.add(unit.config_id)
         return out
