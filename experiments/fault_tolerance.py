@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             while rounds_done() < epoch and not stop.is_set():
                 time.sleep(0.05)
             time.sleep(0.3)  # into the epoch, so units are in flight
-            victim = next(w for w in sorted(sel.pool.holds) if w not in killed)
+            victim = next(w for w in sel.live_workers() if w not in killed)
             sel.kill_worker_process(victim)
             killed.append(victim)
         while rounds_done() < cfg.return_at and not stop.is_set():
