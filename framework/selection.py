@@ -301,7 +301,7 @@ class ModelSelection:
             seed=self.seed, metric=self.metric, mode=self.mode, scheduler=self.scheduler_spec,
             unit_timeout_s=self.unit_timeout_s, max_unit_retries=self.max_unit_retries,
             max_worker_restarts=self.max_worker_restarts, max_workers=self.max_workers,
-            worker_resources=self.worker_resources, deterministic=self.deterministic, progress=self.progress,
+            worker_resources=self.worker_resources, deterministic=self.deterministic,
             storage_path=self.storage_path)
         placement = {w: [p for p, ws in self.placement.items() if w in ws] for w in range(self.num_workers)}
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),

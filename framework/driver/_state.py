@@ -35,7 +35,6 @@ class DriverOptions:
     max_workers: int | None = None
     worker_resources: Mapping[str, float] = field(default_factory=lambda: {"CPU": 1})
     deterministic: bool = False
-    progress: bool = False
     storage_path: str | None = None  # handed to the procedure's `bind`
     holder_wait_s: float = 300.0  # how long units of a partition nobody holds wait for a worker
     num_workers: int | None = None  # the concurrency hint `bind` gets (None: the placement's workers; 0: unknown)

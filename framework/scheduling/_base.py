@@ -163,33 +163,6 @@ class DispatchState:
             self._dirty.discard(worker)  # nothing for it until a change marks it again
         return out
 
-    def eligible_map(self, workers: Iterable[int]) -> EligibleMap:
-        """`{worker: eligible(worker)}` for the given workers, leaving out those with nothing eligible.
-
-        The same answer as asking `eligible` worker by worker, found from whichever side is cheaper: the workers'
-        partitions (many configs, few idle workers) or the free configs' pending units (few configs, many idle
-        workers, as in the last rounds of HyperBand on hundreds of workers; the lists are then built only for the
-        workers a policy looks at).
-        """
-        busy_w, busy_c, left = self._busy_workers, self._busy_configs, self._train_left
-        ws = [w for w in workers if w in self._dirty and w in self.workers and w not in busy_w]
-        if not ws:
-            return EligibleMap({})
-        if 4 * (len(self._by_config) - len(busy_c)) >= len(ws):  # many configs (free or done): the workers' side
-            out: dict[int, list[Unit]] = {}
-            for w in ws:
-                us = self.eligible(w)
-                if us:
-                    out[w] = us
-            return EligibleMap(out)
-        free = [c for c, us in self._by_config.items() if us and c not in busy_c]
-        units: dict[int, list[Unit]] = {}  # free config -> its eligible units
-        for c in free:
-            mine = [u for u in self._by_config[c] if u.kind == TRAIN or left.get(c, 0) == 0]
-            if mine:
-                units[c] = mine
-        return EligibleMap({}, units, self._parts_of)
-
     def _unindex_config(self, unit: Unit) -> None:
         units = self._by_config.get(unit.config_id)
         if units is not None:
@@ -414,35 +387,6 @@ def _unit_key(u: Unit) -> tuple[int, int, int, str]:
     return (u.config_id, u.epoch, u.partition, u.kind)  # Unit's own order, compared as a plain tuple (faster)
 
 
-class EligibleMap:
-    """What `DispatchState.eligible_map` returns: worker -> its eligible units (sorted), for the workers that have
-    any; `configs` are the configs those units belong to. Found from the configs' side, a worker's list is built
-    only when a policy asks for it (a policy that stops once every config is taken never looks at the rest)."""
-
-    def __init__(self, lists: dict[int, list[Unit]], units: dict[int, list[Unit]] | None = None,
-                 parts_of: Mapping[int, set[int]] | None = None) -> None:
-        self._lists, self._units, self._parts_of = lists, units or {}, parts_of or {}
-        self._parts = {c: {u.partition for u in us} for c, us in self._units.items()}
-        self.configs = {u.config_id for us in lists.values() for u in us} | set(self._units)
-
-    def __contains__(self, worker: int) -> bool:
-        if worker in self._lists:
-            return bool(self._lists[worker])
-        held = self._parts_of.get(worker, ())
-        return any(not held.isdisjoint(parts) for parts in self._parts.values())
-
-    def __getitem__(self, worker: int) -> list[Unit]:
-        if worker not in self._lists:
-            held = self._parts_of.get(worker, ())
-            us = [u for c, units in self._units.items() if not held.isdisjoint(self._parts[c])
-                  for u in units if u.partition in held]
-            self._lists[worker] = sorted(us, key=_unit_key)
-        return self._lists[worker]
-
-    def get(self, worker: int, default=None):
-        return self[worker] if worker in self else default
-
-
 class Scheduler(abc.ABC):
     """A dispatch policy: picks which eligible unit each idle worker runs next.
 
@@ -472,13 +416,8 @@ def greedy_select(
     """Assign idle `workers` in the given order; `pick(worker, candidates)` chooses among still-eligible units."""
     out: list[Assignment] = []
     taken_configs: set[int] = set()
-    eligible = state.eligible_map(workers)
     for w in workers:
-        if len(taken_configs) == len(eligible.configs):
-            break  # every config that could run is taken: no later worker has a candidate
-        if w not in eligible:
-            continue
-        candidates = [u for u in eligible[w] if u.config_id not in taken_configs]
+        candidates = [u for u in state.eligible(w) if u.config_id not in taken_configs]
         if not candidates:
             continue
         unit = pick(w, candidates)
