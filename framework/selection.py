@@ -25,7 +25,7 @@ from framework.driver import Driver, DriverOptions, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import FaultPlan
-from framework.engine.ray_backend import RayBackend, ensure_ray
+from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.engine.signing import loads_signed
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Scheduler, make_scheduler
@@ -287,8 +287,9 @@ class ModelSelection:
 
     def run(self) -> Result:
         """Run the selection to completion and return its `Result` (also written under `storage_path`)."""
-        os.makedirs(self.storage_path, exist_ok=True)
         ensure_ray(min_cpus=self.num_workers * self.worker_resources.get("CPU", 1))
+        check_resources(self.worker_resources)  # a request no node can ever meet fails now, not after a hang
+        os.makedirs(self.storage_path, exist_ok=True)
         catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE))
         ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), catalog)
         self._t0 = time.time()

@@ -71,6 +71,20 @@ def ensure_ray(min_cpus: float = 1.0) -> bool:
     return True
 
 
+def check_resources(resources: Mapping[str, float]) -> None:
+    """Fail before any work when no worker could ever be placed: the cluster's total of a resource one worker asks
+    for is smaller than the request (e.g. `{"GPU": 1}` on a cluster without GPUs, which Ray would wait on forever)."""
+    total = ray.cluster_resources()
+    for k, v in resources.items():
+        if v > 0 and total.get(k, 0.0) < v:
+            have = ", ".join(f"{name}={amount:g}" for name, amount in sorted(total.items())
+                             if not name.startswith(("node:", "memory", "object_store_memory")))
+            raise ValueError(
+                f"`worker_resources` asks for {k}={v:g} per worker, but the Ray cluster has {k}="
+                f"{total.get(k, 0.0):g} in all ({have}); add a node that has it (ray start --address=... "
+                f"--resources / --num-gpus) or lower the request")
+
+
 def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
     opts: dict[str, Any] = {"num_cpus": resources.get("CPU", 1), "num_gpus": resources.get("GPU", 0)}

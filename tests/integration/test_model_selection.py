@@ -158,3 +158,18 @@ def test_deterministic_runs_with_one_seed_report_the_same_metrics(ray_cluster, d
         assert sa["visited"] == sb["visited"]
         assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
     assert runs[0].schedule.kind.eq("train").sum() == 2 * 2 * 3
+
+
+@pytest.mark.parametrize("request_", [{"CPU": 1, "GPU": 1}, {"CPU": 1, "accelerator_x": 2}, {"CPU": 64}])
+def test_a_resource_request_no_node_can_meet_fails_before_any_work(request_, ray_cluster, digits, tmp_path):
+    """Ray would wait forever for a worker that asks for a GPU on a cluster without one; the run refuses at once,
+    naming `worker_resources` and what the cluster has, and writes no run."""
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    sel = framework.ModelSelection(mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds,
+                                   automl.GridSearch(SPACE, epochs=1), worker_resources=request_,
+                                   storage_path=str(tmp_path / "never"), progress=False)
+    [(name, amount)] = [(k, v) for k, v in request_.items() if k != "CPU" or v > 4]
+    with pytest.raises(ValueError, match=rf"`worker_resources` asks for {name}={amount:g} per worker, but the Ray "
+                                         rf"cluster has {name}=\d+ in all \(CPU=4"):
+        sel.run()
+    assert not (tmp_path / "never").exists()
