@@ -93,32 +93,8 @@ class Simulator:
         self.noise, self.seed = noise or Noise(), seed
 
     def run(self) -> SimulationResult:
-        wl = self.workload
-        joining = {e.worker for e in self.events if e.kind == JOIN}
-        placement = {w: [q for q, ws in wl.availability.items() if w in ws]
-                     for w in range(wl.n_workers) if w not in joining}
-        backend = SimulatedBackend(wl, self.noise, self.seed, self.events)
-        log = MemoryRunLog()
-        options = DriverOptions(seed=self.seed, scheduler=self.scheduler, max_worker_restarts=0,
-                                reassign_partitions=False)
-        driver = Driver(backend, _Workload(wl.n_configs, self.epochs), log, placement, wl.train_partitions,
-                        options, eval_partitions=list(wl.eval_partitions), estimate=wl.duration)
-        t0 = time.perf_counter()
-        driver.run()
-        wall = time.perf_counter() - t0
-        df = log.schedule()
-        failed = log.schedule(status="interrupted")
-        dispatch = driver.run_state.dispatch
-        return SimulationResult(
-            schedule=df,
-            failed=failed,
-            makespan=float(df["end"].max()) if len(df) else 0.0,
-            epochs=self.epochs,
-            decision_time_s=dispatch.decision_s,
-            n_select_calls=dispatch.select_calls,
-            requeued=[Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind) for r in failed.itertuples()],
-            wall_s=wall,
-        )
+        return simulate_selection(_Workload(self.workload.n_configs, self.epochs), self.workload,
+                                  scheduler=self.scheduler, events=self.events, noise=self.noise, seed=self.seed)
 
 
 def simulate(workload: Workload, scheduler: Scheduler | str, **kwargs) -> SimulationResult:
