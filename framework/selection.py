@@ -67,6 +67,10 @@ def _resolve_procedure(procedure: Any) -> Procedure:
     raise TypeError(f"`procedure` is {procedure!r}, but must be an automl.Procedure (or a 'module:Class' string)")
 
 
+#: `checkpoint=` policies besides a number of seconds
+CHECKPOINT_POLICIES = ("epoch", "unit", "off")
+
+
 class ModelSelection:
     """Train many configs on a partitioned dataset with model hopper parallelism, and pick the best.
 
@@ -119,6 +123,15 @@ class ModelSelection:
             keeps the epoch barrier, so two runs with one seed report the same metrics. It costs throughput: a
             config waits for the holder of its next partition. Procedures driven by a wall clock (a time budget)
             stay timing-dependent.
+        queue_depth: units a worker holds at once: the one it runs and the next ones, queued behind it, so it starts
+            the next without waiting for the driver and fetches the next config's state while the current unit
+            runs. A queued config is reserved (it runs nowhere else meanwhile). 1: a worker gets its next unit only
+            when it has finished the last one (Cerebro's model).
+        checkpoint: when config states are written to disk (by the worker that holds them, off the driver):
+            `"epoch"` (the state at each epoch end; after a driver crash, resume re-runs the units of each
+            config's unfinished epoch), `"unit"` (after every training unit; resume re-runs only units in flight),
+            a number N (each epoch end, and within an epoch whenever N seconds passed since the config's last
+            checkpoint), or `"off"` (only each config's final state, when it stops; the run cannot be resumed).
     """
 
     def __init__(
@@ -146,6 +159,8 @@ class ModelSelection:
         max_workers: int | None = None,
         faults: FaultPlan | None = None,
         deterministic: bool = False,
+        queue_depth: int = 2,
+        checkpoint: str | float = "epoch",
     ) -> None:
         for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
@@ -211,6 +226,13 @@ class ModelSelection:
         if not isinstance(deterministic, bool):
             raise TypeError(f"`deterministic` is {deterministic!r}, but must be True or False")
         self.deterministic = deterministic
+        if not isinstance(queue_depth, int) or isinstance(queue_depth, bool) or queue_depth < 1:
+            raise ValueError(f"`queue_depth` is {queue_depth!r}, but must be an int >= 1")
+        if not (checkpoint in CHECKPOINT_POLICIES or (isinstance(checkpoint, (int, float))
+                                                     and not isinstance(checkpoint, bool) and checkpoint > 0)):
+            raise ValueError(f"`checkpoint` is {checkpoint!r}, but must be one of {list(CHECKPOINT_POLICIES)} or a "
+                             "number of seconds > 0")
+        self.queue_depth, self.checkpoint = queue_depth, checkpoint
         if storage_path is None:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             storage_path = os.path.join("runs", f"run-{stamp}")
@@ -244,12 +266,13 @@ class ModelSelection:
         that were in flight at the crash, or whose checkpoint had not reached the disk, run again; the schedule log
         marks their lost attempts `lost`. A run made with `extract=` needs the same `extract` again. `overrides` may
         change `progress`, `unit_timeout_s`, `max_unit_retries`,
-        `max_worker_restarts`, `scheduler`, `faults`.
+        `max_worker_restarts`, `scheduler`, `faults`, `queue_depth`, `checkpoint`.
         """
         path = os.path.abspath(storage_path)
         if not os.path.exists(os.path.join(path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: nothing to resume")
-        allowed = {"progress", "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "faults"}
+        allowed = {"progress", "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "faults",
+                   "queue_depth", "checkpoint"}
         unknown = set(overrides) - allowed
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)} for resume(); allowed: {sorted(allowed)}")
@@ -259,6 +282,9 @@ class ModelSelection:
             _, blob, signature = catalog.last_round()
         finally:
             catalog.close()
+        if meta.get("checkpoint") == "off":
+            raise ValueError(f"the run in {storage_path!r} was made with checkpoint='off': it wrote no states to "
+                             "resume from (only each config's final one)")
         if procedure is None:
             if blob is None:
                 raise RuntimeError(f"the run in {storage_path!r} committed no round yet; pass `procedure=` to resume")
@@ -276,6 +302,7 @@ class ModelSelection:
         dataset = PartitionedDataset.load(os.path.join(path, "data"), meta["dataset"])
         dataset.availability = {int(k): v for k, v in meta["placement"].items()} if meta["executor"] == "mop" else None
         options = {"scheduler": meta["scheduler"], "freezing": meta.get("freezing"),
+                   "queue_depth": int(meta.get("queue_depth", 1)), "checkpoint": meta.get("checkpoint", "unit"),
                    "deterministic": bool(meta.get("deterministic", False)), **overrides}
         self = cls(
             model_fn, train_fn, eval_fn, dataset, procedure, input_fn=input_fn, num_workers=meta["num_workers"],
@@ -303,7 +330,7 @@ class ModelSelection:
             unit_timeout_s=self.unit_timeout_s, max_unit_retries=self.max_unit_retries,
             max_worker_restarts=self.max_worker_restarts, max_workers=self.max_workers,
             worker_resources=self.worker_resources, deterministic=self.deterministic,
-            storage_path=self.storage_path)
+            storage_path=self.storage_path, queue_depth=self.queue_depth, checkpoint=self.checkpoint)
         placement = {w: [p for p, ws in self.placement.items() if w in ws] for w in range(self.num_workers)}
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
                         options, self.faults)
@@ -331,7 +358,8 @@ class ModelSelection:
             bar.close()
             errors = ckpt.flush()
             ckpt.close()
-            catalog.set_meta(end_time=time.time(), checkpoint_errors=errors)
+            catalog.set_meta(end_time=time.time(), checkpoint_errors=errors, driver_cpu_s_per_unit={
+                str(e): s / max(n, 1) for e, (s, n) in sorted(run.cpu_by_epoch.items())})
             catalog.close()
             backend.shutdown()
         result = Result(self.storage_path, self.model_fn)
@@ -383,6 +411,7 @@ class ModelSelection:
             num_workers=self.num_workers, worker_resources=self.worker_resources, num_threads=self.num_threads,
             metric=self.metric, mode=self.mode, placement={str(k): v for k, v in self.placement.items()},
             freezing=self.freezing, extract=_extract_ref(self.extract), deterministic=self.deterministic,
+            queue_depth=self.queue_depth, checkpoint=self.checkpoint,
             synchronous=self.deterministic or getattr(self.procedure, "synchronous", True),
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
             functions={n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,8 @@ class DriverOptions:
     num_workers: int | None = None  # the concurrency hint `bind` gets (None: the placement's workers; 0: unknown)
     barrier: bool | None = None  # keep the epoch barrier (None: as the procedure's `synchronous` says)
     reassign_partitions: bool = True  # re-load the partitions of a worker out of restarts onto live workers
+    queue_depth: int = 1  # units a worker holds: the one it runs and the next ones queued behind it
+    checkpoint: str | float = "epoch"  # when states reach the disk: "unit", "epoch", "off", or every N seconds
 
 
 @dataclass
@@ -63,6 +66,10 @@ class RunState:
     on_decision: Callable[[Any], None] | None = None  # sees every Decision the procedure returns
     on_unit: Callable[[], None] | None = None  # progress callback, once per completed unit
     write: Callable[[str], None] = lambda line: None  # where one-line notices go (tqdm.write in ModelSelection)
+    # the driver process's CPU seconds and completed units per epoch (`account_cpu`): is its cost per unit flat?
+    cpu_by_epoch: dict[int, list[float]] = field(default_factory=dict)
+    _cpu_mark: float = field(default_factory=time.process_time)
+    cpu_units: list[int] = field(default_factory=list)  # epochs of the units done since the last mark
 
     def event(self, kind: str, **detail: Any) -> None:
         """Log an event (the run's record of what happened) and show it to the fault plan's observer."""
@@ -73,6 +80,18 @@ class RunState:
         for fn in self.deferred:
             fn()
         self.deferred.clear()
+
+    def account_cpu(self) -> None:
+        """Share the driver process's CPU time since the last call among the units completed since then."""
+        now = time.process_time()
+        if self.cpu_units:
+            share = (now - self._cpu_mark) / len(self.cpu_units)
+            for e in self.cpu_units:
+                acc = self.cpu_by_epoch.setdefault(e, [0.0, 0])
+                acc[0] += share
+                acc[1] += 1
+            self.cpu_units.clear()
+            self._cpu_mark = now
 
     def crash(self) -> None:
         """An injected driver crash: every queued checkpoint reaches the disk, then the process dies unannounced."""

@@ -15,6 +15,7 @@ from collections import defaultdict
 from automl import ACTIVE, FAILED, STOPPED
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
+from framework.driver import units
 from framework.driver.control import grow_into_free_resources
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import resume_units
@@ -100,7 +101,10 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
         handle = src.epoch_state if src.epoch_state is not None else src.state
         if handle is not None:  # the clone's own epochs start at 0: it inherits weights, not visits
             c.state = c.epoch_state = run.backend.put({**run.backend.get(handle), "visited": {}})
-            run.log.checkpoint(c.id, 0, 0, lambda h=c.state: run.backend.get(h, self_contained=True))
+            units.checkpoint(run, c, 0, 0, c.state, None)
+    for c in ended:
+        if c.status != ACTIVE:
+            units.checkpoint_final(run, c)
     run.log.flush()  # a clone's starting point is durable before the decision commits
     run.log.commit(
         run.round,

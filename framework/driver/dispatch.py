@@ -6,12 +6,16 @@ one, a wave is one config's next epoch, opened as soon as the procedure has deci
 by name is rebuilt for every wave from (seed, wave), so a resumed run dispatches as the original would; a
 `Scheduler` instance is kept for the whole run. Every wave calls the policy's `start_round`, so a plan-based
 policy plans what is left.
+
+A worker holds up to `depth` units: the one it runs and the next ones, queued on the backend, so it starts its next
+unit without waiting for the driver (and the backend may fetch the next state while the current unit runs). Each
+dispatch asks the policy twice: first for workers with nothing to run, then for queue slots.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from framework.engine.worker import unit_seed
@@ -24,13 +28,18 @@ class Flight:
 
     unit: Unit
     worker: int
-    started: float
+    started: float  # when it was submitted, or when the unit ahead of it in its worker's queue ended
     faults: tuple[str, ...] = ()
+    queued: bool = False  # submitted behind another unit of its worker
 
 
 class Dispatcher:
-    def __init__(self, scheduler: str | Scheduler, seed: int, estimate: UnitTimeEstimate | None = None) -> None:
-        self.spec, self.seed = scheduler, seed
+    def __init__(
+        self, scheduler: str | Scheduler, seed: int, estimate: UnitTimeEstimate | None = None, depth: int = 1
+    ) -> None:
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"`queue_depth` is {depth!r}, but must be an int >= 1")
+        self.spec, self.seed, self.depth = scheduler, seed, depth
         self._estimate = estimate  # known unit times (a simulation); None: measured ones
         self.state: DispatchState | None = None
         self.scheduler: Scheduler | None = None
@@ -49,6 +58,7 @@ class Dispatcher:
             return
         if self.state is None or self.state.finished:
             self.state = DispatchState(units, availability, estimate=self._estimate or self.estimate)
+            self.state.set_capacity(self.depth)
         else:
             self.state.add_units(units)
         wave = self.waves if wave is None else wave
@@ -66,14 +76,27 @@ class Dispatcher:
         """Nothing pending or running."""
         return self.state is None or self.state.finished
 
-    def select(self) -> list[Assignment]:
-        if self.state is None or not self.state.pending:
-            return []
-        t0 = time.perf_counter()
-        chosen = self.scheduler.select(self.state)
-        self.decision_s += time.perf_counter() - t0
-        self.select_calls += 1
-        return chosen
+    def select(self) -> Iterator[Assignment]:
+        """The policy's assignments: for workers with nothing to run, then for free queue slots. The caller starts
+        each (`DispatchState.start`) before taking the next."""
+        for capacity in ((1, self.depth) if self.depth > 1 else (1,)):
+            if self.state is None or not self.state.pending:
+                break
+            t0 = time.perf_counter()
+            self.state.set_capacity(capacity)
+            chosen = self.scheduler.select(self.state)
+            self.decision_s += time.perf_counter() - t0
+            self.select_calls += 1
+            yield from chosen
+        if self.state is not None:
+            self.state.set_capacity(self.depth)  # completions mark idle workers against the full queue
+
+    def unit_ended(self, worker: int, now: float) -> None:
+        """A unit of `worker` ended: the next unit in its queue starts now (its hang clock starts here)."""
+        for f in self.flights.values():  # submission order: the first queued one is next
+            if f.worker == worker and f.queued:
+                f.started, f.queued = now, False
+                return
 
     def estimate(self, unit: Unit, worker: int) -> float:
         """Measured duration of this config's last unit of this kind on this worker (or any worker), else 1."""
@@ -104,13 +127,13 @@ class Dispatcher:
     def overdue(self, now: float, limit: float | None) -> list[Flight]:
         if limit is None:
             return []
-        return [f for f in self.flights.values() if now - f.started > limit]
+        return [f for f in self.flights.values() if not f.queued and now - f.started > limit]
 
     def poll_timeout(self, now: float, limit: float | None) -> float | None:
         """How long the backend may wait for an event: until the earliest unit deadline (None: no deadline)."""
-        if limit is None or not self.flights:
+        started = [f.started for f in self.flights.values() if not f.queued]
+        if limit is None or not started:
             return None
-        earliest = next(iter(self.flights.values())).started + limit  # flights are kept in submission order
-        return max(0.01, earliest - now)
+        return max(0.01, min(started) + limit - now)
 
 

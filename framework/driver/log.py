@@ -47,8 +47,10 @@ class SQLiteRunLog:
         self.catalog.commit_round(round_, epochs=epochs, statuses=statuses, new_configs=new_configs,
                                   procedure=dumps_signed(procedure))
 
-    def checkpoint(self, config_id: int, epoch: int, units: int, fetch: Callable[[], dict]) -> None:
-        self.checkpoints.submit(config_id, epoch, units, fetch)
+    def checkpoint(self, config_id: int, epoch: int, units: int, backend: Any, handle: Any,
+                   worker: int | None = None) -> None:
+        """Queue the state behind `handle` (produced on `worker`) to be written by the backend."""
+        self.checkpoints.submit(config_id, epoch, units, save=lambda path: backend.save(handle, path, worker))
 
     def flush(self) -> list[str]:
         return self.checkpoints.flush()
@@ -98,8 +100,9 @@ class MemoryRunLog:
                                  "epochs": 0}
         self.rounds += 1
 
-    def checkpoint(self, config_id: int, epoch: int, units: int, fetch: Callable[[], dict]) -> None:
-        self._ckpts[config_id] = (epoch, units, fetch)
+    def checkpoint(self, config_id: int, epoch: int, units: int, backend: Any, handle: Any,
+                   worker: int | None = None) -> None:
+        self._ckpts[config_id] = (epoch, units, lambda: backend.get(handle, self_contained=True))
 
     def flush(self) -> list[str]:
         return []

@@ -15,6 +15,7 @@ backend: `add_workers`, `drain_worker` and `kill_worker` queue commands that arr
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -84,7 +85,7 @@ class Driver:
         synchronous = synchronous or options.deterministic
         self.run_state = RunState(
             backend=backend, log=log, procedure=procedure, options=options, faults=faults or FaultPlan(),
-            workers=WorkerTable(partitions, eval_partitions), dispatch=Dispatcher(scheduler, options.seed, estimate), round=-1,
+            workers=WorkerTable(partitions, eval_partitions), dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth), round=-1,
             synchronous=synchronous,
         )
 
@@ -145,6 +146,8 @@ class Driver:
         if not getattr(self, "_started", False):
             self.start(resume_from)
         stop_at = None if max_commits is None else run.round + max_commits
+        run.cpu_units.clear()
+        run._cpu_mark = time.process_time()  # start-up is not a unit's cost
         while True:
             commit.settle(run)
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
@@ -168,6 +171,7 @@ class Driver:
                 continue
             for ev in events:
                 HANDLERS[type(ev)](run, ev)
+            run.account_cpu()
 
     def _wait_for_holders(self) -> None:
         """Nothing runs and nothing loads, yet units wait: their partitions have no live holder."""

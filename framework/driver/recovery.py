@@ -36,14 +36,19 @@ def worker_lost(run: RunState, worker: int, why: str) -> None:
     if worker not in run.workers.holds and worker not in run.workers.loading:
         return  # already handled
     now = run.backend.now()
+    waiting = set()  # units queued behind the one it ran: they never started
     for ticket, f in run.dispatch.flights_of(worker):
         del run.dispatch.flights[ticket]
-        run.log.add_unit(run.round, UnitReport(f.unit, worker, f.started, now), "interrupted")
+        if f.queued:
+            waiting.add(f.unit)
+        else:
+            run.log.add_unit(run.round, UnitReport(f.unit, worker, f.started, now), "interrupted")
     state = run.dispatch.state
     lost = state.remove_worker(worker) if state is not None else []
     held = run.workers.remove(worker)
     run.backend.stop_worker(worker)
-    run.event("worker_failed", worker=worker, why=why, requeued=[str(u) for u in lost])
+    run.event("worker_failed", worker=worker, why=why, requeued=[str(u) for u in lost if u not in waiting],
+              unstarted=[str(u) for u in lost if u in waiting])
     count_workers(run)
     run.write(f"worker {worker} {why}; re-queued {len(lost)} unit(s)")
     restart_or_reassign(run, worker, held)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from framework.driver._state import RunState
+from framework.driver.configs import ConfigRecord
 from framework.driver.control import finish_drain
 from framework.driver.dispatch import Flight
 from framework.driver.recovery import fail_config
@@ -10,11 +13,13 @@ from framework.engine._base import UnitDone, UnitFailed
 from framework.engine.faults import DRIVER_ACTIONS
 from framework.engine.recovery import should_retry
 from framework.engine.worker import UnitTask
-from framework.scheduling import TRAIN, Assignment
+from framework.scheduling import TRAIN, Assignment, Unit
 
 
 def submit(run: RunState, a: Assignment) -> None:
-    """Start `a` on the dispatch state and send it to the backend with the config's latest state."""
+    """Start `a` on the dispatch state and send it to the backend with the config's latest state (behind the units
+    its worker holds already, if any)."""
+    queued = run.dispatch.state.load(a.worker) > 0
     run.dispatch.state.start(a)
     c = run.configs[a.unit.config_id]
     injected = run.faults.on_dispatch(a.unit, a.worker) if run.faults.faults else []
@@ -24,20 +29,24 @@ def submit(run: RunState, a: Assignment) -> None:
     task = UnitTask(a.unit, c.config, run.options.seed, fault=worker_fault)
     ticket = run.backend.submit((a.worker,), task, c.state)
     driver_faults = tuple(f for f in injected if f in DRIVER_ACTIONS)
-    run.dispatch.flights[ticket] = Flight(a.unit, a.worker, run.backend.now(), driver_faults)
+    run.dispatch.flights[ticket] = Flight(a.unit, a.worker, run.backend.now(), driver_faults, queued)
 
 
 def on_unit_done(run: RunState, ev: UnitDone) -> None:
     f = run.dispatch.flights.pop(ev.ticket, None)
     if f is None:
         return  # its worker was declared lost meanwhile: the unit was re-queued
+    run.dispatch.unit_ended(f.worker, ev.time)
     finish_drain(run, f.worker)
     unit, report, c = f.unit, ev.report, run.configs[f.unit.config_id]
     run.dispatch.state.complete(unit)
     run.dispatch.record(unit, f.worker, report.end - report.start)
     c.reports.append(report)
+    run.cpu_units.append(unit.epoch)
     if unit.kind == TRAIN:
         c.state, c.units = ev.state, c.units + 1
+        if run.synchronous:  # a decision sees every config at an epoch end, where its latest state is the epoch's:
+            c.epoch_state = None  # no older state is kept alive (for a clone) meanwhile
         c.visited.setdefault(unit.epoch, []).append(unit.partition)
     round_, units, handle, faults = run.round, c.units, ev.state, f.faults
 
@@ -46,8 +55,8 @@ def on_unit_done(run: RunState, ev: UnitDone) -> None:
         run.log.add_unit(round_, report, "done")
         if "crash_driver" in faults:
             run.crash()
-        if unit.kind == TRAIN and "skip_checkpoint" not in faults:
-            run.log.checkpoint(c.id, unit.epoch, units, lambda: run.backend.get(handle, self_contained=True))
+        if unit.kind == TRAIN and "skip_checkpoint" not in faults and checkpoint_due(run, c, unit, units):
+            checkpoint(run, c, unit.epoch, units, handle, f.worker)
 
     run.deferred.append(record)  # done once the next units are on their way
     c.open -= 1
@@ -57,11 +66,38 @@ def on_unit_done(run: RunState, ev: UnitDone) -> None:
         run.on_unit()
 
 
+def checkpoint_due(run: RunState, c: ConfigRecord, unit: Unit, units: int) -> bool:
+    """Whether the state after this training unit goes to disk (`DriverOptions.checkpoint`): every unit, the last
+    unit of each epoch, the last unit of each epoch and any unit N seconds after the config's last checkpoint, or
+    none (then only a config's final state is written, when it stops: `checkpoint_final`)."""
+    policy = run.options.checkpoint
+    if policy == "unit":
+        return True
+    if policy == "off":
+        return False
+    epoch_end = len(c.visited.get(unit.epoch, ())) == len(run.workers.partitions) and c.units == units
+    if policy == "epoch":
+        return epoch_end
+    return epoch_end or run.backend.now() - c.checkpointed[1] >= float(policy)
+
+
+def checkpoint(run: RunState, c: ConfigRecord, epoch: int, units: int, handle: Any, worker: int | None) -> None:
+    c.checkpointed = (units, run.backend.now())
+    run.log.checkpoint(c.id, epoch, units, run.backend, handle, worker)
+
+
+def checkpoint_final(run: RunState, c: ConfigRecord) -> None:
+    """A config that stopped keeps its final state on disk, whatever the policy (what `Result.load_model` loads)."""
+    if c.state is not None and c.checkpointed[0] != c.units:
+        checkpoint(run, c, max(c.epoch - 1, 0), c.units, c.state, None)
+
+
 def on_unit_failed(run: RunState, ev: UnitFailed) -> None:
     """User code raised: retry the unit while the config has retries left, else the config fails."""
     f = run.dispatch.flights.pop(ev.ticket, None)
     if f is None:
         return
+    run.dispatch.unit_ended(f.worker, ev.time)
     finish_drain(run, f.worker)
     unit, c = f.unit, run.configs[f.unit.config_id]
     run.log.add_unit(run.round, ev.report, "failed")

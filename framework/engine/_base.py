@@ -145,6 +145,14 @@ class Backend(abc.ABC):
     def get(self, handle: Any, *, self_contained: bool = False) -> dict[str, Any] | None:
         """The state behind `handle` (`self_contained`: shared pieces fetched in, fit for a checkpoint)."""
 
+    def save(self, handle: Any, path: str, worker: int | None = None) -> tuple[str, int]:
+        """Write the state behind `handle` as a self-contained checkpoint file at `path` (atomically); returns
+        (sha256, bytes). `worker`: the worker that produced it, which a backend may have write it (off the driver's
+        data path). Called from the checkpoint store's threads."""
+        from framework.engine.checkpoint import write_atomic
+
+        return write_atomic(self.get(handle, self_contained=True), path)
+
     @abc.abstractmethod
     def now(self) -> float:
         """The backend's clock in seconds (wall time, or the simulated clock)."""

@@ -72,31 +72,49 @@ def _refusal_reason(e: Exception) -> str:
 class CheckpointStore:
     """Keeps the latest (and the previous) checkpoint of every config in `directory`.
 
-    `submit(config_id, epoch, units, fetch)` queues a write; a background thread calls `fetch()` (e.g. `ray.get` of
-    the state's object ref) and writes it atomically, so the driver's dispatch loop never waits on disk. Writes for
-    the same config are coalesced: only the newest queued state is written. The two newest files per config are
-    kept so a corrupt latest file can fall back to the previous one.
+    `submit(config_id, epoch, units, fetch=..., save=...)` queues a write; a pool of `writers` background threads
+    does it, so the driver's dispatch loop never waits on disk. `save(path) -> (sha256, bytes)` writes the file
+    elsewhere (the worker that holds the state, `Backend.save`): the thread only waits for it and records it;
+    `fetch() -> state` hands the state itself over, to be written here. Writes for one config are coalesced (only
+    the newest queued state is written) and never overlap. The two newest files per config are kept, so a corrupt
+    latest file can fall back to the previous one.
     """
 
-    def __init__(self, directory: str, catalog: SQLiteCatalog, keep: int = 2) -> None:
+    def __init__(self, directory: str, catalog: SQLiteCatalog, keep: int = 2, writers: int = 4) -> None:
         self.directory = directory
         self.catalog = catalog
         self.keep = keep
         os.makedirs(directory, exist_ok=True)
-        self._latest: dict[int, tuple[int, int, Callable[[], dict]]] = {}
+        self._latest: dict[int, tuple[int, int, Callable[[str], tuple[str, int]]]] = {}
+        self._writing: set[int] = set()  # configs a thread is writing now
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._lock = threading.Lock()
         self._errors: list[str] = []
-        self._thread = threading.Thread(target=self._loop, name="checkpoint-writer", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, name=f"checkpoint-writer-{i}", daemon=True)
+                         for i in range(writers)]
+        for t in self._threads:
+            t.start()
 
     def path(self, config_id: int, units: int) -> str:
         return os.path.join(self.directory, f"config_{config_id}_u{units}.pt")
 
-    def submit(self, config_id: int, epoch: int, units: int, fetch: Callable[[], dict]) -> None:
+    def submit(
+        self,
+        config_id: int,
+        epoch: int,
+        units: int,
+        fetch: Callable[[], dict] | None = None,
+        *,
+        save: Callable[[str], tuple[str, int]] | None = None,
+    ) -> None:
+        """Queue the state of `config_id` after `units` training units (in `epoch`): given as `save` or `fetch`."""
+        if save is None:
+            if fetch is None:
+                raise TypeError("submit() needs `fetch` or `save`")
+            save = lambda path, fetch=fetch: write_atomic(fetch(), path)  # noqa: E731
         with self._lock:
-            fresh = config_id not in self._latest
-            self._latest[config_id] = (epoch, units, fetch)
+            fresh = config_id not in self._latest and config_id not in self._writing
+            self._latest[config_id] = (epoch, units, save)
         if fresh:
             self._queue.put(config_id)
 
@@ -107,10 +125,11 @@ class CheckpointStore:
                 self._queue.task_done()
                 return
             with self._lock:
-                epoch, units, fetch = self._latest.pop(config_id)
+                epoch, units, save = self._latest.pop(config_id)
+                self._writing.add(config_id)
             try:
                 path = self.path(config_id, units)
-                digest, size = write_atomic(fetch(), path)
+                digest, size = save(path)
                 self.catalog.add_checkpoint(config_id, epoch, units, path, digest, size)
                 for _, _, old_path, _ in self.catalog.checkpoints(config_id)[self.keep :]:
                     if os.path.exists(old_path):
@@ -118,6 +137,11 @@ class CheckpointStore:
             except Exception as e:  # noqa: BLE001 - recorded and surfaced by flush()
                 self._errors.append(f"config {config_id}: {e!r}")
             finally:
+                with self._lock:
+                    self._writing.discard(config_id)
+                    again = config_id in self._latest  # a newer state came while this one was written
+                if again:
+                    self._queue.put(config_id)
                 self._queue.task_done()
 
     def flush(self) -> list[str]:
@@ -127,8 +151,10 @@ class CheckpointStore:
 
     def close(self) -> None:
         self.flush()
-        self._queue.put(None)
-        self._thread.join(timeout=30)
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=30)
 
     def load_latest(self, config_id: int) -> tuple[dict[str, Any], int, int]:
         """Newest verified checkpoint of a config as (state, epoch, units); falls back to older ones if corrupt."""

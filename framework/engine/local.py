@@ -1,7 +1,8 @@
 """`LocalBackend`: every worker is a plain `Worker` in this process; no Ray, no threads.
 
 Units run one at a time when the driver polls, in the order they were submitted, so a run is a deterministic
-function of its inputs. The clock is logical: it advances by each unit's measured duration (or by `unit_time`
+function of its inputs. A unit submitted to a worker that still holds units starts when the last of them ends (a
+worker's queue, as on Ray). The clock is logical: it advances by each unit's measured duration (or by `unit_time`
 when given) and by the poll timeout when nothing is left to run, so the driver's health check finds a hung unit
 at once instead of after a real timeout. Injected faults are acted out without harming this process: a killed
 worker is reported lost, a hung unit never reports, a lost state raises `StateLost`.
@@ -20,7 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from framework.engine._base import Backend, Event, StateLost, UnitDone, UnitFailed, WorkerJoined, WorkerLost
-from framework.engine.worker import UnitTask, Worker
+from framework.engine.worker import UnitTask, Worker, unpack_state
+from framework.engine.worker import self_contained as _self_contained
 from framework.scheduling import TRAIN, Unit
 
 
@@ -79,6 +81,7 @@ class LocalBackend(Backend):
         self._seq = itertools.count()
         self._tickets = itertools.count()
         self._clock = 0.0
+        self._free_at: dict[int, float] = {}  # worker -> when the last unit it holds ends (its queue)
 
     # ---- what a subclass changes to simulate instead of run -----------------------------------------------------
     def _new_worker(self, worker: int) -> Any:
@@ -113,10 +116,12 @@ class LocalBackend(Backend):
     def start_worker(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> None:
         if worker not in self.workers:
             self.workers[worker] = self._new_worker(worker)
+        self._free_at.pop(worker, None)
         self._todo.append((self._clock, "load", (worker, frozenset(partitions), fault)))
 
     def stop_worker(self, worker: int) -> None:
         self.workers.pop(worker, None)
+        self._free_at.pop(worker, None)
         self._todo = deque(item for item in self._todo if item[2][0] != worker)
         kept = [item for item in self._heap  # its units' outcomes go; scheduled worker events stay
                 if not (hasattr(item[2], "ticket") and item[2].worker == worker)]
@@ -147,7 +152,13 @@ class LocalBackend(Backend):
             t0, what, args = self._todo.popleft()
             if args[0] not in self.workers:  # stopped or lost meanwhile
                 continue
+            if what == "unit":  # it starts when the units ahead of it in the worker's queue have ended
+                t0 = max(t0, self._free_at.get(args[0], t0))
+                if t0 == float("inf"):
+                    continue  # behind a hung unit: it never starts
             out = self._load(*args) if what == "load" else self._execute(*args)
+            if what == "unit":
+                self._free_at[args[0]] = float("inf") if out is None else t0 + out[0]
             if out is not None:
                 seconds, event = out
                 report = getattr(event, "report", None)
@@ -167,7 +178,8 @@ class LocalBackend(Backend):
         return state
 
     def get(self, handle: Any, *, self_contained: bool = False) -> dict[str, Any] | None:
-        return handle
+        state = unpack_state(handle)
+        return _self_contained(state) if self_contained else state
 
     def now(self) -> float:
         return self._clock

@@ -10,11 +10,13 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import ray
+import torch
 
 from framework.engine._base import (
     Backend,
@@ -25,7 +27,7 @@ from framework.engine._base import (
     WorkerJoined,
     WorkerLost,
 )
-from framework.engine.worker import UnitReport, UnitTask, Worker
+from framework.engine.worker import UnitReport, UnitTask, Worker, self_contained, unpack_state
 from framework.scheduling import TRAIN
 
 _LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
@@ -33,9 +35,48 @@ _LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedE
 
 class _RayWorker(Worker):
     """`Worker` as a Ray actor; partition entries may be object refs (in-memory data put once by the driver), and
-    frozen weights are shared through the object store."""
+    frozen weights are shared through the object store.
+
+    Units run one at a time in submission order (the actor's default thread). Two more threads keep the data path
+    off it: `fetch` takes the state of a queued unit out of the object store (and onto the GPU) while the unit
+    ahead of it runs, and `save` writes checkpoints. The driver only passes object refs, wrapped in lists so Ray
+    hands them over unresolved.
+    """
 
     LOST_STATE_ERRORS = _LOST_OBJECT_ERRORS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fetched: dict[int, Any] = {}  # ticket -> unpacked state (or the error fetching it raised)
+        self._arrived = threading.Condition()
+
+    @ray.method(concurrency_group="fetch")
+    def fetch(self, ticket: int, boxed: list) -> None:
+        """Bring the state of unit `ticket` in before the unit starts (None: a fresh config)."""
+        try:
+            state: Any = None if boxed[0] is None else unpack_state(
+                ray.get(boxed[0]), self.device if self.device.type == "cuda" else None, copy_model=False)
+            if self.device.type == "cuda" and state is not None:
+                torch.cuda.current_stream(self.device).synchronize()  # the copy to the device, on this thread's stream
+        except BaseException as e:  # noqa: BLE001 - handed to the unit, which reports it (a lost state object)
+            state = e
+        with self._arrived:
+            self._fetched[ticket] = state
+            self._arrived.notify_all()
+
+    def run_fetched(self, task: UnitTask, ticket: int) -> tuple[Any, UnitReport]:
+        """Run unit `ticket` from the state `fetch` brought in."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: ticket in self._fetched)
+            state = self._fetched.pop(ticket)
+        if isinstance(state, BaseException):
+            raise state
+        return self.run(task, state)
+
+    @ray.method(concurrency_group="save")
+    def save_ref(self, boxed: list, path: str) -> tuple[str, int]:
+        """Write the state behind `boxed[0]` as a checkpoint file (see `Worker.save`)."""
+        return self.save(ray.get(boxed[0]), path)
 
     def _lost_state_error(self, unit) -> BaseException:
         return ray.exceptions.ObjectLostError(ray.ObjectRef.nil().hex(), None, f"injected fault: {unit}")
@@ -93,13 +134,10 @@ def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     return opts
 
 
-def materialize(state: dict | None) -> dict | None:
-    """A self-contained copy of a config state (frozen weights fetched back in): what a checkpoint stores."""
-    if state is None or "frozen" not in state:
-        return state
-    handle = state["frozen"]["weights"]
-    frozen = ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
-    return {**{k: v for k, v in state.items() if k != "frozen"}, "model": {**state["model"], **frozen}}
+def materialize(state: Any) -> dict | None:
+    """A self-contained copy of a config state (unpacked, frozen weights fetched back in): what a checkpoint
+    stores."""
+    return self_contained(unpack_state(state), lambda h: ray.get(h) if isinstance(h, ray.ObjectRef) else h)
 
 
 class RayBackend(Backend):
@@ -127,6 +165,7 @@ class RayBackend(Backend):
             entries = {p: ([ray.put(e) for e in tr], [ray.put(e) for e in va]) for p, (tr, va) in entries.items()}
         self.entries = dict(entries)
         self._actors: dict[int, Any] = {}
+        self._pids: dict[int, int] = {}  # worker -> its process id (for `kill`)
         self._loads: dict[Any, tuple[int, frozenset[int]]] = {}  # load ref -> (worker, partitions)
         self._units: dict[Any, tuple[int, int, Any, str]] = {}  # report ref -> (ticket, worker, state ref, kind)
         self._tickets = itertools.count()
@@ -136,7 +175,7 @@ class RayBackend(Backend):
         parts = frozenset(partitions)
         if worker not in self._actors:
             device = "cuda" if self.resources.get("GPU", 0) > 0 else "cpu"
-            cls = ray.remote(max_restarts=0, max_task_retries=0)(_RayWorker)
+            cls = ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={"fetch": 1, "save": 1})(_RayWorker)
             self._actors[worker] = cls.options(**actor_options(self.resources)).remote(
                 worker, device=device, num_threads=self.num_threads, **self.fns)
         ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
@@ -150,8 +189,8 @@ class RayBackend(Backend):
 
     def kill(self, worker: int) -> None:
         try:
-            os.kill(ray.get(self._actors[worker].pid.remote()), signal.SIGKILL)
-        except (ray.exceptions.RayActorError, KeyError, ProcessLookupError):
+            os.kill(self._pids[worker], signal.SIGKILL)
+        except (KeyError, ProcessLookupError):
             pass  # already gone: its units report it
 
     def free_resources(self) -> dict[str, float]:
@@ -170,7 +209,9 @@ class RayBackend(Backend):
         if len(workers) != 1:
             raise NotImplementedError(f"RayBackend runs a unit on one worker, got a gang of {len(workers)}")
         ticket = next(self._tickets)
-        state_ref, report_ref = self._actors[workers[0]].run.options(num_returns=2).remote(task, state)
+        actor = self._actors[workers[0]]
+        actor.fetch.remote(ticket, [state])  # runs while the units ahead of it in this worker's queue run
+        state_ref, report_ref = actor.run_fetched.options(num_returns=2).remote(task, ticket)
         self._units[report_ref] = (ticket, workers[0], state_ref, task.unit.kind)
         return ticket
 
@@ -223,6 +264,7 @@ class RayBackend(Backend):
         try:
             ray.get(ref)
             info: dict[str, Any] = {"data_bytes": ray.get(actor.data_nbytes.remote())}
+            self._pids[worker] = ray.get(actor.pid.remote())
             if self.fns.get("extract") is not None:
                 info["extraction"] = ray.get(actor.extraction_stats.remote())
         except ray.exceptions.RayActorError as e:
@@ -239,7 +281,18 @@ class RayBackend(Backend):
         if handle is None:
             return None
         state = ray.get(handle)
-        return materialize(state) if self_contained else state
+        return materialize(state) if self_contained else unpack_state(state)
+
+    def save(self, handle: Any, path: str, worker: int | None = None) -> tuple[str, int]:
+        """The worker that produced the state writes it (the driver never holds it); if that worker is gone, the
+        driver does."""
+        actor = self._actors.get(worker) if worker is not None else None
+        if actor is not None:
+            try:
+                return ray.get(actor.save_ref.remote([handle], path))
+            except ray.exceptions.RayActorError:
+                pass
+        return super().save(handle, path, worker)
 
     def now(self) -> float:
         return time.time()

@@ -48,8 +48,10 @@ def seed_everything(s: int) -> None:
 
 
 def _to_cpu(obj: Any) -> Any:
+    """Tensors in `obj` on the host (a host tensor is shared, not copied: the model it came from is dropped after
+    its unit)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        return obj.detach().to("cpu")
     if isinstance(obj, dict):
         return {k: _to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -93,10 +95,115 @@ def _concat_features(outs: list[Any], n: int) -> Any:
     return feats
 
 
+@dataclass(frozen=True)
+class _Slot:
+    """Where one tensor of a packed state lives in its buffer."""
+
+    offset: int
+    nbytes: int
+    dtype: str  # e.g. "float32" (an attribute of torch)
+    shape: tuple[int, ...]
+
+
+_ALIGN = 64
+
+
+@dataclass
+class PackedState:
+    """A config state with every dense tensor copied into one contiguous byte buffer: what travels between workers.
+
+    Ray moves a numpy buffer through its shared-memory object store without pickling it (one copy in, none out),
+    where a dict of torch tensors is pickled tensor by tensor; the receiver takes the whole state back with one copy
+    (`unpack_state`). `tree` is the state with each tensor replaced by its `_Slot`.
+    """
+
+    buffer: np.ndarray  # uint8 (each tensor starts at a multiple of 64 bytes)
+    tree: Any
+    nbytes: int = 0  # bytes of tensor payload (the buffer without its alignment padding)
+
+
+def _pack_tree(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
+    """`obj` with each dense tensor replaced by its `_Slot` (appended to `tensors`; `offset[0]` is the next free
+    byte). A plain function, not a closure: a recursive closure is a reference cycle that would keep every tensor
+    it saw alive until the cyclic garbage collector runs."""
+    if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not obj.is_quantized:
+        slot = _Slot(offset[0], obj.numel() * obj.element_size(), str(obj.dtype).removeprefix("torch."),
+                     tuple(obj.shape))
+        tensors.append(obj)
+        offset[0] += -(-slot.nbytes // _ALIGN) * _ALIGN
+        return slot
+    if isinstance(obj, dict):
+        return {k: _pack_tree(v, tensors, offset) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_pack_tree(v, tensors, offset) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_pack_tree(v, tensors, offset) for v in obj)
+    return obj
+
+
+def _unpack_tree(obj: Any, flat: torch.Tensor, copy: bool) -> Any:
+    if isinstance(obj, _Slot):
+        dtype = getattr(torch, obj.dtype)
+        if obj.nbytes == 0:
+            return torch.empty(obj.shape, dtype=dtype, device=flat.device)
+        view = flat[obj.offset : obj.offset + obj.nbytes].view(dtype).view(obj.shape)
+        return view.clone() if copy else view
+    if isinstance(obj, dict):
+        return {k: _unpack_tree(v, flat, copy) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_unpack_tree(v, flat, copy) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_unpack_tree(v, flat, copy) for v in obj)
+    return obj
+
+
+def pack_state(state: ModelState | None) -> PackedState | None:
+    """`state` with its dense tensors in one buffer (on the host: a GPU tensor is copied down once)."""
+    if state is None:
+        return None
+    tensors: list[torch.Tensor] = []
+    end = [0]
+    tree = _pack_tree(state, tensors, end)
+    buffer = np.empty(end[0], dtype=np.uint8)
+    flat = torch.from_numpy(buffer)
+    offset = payload = 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        if n:
+            flat[offset : offset + n].view(t.dtype).view(t.shape).copy_(t.detach())
+        offset += -(-n // _ALIGN) * _ALIGN
+        payload += n
+    return PackedState(buffer, tree, payload)
+
+
+def unpack_state(
+    state: PackedState | ModelState | None, device: torch.device | str | None = None, copy_model: bool = True
+) -> ModelState | None:
+    """The plain state behind a `PackedState` (a plain state or None passes through). Every tensor is a writable
+    copy of its own (so the model's weights can be dropped once loaded while the optimizer keeps its moments), on
+    `device` when given (one copy of the whole buffer from pinned memory to the GPU, asynchronous on the current
+    stream, then one per tensor there). `copy_model=False`: the tensors under `"model"` are views of the buffer
+    instead, read-only when the buffer is (enough for `load_state_dict`, which copies them into the model)."""
+    if not isinstance(state, PackedState):
+        return state
+    with warnings.catch_warnings():  # a buffer read from Ray's object store is read-only: it is only read here
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.from_numpy(state.buffer) if state.buffer.size else torch.empty(0, dtype=torch.uint8)
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    tree = state.tree
+    if copy_model or not isinstance(tree, dict):
+        return _unpack_tree(tree, flat, True)
+    return {k: _unpack_tree(v, flat, k != "model") for k, v in tree.items()}
+
+
 def state_nbytes(state: ModelState | None) -> int:
     """Bytes of tensor payload in a model state (what a hop moves)."""
     if state is None:
         return 0
+    if isinstance(state, PackedState):
+        return state.nbytes
     total = 0
     stack: list[Any] = [state]
     while stack:
@@ -276,7 +383,7 @@ class Worker:
             return
         key = (config_id, int(fstate["generation"]))
         if key not in self._frozen:
-            frozen = {k: new_state["model"][k] for k in names}
+            frozen = {k: _to_cpu(new_state["model"][k]) for k in names}
             self._frozen = {k: v for k, v in self._frozen.items() if k[0] != config_id}  # older generations
             self._frozen[key] = (frozen, self._publish(frozen))
         new_state["model"] = {k: v for k, v in new_state["model"].items() if k not in set(names)}
@@ -315,15 +422,26 @@ class Worker:
             threading.Event().wait()  # forever: the driver's health check kills this worker
         raise ValueError(f"unknown injected fault {fault!r}")
 
-    def run(self, task: UnitTask, state: ModelState | None) -> tuple[ModelState | None, UnitReport]:
-        """Run one unit from `state` (None: a fresh config). Returns (new state or None for eval, report)."""
+    def save(self, state: PackedState | ModelState, path: str) -> tuple[str, int]:
+        """Write `state` as a self-contained checkpoint file at `path` (atomically); returns (sha256, bytes)."""
+        from framework.engine.checkpoint import write_atomic
+
+        return write_atomic(self_contained(unpack_state(state), self._resolve), path)
+
+    def run(
+        self, task: UnitTask, state: PackedState | ModelState | None
+    ) -> tuple[PackedState | None, UnitReport]:
+        """Run one unit from `state` (None: a fresh config). Returns (new state, packed, or None for eval; report)."""
         unit = task.unit
         start = time.time()
         report = UnitReport(unit=unit, worker=self.worker_id, start=start, end=start)
         try:
             if task.fault is not None:
                 self._act_out(task.fault, unit)
+            state = unpack_state(state, self.device if self.device.type == "cuda" else None, copy_model=False)
             trainable = self._build(task, state)
+            if state is not None:  # the model holds the weights now: keep only what the unit still reads
+                state = {"visited": state.get("visited") or {}, "freezing": state.get("freezing")}
             model, optimizer = trainable.model, trainable.optimizer
             data = self.data[("train" if unit.kind == TRAIN else "valid", unit.partition)]
             seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN)))
@@ -352,12 +470,14 @@ class Worker:
                 # The visit record travels inside the state, so a config proves which partitions it absorbed.
                 visited = {e: list(ps) for e, ps in (state or {}).get("visited", {}).items()}
                 visited.setdefault(unit.epoch, []).append(unit.partition)
-                new_state = {"model": _to_cpu(model.state_dict()), **_to_cpu(trainable.state_dict()), "visited": visited}
+                # (tensors stay where they are: `pack_state` copies them into the hop's buffer once)
+                new_state = {"model": model.state_dict(), **trainable.state_dict(), "visited": visited}
                 if self.freezing is not None:
                     new_state["freezing"] = freezing_state
                     self._split_frozen(unit.config_id, model, new_state)
             report.num_examples = int(metrics.pop("num_examples", data_len(data)))
             report.metrics = metrics
+            new_state = pack_state(new_state)
             report.state_bytes = state_nbytes(new_state)
         except self.LOST_STATE_ERRORS:
             raise  # the config's state could not be fetched: not the user's fault, the driver restores it
@@ -365,6 +485,15 @@ class Worker:
             new_state, report.error = None, traceback.format_exc()
         report.end = time.time()
         return new_state, report
+
+
+def self_contained(state: ModelState | None, resolve: Callable[[Any], dict] = lambda handle: handle) -> ModelState | None:
+    """`state` with frozen weights shared between workers (`state["frozen"]`) fetched back into its model: what a
+    checkpoint stores. `resolve` turns the shared handle into the weights."""
+    if state is None or "frozen" not in state:
+        return state
+    frozen = resolve(state["frozen"]["weights"])
+    return {**{k: v for k, v in state.items() if k != "frozen"}, "model": {**state["model"], **frozen}}
 
 
 def epoch_metrics(reports: list[UnitReport]) -> dict[str, float]:

@@ -63,10 +63,15 @@ class DispatchState:
         availability: partition -> workers that hold it (replicas: several workers).
         estimate: expected duration of a unit on a worker (measured by the engine; used by informed policies).
 
-    Invariants kept here, so no policy can break them: a config runs one unit at a time (model isolation), a worker
-    runs one unit at a time (worker exclusivity), a unit runs only on a worker that holds its partition, a config's
-    eval units wait until its training units of the round are done, and a unit leaves the round only when it
-    completes (completeness) or its config is dropped.
+    Invariants kept here, so no policy can break them: a config is in one place at a time, running or reserved in
+    one worker's queue (model isolation), a worker holds at most `capacity` units, one running and the rest queued
+    behind it (worker exclusivity; `capacity` 1 is Cerebro's model), a unit runs only on a worker that holds its
+    partition, a config's eval units wait until its training units of the round are done, and a unit leaves the
+    round only when it completes (completeness) or its config is dropped.
+
+    Policies see a worker with a free slot as *idle*: `idle_workers`, `candidate_workers` and `eligible` count slots,
+    not running units. The engine asks the policy twice per dispatch (`framework.driver.dispatch`): first with
+    `capacity` 1, so workers with nothing to run are served first, then with its queue depth.
     """
 
     units: Iterable[Unit]
@@ -89,7 +94,9 @@ class DispatchState:
         # config -> estimated pending work, built lazily on the first `work_left` call, then kept up to date
         self._cost: dict[Unit, float] | None = None
         self._work: dict[int, float] = {}
-        self._busy_workers: set[int] = set()
+        self.capacity = 1  # units a worker may hold (running + queued); see `set_capacity`
+        self._load: dict[int, int] = {}  # worker -> units it holds
+        self._busy_workers: set[int] = set()  # workers whose load reached `capacity`
         self._busy_configs: set[int] = set()
         self.availability = {p: set(ws) for p, ws in self.availability.items()}
         self.workers: set[int] = set().union(*self.availability.values()) if self.availability else set()
@@ -124,8 +131,19 @@ class DispatchState:
     def busy_configs(self) -> set[int]:
         return set(self._busy_configs)
 
+    def set_capacity(self, capacity: int) -> None:
+        """Let a worker hold up to `capacity` units (1: only workers with nothing to run are idle)."""
+        if capacity < 1:
+            raise ValueError(f"`capacity` is {capacity!r}, but must be >= 1")
+        self.capacity = capacity
+        self._busy_workers = {w for w, n in self._load.items() if n >= capacity}
+
+    def load(self, worker: int) -> int:
+        """Units `worker` holds now (running and queued)."""
+        return self._load.get(worker, 0)
+
     def idle_workers(self) -> list[int]:
-        """Live workers with no unit running, in ascending id order."""
+        """Live workers with a free slot (see `capacity`), in ascending id order."""
         busy = self._busy_workers
         return sorted(w for w in self.workers if w not in busy)
 
@@ -288,12 +306,18 @@ class DispatchState:
         if self._cost is not None:
             self._work[unit.config_id] -= self._cost[unit]
         self.running[unit] = worker
-        self._busy_workers.add(worker)
+        n = self._load[worker] = self._load.get(worker, 0) + 1
+        if n >= self.capacity:
+            self._busy_workers.add(worker)
         self._busy_configs.add(unit.config_id)
 
     def _release(self, unit: Unit) -> None:
         worker = self.running.pop(unit)
-        self._busy_workers.discard(worker)
+        n = self._load[worker] = self._load[worker] - 1
+        if n == 0:
+            del self._load[worker]
+        if n < self.capacity:
+            self._busy_workers.discard(worker)
         self._busy_configs.discard(unit.config_id)
         self._dirty.add(worker)
         self._mark_config(unit.config_id)

@@ -9,7 +9,7 @@ import torch
 
 from framework import Trainable
 from framework.data import PartitionedDataset
-from framework.engine.worker import UnitTask, Worker
+from framework.engine.worker import UnitTask, Worker, unpack_state
 from framework.examples import classifier_eval_fn, mlp_model_fn, scheduled_model_fn, scheduled_train_fn
 from framework.scheduling import EVAL, TRAIN, Unit
 from framework.trainable import accepted_kwargs
@@ -38,7 +38,7 @@ def _hop(workers, epochs, config=CONFIG, seed=0):
             state, r = w.run(UnitTask(Unit(0, e, p, TRAIN), config, seed=seed), state)
             assert r.error is None, r.error
             reports.append(r)
-    return state, reports
+    return unpack_state(state), reports
 
 
 def test_trainable_epoch_schedule_steps_once_per_epoch_across_hops():

@@ -90,6 +90,8 @@ def test_killed_workers_restart_and_rerun_only_their_unit(ray_cluster, digits, t
     failed = _events(result, "worker_failed")
     assert len(failed) == 3 and all(e["why"].startswith("died") for e in failed)
     assert [e["requeued"] for e in failed] == [[str(u)] for _, u in plan.fired]  # exactly the unit it ran
+    ran = {str(u) for _, u in plan.fired}
+    assert all(u not in ran for e in failed for u in e["unstarted"])  # and the ones queued behind it, untouched
     restarts = _events(result, "worker_restarting")
     assert sorted(e["worker"] for e in restarts) == sorted(e["worker"] for e in failed)
     _assert_nothing_lost_or_counted_twice(result, [0, 1, 2, 3], 2, availability=sel.placement)
@@ -200,7 +202,7 @@ def test_lost_state_without_a_usable_checkpoint_fails_only_its_config(ray_cluste
         Fault("skip_checkpoint", config_id=1, kind="train", nth=1),
         Fault("skip_checkpoint", config_id=1, kind="train", nth=2), Fault("lose_state", config_id=1, epoch=1),
     ])
-    result = _select(ds, tmp_path / "unrecoverable", plan).run()
+    result = _select(ds, tmp_path / "unrecoverable", plan, checkpoint="unit").run()
     failed = {e["config_id"]: e["why"] for e in _events(result, "config_failed")}
     assert sorted(failed) == [0, 1]
     assert "1 units old" in failed[0]

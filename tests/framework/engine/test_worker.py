@@ -7,7 +7,7 @@ import math
 import torch
 
 from framework.data import PartitionedDataset
-from framework.engine.worker import UnitTask, Worker, epoch_metrics
+from framework.engine.worker import PackedState, UnitTask, Worker, epoch_metrics, pack_state, unpack_state
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.scheduling import EVAL, TRAIN, Unit
 
@@ -25,11 +25,14 @@ def _worker(train_fn=classifier_train_fn):
 
 def test_worker_unit_is_deterministic_and_records_visits():
     w = _worker()
-    s1, r1 = w.run(UnitTask(Unit(0, 0, 1, TRAIN), CONFIG, seed=5), None)
-    s2, _ = w.run(UnitTask(Unit(0, 0, 1, TRAIN), CONFIG, seed=5), None)
+    p1, r1 = w.run(UnitTask(Unit(0, 0, 1, TRAIN), CONFIG, seed=5), None)
+    p2, _ = w.run(UnitTask(Unit(0, 0, 1, TRAIN), CONFIG, seed=5), None)
+    assert isinstance(p1, PackedState) and r1.state_bytes == p1.nbytes > 0  # a hop moves one buffer
+    s1, s2 = unpack_state(p1), unpack_state(p2)
     assert r1.error is None and s1["visited"] == {0: [1]}
     assert all(torch.equal(s1["model"][k], s2["model"][k]) for k in s1["model"])
-    s3, _ = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=5), s1)
+    s3, _ = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=5), p1)
+    s3 = unpack_state(s3)
     assert s3["visited"] == {0: [1, 0]}
     _, ev = w.run(UnitTask(Unit(0, 0, 0, EVAL), CONFIG, seed=5), s3)
     assert ev.error is None and 0 <= ev.metrics["accuracy"] <= 1 and ev.num_examples == 6
@@ -53,3 +56,30 @@ def test_epoch_metrics_are_example_weighted():
     a.num_examples, b.num_examples = 1, 3
     a.metrics, b.metrics = {"loss": 1.0}, {"loss": 3.0}
     assert epoch_metrics([a, b]) == {"valid_loss": 2.5}
+
+
+def test_packed_state_round_trips_every_tensor_and_the_rest():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.BatchNorm1d(5))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "visited": {0: [2, 1]},
+             "extra": [torch.arange(3, dtype=torch.int64), (torch.ones(2, 2, dtype=torch.bool), "tag")],
+             "empty": torch.zeros(0, 4), "scalar": torch.tensor(7.5, dtype=torch.float64)}
+    packed = pack_state(state)
+    assert packed.buffer.dtype.name == "uint8" and packed.buffer.nbytes >= sum(
+        t.numel() * t.element_size() for t in model.state_dict().values())
+    packed.buffer.setflags(write=False)  # as Ray's object store hands it back
+    back = unpack_state(packed)
+    assert back["visited"] == {0: [2, 1]} and back["extra"][1][1] == "tag"
+    for k, v in model.state_dict().items():
+        assert back["model"][k].dtype == v.dtype and torch.equal(back["model"][k], v)
+    assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    assert back["scalar"].shape == () and back["scalar"].item() == 7.5 and back["empty"].shape == (0, 4)
+    assert back["extra"][0].tolist() == [0, 1, 2] and back["extra"][1][0].dtype == torch.bool
+    back["model"]["0.weight"].add_(1.0)  # writable, and a copy: the packed buffer is untouched
+    assert torch.equal(unpack_state(packed)["model"]["0.weight"], model.state_dict()["0.weight"])
+    opt2 = torch.optim.Adam(model.parameters())
+    opt2.load_state_dict(back["optimizer"])
+    opt2.step()  # the optimizer's moments are writable views
+    assert unpack_state(None) is None and unpack_state({"a": 1}) == {"a": 1}
