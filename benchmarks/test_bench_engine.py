@@ -52,3 +52,18 @@ def test_bench_engine_makespan(benchmark, dataset, tmp_path_factory, executor, w
     benchmark.extra_info.update(
         makespan_s=makespan, unit_compute_s=busy, overhead_frac=(makespan - busy / workers) / makespan
     )
+
+
+@pytest.mark.parametrize("queue_depth", [1, 2])
+@pytest.mark.parametrize("state_mb", [1.0, 20.0])
+def test_bench_engine_overhead(benchmark, dataset, tmp_path_factory, queue_depth, state_mb):
+    """experiments/engine_overhead.py's cell at p=8 with 0.2 s emulated units: utilisation next to the
+    simulator's, the gap between a worker's units and the driver's CPU per unit (in `extra_info`)."""
+    import dataclasses
+
+    from experiments import engine_overhead
+
+    cfg = dataclasses.replace(engine_overhead.Defaults(), epochs=2, queue_depth=queue_depth)
+    root = str(tmp_path_factory.mktemp(f"overhead-q{queue_depth}-s{state_mb}"))
+    row = benchmark.pedantic(engine_overhead.run_cell, args=(8, 0.2, state_mb, cfg, root), rounds=1, iterations=1)
+    benchmark.extra_info.update(row)

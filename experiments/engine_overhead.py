@@ -19,7 +19,9 @@ Every unit of a config sleeps `unit_s` (an eval unit `eval_fraction` of it) and 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,10 +52,11 @@ class Defaults:
     eval_fraction: float = 0.1
     queue_depth: int = 2
     checkpoint: str = "epoch"
-    scheduler: str = "randomized"
+    scheduler: str = "mwr"  # dense for equal unit times: the simulator loses nothing to the barrier
     max_state_gb: float = 4.0  # skip cells whose live states (2p configs x state) exceed this
     startup_baseline: bool = True  # also time p bare `python -c "import torch"` processes
     seed: int = 0
+    keep_runs: bool = False  # keep every cell's run directory under `out`/runs (else a temporary directory)
     out: str = "results/engine_overhead"
 
 
@@ -112,14 +115,15 @@ def predicted(p: int, cfg: Defaults, unit_s: float) -> float:
     """The simulator's utilisation for the cell: the same policy and barrier, units of exactly their time."""
     workload = Workload(np.full((2 * p, p), unit_s), {**{q: (q,) for q in range(p)}, **{p + q: (q,) for q in range(p)}},
                         eval_partitions=tuple(range(p, 2 * p)), eval_fraction=cfg.eval_fraction)
-    sim = simulate(workload, cfg.scheduler, epochs=cfg.epochs, seed=cfg.seed)
+    sim = simulate(workload, cfg.scheduler, epochs=cfg.epochs, seed=cfg.seed, queue_depth=cfg.queue_depth)
     u, _, _ = utilisation(sim.schedule, p)
     return u
 
 
 def run_cell(p: int, unit_s: float, state_mb: float, cfg: Defaults, root: str) -> dict:
     space = {"i": list(range(2 * p)), "unit_s": [unit_s], "state_mb": [state_mb], "eval_fraction": [cfg.eval_fraction]}
-    path = os.path.join(root, f"p{p}-u{unit_s}-s{state_mb}")
+    path = os.path.join(root, f"p{p}-u{unit_s}-s{state_mb}-q{cfg.queue_depth}")
+    shutil.rmtree(path, ignore_errors=True)
     t0 = time.time()
     ms = framework.ModelSelection(
         model_fn, train_fn, eval_fn, _dataset(p), automl.GridSearch(space, epochs=cfg.epochs), num_workers=p,
@@ -129,20 +133,24 @@ def run_cell(p: int, unit_s: float, state_mb: float, cfg: Defaults, root: str) -
     t1 = time.time()
     util, span, gap = utilisation(result.schedule, p)
     catalog = SQLiteCatalog(os.path.join(path, "run.db"))
-    cpu = {int(e): s for e, s in catalog.meta().get("driver_cpu_s_per_unit", {}).items()}
+    meta = catalog.meta()
     catalog.close()
+    cpu = {int(e): s for e, s in meta.get("driver_cpu_s_per_unit", {}).items()}
+    first, last = (meta["start_time"] + float(result.schedule[c].agg(f)) for c, f in (("start", "min"), ("end", "max")))
     return {"p": p, "unit_s": unit_s, "state_mb": state_mb, "utilisation": util, "sim": predicted(p, cfg, unit_s),
             "gap_ms": 1000 * gap, "hop_GBps": state_mb / 1024 / gap if gap > 0 else float("inf"),
             "cpu_ms_first": 1000 * cpu.get(0, float("nan")), "cpu_ms_last": 1000 * cpu.get(max(cpu, default=0), float("nan")),
-            "startup_s": float(result.schedule["start"].min()) - t0,
-            "teardown_s": t1 - float(result.schedule["end"].max()), "units": len(result.schedule)}
+            "startup_s": first - t0, "teardown_s": t1 - last, "units": len(result.schedule)}
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     cfg = parse_config(Defaults, argv, __doc__, QUICK)
     ensure_ray(min_cpus=max(cfg.workers))
     rows = []
-    with tempfile.TemporaryDirectory(prefix="engine-overhead-") as root:
+    if cfg.keep_runs:
+        os.makedirs(os.path.join(cfg.out, "runs"), exist_ok=True)
+    with (contextlib.nullcontext(os.path.join(cfg.out, "runs")) if cfg.keep_runs
+          else tempfile.TemporaryDirectory(prefix="engine-overhead-")) as root:
         for p in cfg.workers:
             base = startup_baseline(p) if cfg.startup_baseline else float("nan")
             for unit_s in cfg.unit_s:

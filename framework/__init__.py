@@ -4,13 +4,46 @@ Public API: `PartitionedDataset`, `ModelSelection`, `Trainable`, `Result`, `repl
 computation: `plan_transfer`, `TransferSelection` (in-process) and `transfer_on_engine` (on the MOP engine).
 """
 
-from framework.data import PartitionedDataset
-from framework.planner.engine import EngineTransfer, transfer_on_engine
-from framework.planner.transfer import TransferPlan, TransferSelection, plan_transfer
-from framework.replay import replay
-from framework.result import Result
-from framework.selection import EXECUTORS, ModelSelection
-from framework.trainable import Trainable
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use (PEP 562), so a worker process that needs `framework.engine.worker` does not pay
+# for the planner, OR-Tools, pandas and Optuna at start-up.
+_EXPORTS = {
+    "PartitionedDataset": "framework.data",
+    "EngineTransfer": "framework.planner.engine",
+    "transfer_on_engine": "framework.planner.engine",
+    "TransferPlan": "framework.planner.transfer",
+    "TransferSelection": "framework.planner.transfer",
+    "plan_transfer": "framework.planner.transfer",
+    "replay": "framework.replay",
+    "Result": "framework.result",
+    "EXECUTORS": "framework.selection",
+    "ModelSelection": "framework.selection",
+    "Trainable": "framework.trainable",
+}
+
+if TYPE_CHECKING:
+    from framework.data import PartitionedDataset
+    from framework.planner.engine import EngineTransfer, transfer_on_engine
+    from framework.planner.transfer import TransferPlan, TransferSelection, plan_transfer
+    from framework.replay import replay
+    from framework.result import Result
+    from framework.selection import EXECUTORS, ModelSelection
+    from framework.trainable import Trainable
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'framework' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))
+
 
 __all__ = [
     "EXECUTORS",

@@ -427,7 +427,8 @@ class ModelSelection:
             entries = {0: (list(ds.train), list(ds.valid))}
         fns = {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn,
                "input_fn": self.input_fn, "freezing": self.freezing, "extract": self.extract}
-        return RayBackend(fns, self.worker_resources, self.num_threads, entries, put_entries=ds.in_memory)
+        return RayBackend(fns, self.worker_resources, self.num_threads, entries, put_entries=ds.in_memory,
+                          queue_depth=self.queue_depth)
 
 
 def _scheduler_names() -> set[str]:

@@ -71,6 +71,8 @@ class Simulator:
         events: worker failures / returns / joins at given simulated times.
         noise: unit-time noise and stragglers; policies only see the estimates (`workload.duration`).
         seed: seeds the noise and, for a scheduler given by name, the policy.
+        queue_depth: units a worker holds at once (the engine's `queue_depth`): a unit queued behind another starts
+            when it ends, and its config is reserved meanwhile.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Simulator:
         events: list[WorkerEvent] | tuple[WorkerEvent, ...] = (),
         noise: Noise | None = None,
         seed: int = 0,
+        queue_depth: int = 1,
     ) -> None:
         if epochs < 1:
             raise ValueError(f"`epochs` is {epochs}, but must be >= 1")
@@ -90,11 +93,12 @@ class Simulator:
         make_scheduler(scheduler, seed=seed)  # validates a name now
         self.workload, self.scheduler, self.epochs = workload, scheduler, epochs
         self.events = sorted(events, key=lambda e: e.time)
-        self.noise, self.seed = noise or Noise(), seed
+        self.noise, self.seed, self.queue_depth = noise or Noise(), seed, queue_depth
 
     def run(self) -> SimulationResult:
         return simulate_selection(_Workload(self.workload.n_configs, self.epochs), self.workload,
-                                  scheduler=self.scheduler, events=self.events, noise=self.noise, seed=self.seed)
+                                  scheduler=self.scheduler, events=self.events, noise=self.noise, seed=self.seed,
+                                  queue_depth=self.queue_depth)
 
 
 def simulate(workload: Workload, scheduler: Scheduler | str, **kwargs) -> SimulationResult:
@@ -114,6 +118,7 @@ def simulate_selection(
     metric: str = "valid_loss",
     mode: str = "min",
     max_worker_restarts: int = 0,
+    queue_depth: int = 1,
 ) -> SimulationResult:
     """A whole model selection (`procedure` deciding, the driver recovering from `events`) on a simulated clock.
 
@@ -127,7 +132,8 @@ def simulate_selection(
     backend = SimulatedBackend(workload, noise, seed, events, objective=objective)
     log = MemoryRunLog()
     options = DriverOptions(seed=seed, metric=metric, mode=mode, scheduler=scheduler,
-                            max_worker_restarts=max_worker_restarts, reassign_partitions=False)
+                            max_worker_restarts=max_worker_restarts, reassign_partitions=False,
+                            queue_depth=queue_depth)
     driver = Driver(backend, procedure, log, placement, workload.train_partitions, options,
                     eval_partitions=list(workload.eval_partitions), estimate=workload.duration)
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ open: every active config's next epoch (a barrier), or the finished config's nex
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 
 from automl import ACTIVE, FAILED, STOPPED
@@ -90,6 +91,7 @@ def settle(run: RunState) -> bool:
 def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     """Ask the procedure, apply its decision, commit it with the epochs that `ended`; returns the new configs."""
     run.run_deferred()  # every unit of the epochs that ended is logged (and its checkpoint queued) first
+    t0 = time.perf_counter()
     decision = run.procedure.step(run.configs.views())
     new = run.configs.apply(decision, type(run.procedure).__name__)
     if run.on_decision is not None:
@@ -105,7 +107,9 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     for c in ended:
         if c.status != ACTIVE:
             units.checkpoint_final(run, c)
-    run.log.flush()  # a clone's starting point is durable before the decision commits
+    t1 = time.perf_counter()
+    run.log.flush()  # every state the commit counts on (epoch ends, a clone's start) is on disk first
+    t2 = time.perf_counter()
     run.log.commit(
         run.round,
         epochs=[(c.id, len(c.history) - 1, c.history[-1]) for c in ended],
@@ -113,7 +117,9 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
         new_configs=[(c.id, c.config, c.parent, run.round + 1) for c in new],
         procedure=run.procedure,
     )
-    run.event("round_committed", round=run.round)
+    t3 = time.perf_counter()
+    run.event("round_committed", round=run.round, decide_s=round(t1 - t0, 6), flush_s=round(t2 - t1, 6),
+              commit_s=round(t3 - t2, 6))
     if run.faults.crash_after_commit(run.round):
         run.crash()
     run.round += 1

@@ -35,7 +35,8 @@ class ConfigRecord:
     open: int = 0  # units of the current epoch not completed yet (0: between epochs)
     stopping: bool = False  # the procedure stopped it while an epoch was open: it stops when that epoch ends
     reports: list[UnitReport] = field(default_factory=list)  # the current epoch's completed units
-    checkpointed: tuple[int, float] = (-1, float("-inf"))  # (units, backend time) of its last checkpoint queued
+    # (units, backend time) of its last checkpoint queued; the time starts at its first training unit
+    checkpointed: tuple[int, float | None] = (-1, None)
 
     @property
     def epoch(self) -> int:

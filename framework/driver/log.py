@@ -50,7 +50,8 @@ class SQLiteRunLog:
     def checkpoint(self, config_id: int, epoch: int, units: int, backend: Any, handle: Any,
                    worker: int | None = None) -> None:
         """Queue the state behind `handle` (produced on `worker`) to be written by the backend."""
-        self.checkpoints.submit(config_id, epoch, units, save=lambda path: backend.save(handle, path, worker))
+        path = self.checkpoints.path(config_id, units)
+        self.checkpoints.submit(config_id, epoch, units, started=backend.save(handle, path, worker))
 
     def flush(self) -> list[str]:
         return self.checkpoints.flush()

@@ -78,7 +78,10 @@ def checkpoint_due(run: RunState, c: ConfigRecord, unit: Unit, units: int) -> bo
     epoch_end = len(c.visited.get(unit.epoch, ())) == len(run.workers.partitions) and c.units == units
     if policy == "epoch":
         return epoch_end
-    return epoch_end or run.backend.now() - c.checkpointed[1] >= float(policy)
+    now = run.backend.now()
+    if c.checkpointed[1] is None:
+        c.checkpointed = (c.checkpointed[0], now)  # the first N seconds count from the config's first unit
+    return epoch_end or now - c.checkpointed[1] >= float(policy)
 
 
 def checkpoint(run: RunState, c: ConfigRecord, epoch: int, units: int, handle: Any, worker: int | None) -> None:

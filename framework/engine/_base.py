@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import abc
 import queue
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,13 +145,14 @@ class Backend(abc.ABC):
     def get(self, handle: Any, *, self_contained: bool = False) -> dict[str, Any] | None:
         """The state behind `handle` (`self_contained`: shared pieces fetched in, fit for a checkpoint)."""
 
-    def save(self, handle: Any, path: str, worker: int | None = None) -> tuple[str, int]:
-        """Write the state behind `handle` as a self-contained checkpoint file at `path` (atomically); returns
-        (sha256, bytes). `worker`: the worker that produced it, which a backend may have write it (off the driver's
-        data path). Called from the checkpoint store's threads."""
+    def save(self, handle: Any, path: str, worker: int | None = None) -> Callable[[], tuple[str, int]]:
+        """Start writing the state behind `handle` as a self-contained checkpoint file at `path` (atomically);
+        returns a function that waits for the write and returns (sha256, bytes), which the checkpoint store's
+        threads call. `worker`: the worker that produced the state, which a backend may have write it at once (off
+        the driver's data path); by default the waiting function does the writing."""
         from framework.engine.checkpoint import write_atomic
 
-        return write_atomic(self.get(handle, self_contained=True), path)
+        return lambda: write_atomic(self.get(handle, self_contained=True), path)
 
     @abc.abstractmethod
     def now(self) -> float:

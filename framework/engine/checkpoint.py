@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import queue
@@ -72,12 +73,13 @@ def _refusal_reason(e: Exception) -> str:
 class CheckpointStore:
     """Keeps the latest (and the previous) checkpoint of every config in `directory`.
 
-    `submit(config_id, epoch, units, fetch=..., save=...)` queues a write; a pool of `writers` background threads
-    does it, so the driver's dispatch loop never waits on disk. `save(path) -> (sha256, bytes)` writes the file
-    elsewhere (the worker that holds the state, `Backend.save`): the thread only waits for it and records it;
-    `fetch() -> state` hands the state itself over, to be written here. Writes for one config are coalesced (only
-    the newest queued state is written) and never overlap. The two newest files per config are kept, so a corrupt
-    latest file can fall back to the previous one.
+    `submit(config_id, epoch, units, fetch=..., started=...)` queues a write; a pool of `writers` background
+    threads does it, so the driver's dispatch loop never waits on disk. `fetch() -> state` hands the state over, to
+    be written here; `started() -> (sha256, bytes)` waits for a write already under way elsewhere (the worker that
+    holds the state writes `path(config_id, units)`: `Backend.save`), and the thread only records it. Queued writes
+    for one config are coalesced (only the newest is kept: a superseded write already under way is waited for and
+    its file removed), and a config's writes are recorded in order. The two newest files per config are kept, so a
+    corrupt latest file can fall back to the previous one.
     """
 
     def __init__(self, directory: str, catalog: SQLiteCatalog, keep: int = 2, writers: int = 4) -> None:
@@ -85,7 +87,9 @@ class CheckpointStore:
         self.catalog = catalog
         self.keep = keep
         os.makedirs(directory, exist_ok=True)
-        self._latest: dict[int, tuple[int, int, Callable[[str], tuple[str, int]]]] = {}
+        # config -> (epoch, units, write(path) -> (sha256, bytes), whether it is under way already)
+        self._latest: dict[int, tuple[int, int, Callable[[str], tuple[str, int]], bool]] = {}
+        self._superseded: list[tuple[str, Callable[[str], tuple[str, int]]]] = []  # started, then coalesced away
         self._writing: set[int] = set()  # configs a thread is writing now
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -105,16 +109,24 @@ class CheckpointStore:
         units: int,
         fetch: Callable[[], dict] | None = None,
         *,
-        save: Callable[[str], tuple[str, int]] | None = None,
+        started: Callable[[], tuple[str, int]] | None = None,
     ) -> None:
-        """Queue the state of `config_id` after `units` training units (in `epoch`): given as `save` or `fetch`."""
-        if save is None:
-            if fetch is None:
-                raise TypeError("submit() needs `fetch` or `save`")
-            save = lambda path, fetch=fetch: write_atomic(fetch(), path)  # noqa: E731
+        """Queue the state of `config_id` after `units` training units (in `epoch`): `fetch` gives the state, or
+        `started` waits for its write to `path(config_id, units)`, begun elsewhere."""
+        if started is not None:
+            write = lambda path, started=started: started()  # noqa: E731
+        elif fetch is not None:
+            write = lambda path, fetch=fetch: write_atomic(fetch(), path)  # noqa: E731
+        else:
+            raise TypeError("submit() needs `fetch` or `started`")
         with self._lock:
-            fresh = config_id not in self._latest and config_id not in self._writing
-            self._latest[config_id] = (epoch, units, save)
+            old = self._latest.get(config_id)
+            if old is not None and old[3]:
+                self._superseded.append((self.path(config_id, old[1]), old[2]))
+            fresh = old is None and config_id not in self._writing
+            self._latest[config_id] = (epoch, units, write, started is not None)
+        if old is not None and old[3]:
+            self._queue.put(-1)  # a thread waits for the superseded write and removes its file
         if fresh:
             self._queue.put(config_id)
 
@@ -124,15 +136,26 @@ class CheckpointStore:
             if config_id is None:
                 self._queue.task_done()
                 return
+            if config_id == -1:
+                with self._lock:
+                    path, write = self._superseded.pop(0)
+                try:
+                    write(path)
+                    os.remove(path)
+                except Exception:  # noqa: BLE001 - a write nobody needs any more
+                    pass
+                finally:
+                    self._queue.task_done()
+                continue
             with self._lock:
-                epoch, units, save = self._latest.pop(config_id)
+                epoch, units, write, _ = self._latest.pop(config_id)
                 self._writing.add(config_id)
             try:
                 path = self.path(config_id, units)
-                digest, size = save(path)
+                digest, size = write(path)
                 self.catalog.add_checkpoint(config_id, epoch, units, path, digest, size)
                 for _, _, old_path, _ in self.catalog.checkpoints(config_id)[self.keep :]:
-                    if os.path.exists(old_path):
+                    with contextlib.suppress(FileNotFoundError):
                         os.remove(old_path)
             except Exception as e:  # noqa: BLE001 - recorded and surfaced by flush()
                 self._errors.append(f"config {config_id}: {e!r}")

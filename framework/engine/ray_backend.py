@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -37,41 +37,53 @@ class _RayWorker(Worker):
     """`Worker` as a Ray actor; partition entries may be object refs (in-memory data put once by the driver), and
     frozen weights are shared through the object store.
 
-    Units run one at a time in submission order (the actor's default thread). Two more threads keep the data path
-    off it: `fetch` takes the state of a queued unit out of the object store (and onto the GPU) while the unit
-    ahead of it runs, and `save` writes checkpoints. The driver only passes object refs, wrapped in lists so Ray
-    hands them over unresolved.
+    Units run one at a time in submission order. Each `enqueue` call (one per unit, on a small thread pool) first
+    takes the unit's state out of the object store (onto the GPU, on a side stream, for a GPU worker), so the state
+    of a queued unit arrives while the unit ahead of it runs, then waits for its turn. Checkpoints are written on a
+    thread of their own (`save_ref`). The driver only passes object refs, wrapped in lists so Ray hands them over
+    unresolved.
     """
 
     LOST_STATE_ERRORS = _LOST_OBJECT_ERRORS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._fetched: dict[int, Any] = {}  # ticket -> unpacked state (or the error fetching it raised)
-        self._arrived = threading.Condition()
+        self._turn = 0  # sequence number of the unit whose turn it is
+        self._turns = threading.Condition()
+        self._streams = threading.local()  # a CUDA side stream per fetching thread
 
-    @ray.method(concurrency_group="fetch")
-    def fetch(self, ticket: int, boxed: list) -> None:
-        """Bring the state of unit `ticket` in before the unit starts (None: a fresh config)."""
+    def _fetch(self, boxed: list) -> Any:
+        if boxed[0] is None:
+            return None
+        packed = ray.get(boxed[0])
+        if self.device.type != "cuda":
+            return unpack_state(packed, copy_model=False)
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(stream):
+            state = unpack_state(packed, self.device, copy_model=False)
+        stream.synchronize()  # on the device before the unit's (default) stream reads it
+        return state
+
+    @ray.method(concurrency_group="units")
+    def enqueue(self, seq: int, task: UnitTask, boxed: list) -> tuple[Any, UnitReport]:
+        """Fetch the state behind `boxed[0]` (None: a fresh config), wait until units `0..seq-1` have run, then run
+        this one (see `Worker.run`)."""
         try:
-            state: Any = None if boxed[0] is None else unpack_state(
-                ray.get(boxed[0]), self.device if self.device.type == "cuda" else None, copy_model=False)
-            if self.device.type == "cuda" and state is not None:
-                torch.cuda.current_stream(self.device).synchronize()  # the copy to the device, on this thread's stream
-        except BaseException as e:  # noqa: BLE001 - handed to the unit, which reports it (a lost state object)
+            state = self._fetch(boxed)
+        except BaseException as e:  # noqa: BLE001 - re-raised in its turn: the unit reports it (a lost state)
             state = e
-        with self._arrived:
-            self._fetched[ticket] = state
-            self._arrived.notify_all()
-
-    def run_fetched(self, task: UnitTask, ticket: int) -> tuple[Any, UnitReport]:
-        """Run unit `ticket` from the state `fetch` brought in."""
-        with self._arrived:
-            self._arrived.wait_for(lambda: ticket in self._fetched)
-            state = self._fetched.pop(ticket)
-        if isinstance(state, BaseException):
-            raise state
-        return self.run(task, state)
+        with self._turns:
+            self._turns.wait_for(lambda: self._turn == seq)
+        try:
+            if isinstance(state, BaseException):
+                raise state
+            return self.run(task, state)
+        finally:
+            with self._turns:
+                self._turn += 1
+                self._turns.notify_all()
 
     @ray.method(concurrency_group="save")
     def save_ref(self, boxed: list, path: str) -> tuple[str, int]:
@@ -149,6 +161,7 @@ class RayBackend(Backend):
         num_threads: torch threads per worker.
         entries: partition -> (train entries, valid entries): data, paths or URIs a worker's `input_fn` loads.
         put_entries: put every entry into the object store once (in-memory data shared by reference).
+        queue_depth: units the driver may hold on one worker at once (the actor keeps a thread for each).
     """
 
     def __init__(
@@ -158,14 +171,17 @@ class RayBackend(Backend):
         num_threads: int,
         entries: Mapping[int, tuple[Sequence[Any], Sequence[Any]]],
         put_entries: bool = False,
+        queue_depth: int = 1,
     ) -> None:
         super().__init__()
         self.fns, self.resources, self.num_threads = dict(fns), dict(resources), num_threads
+        self.queue_depth = queue_depth
         if put_entries:
             entries = {p: ([ray.put(e) for e in tr], [ray.put(e) for e in va]) for p, (tr, va) in entries.items()}
         self.entries = dict(entries)
         self._actors: dict[int, Any] = {}
         self._pids: dict[int, int] = {}  # worker -> its process id (for `kill`)
+        self._seqs: dict[int, int] = {}  # worker -> sequence number of the last unit submitted to its actor
         self._loads: dict[Any, tuple[int, frozenset[int]]] = {}  # load ref -> (worker, partitions)
         self._units: dict[Any, tuple[int, int, Any, str]] = {}  # report ref -> (ticket, worker, state ref, kind)
         self._tickets = itertools.count()
@@ -175,7 +191,9 @@ class RayBackend(Backend):
         parts = frozenset(partitions)
         if worker not in self._actors:
             device = "cuda" if self.resources.get("GPU", 0) > 0 else "cpu"
-            cls = ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={"fetch": 1, "save": 1})(_RayWorker)
+            groups = {"units": self.queue_depth + 1, "save": 1}  # a thread for every unit it may hold, and one spare
+            cls = ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups=groups)(_RayWorker)
+            self._seqs.pop(worker, None)  # a new actor counts its units from 0
             self._actors[worker] = cls.options(**actor_options(self.resources)).remote(
                 worker, device=device, num_threads=self.num_threads, **self.fns)
         ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
@@ -209,9 +227,8 @@ class RayBackend(Backend):
         if len(workers) != 1:
             raise NotImplementedError(f"RayBackend runs a unit on one worker, got a gang of {len(workers)}")
         ticket = next(self._tickets)
-        actor = self._actors[workers[0]]
-        actor.fetch.remote(ticket, [state])  # runs while the units ahead of it in this worker's queue run
-        state_ref, report_ref = actor.run_fetched.options(num_returns=2).remote(task, ticket)
+        seq = self._seqs[workers[0]] = self._seqs.get(workers[0], -1) + 1
+        state_ref, report_ref = self._actors[workers[0]].enqueue.options(num_returns=2).remote(seq, task, [state])
         self._units[report_ref] = (ticket, workers[0], state_ref, task.unit.kind)
         return ticket
 
@@ -283,16 +300,21 @@ class RayBackend(Backend):
         state = ray.get(handle)
         return materialize(state) if self_contained else unpack_state(state)
 
-    def save(self, handle: Any, path: str, worker: int | None = None) -> tuple[str, int]:
-        """The worker that produced the state writes it (the driver never holds it); if that worker is gone, the
-        driver does."""
+    def save(self, handle: Any, path: str, worker: int | None = None) -> Callable[[], tuple[str, int]]:
+        """The worker that produced the state starts writing it now, on its own thread (the driver never holds the
+        state); if that worker is gone by then, the driver writes it."""
         actor = self._actors.get(worker) if worker is not None else None
-        if actor is not None:
+        if actor is None:
+            return super().save(handle, path, worker)
+        ref = actor.save_ref.remote([handle], path)
+
+        def wait() -> tuple[str, int]:
             try:
-                return ray.get(actor.save_ref.remote([handle], path))
+                return ray.get(ref)
             except ray.exceptions.RayActorError:
-                pass
-        return super().save(handle, path, worker)
+                return Backend.save(self, handle, path, worker)()
+
+        return wait
 
     def now(self) -> float:
         return time.time()

@@ -103,3 +103,15 @@ def test_resume_refuses_to_guess_a_scheduler_instance(tmp_path):
     with pytest.raises(ValueError, match="used the scheduler instance 'MyScheduler'.*pass `scheduler=`"):
         framework.ModelSelection.resume(str(tmp_path), mlp_model_fn, classifier_train_fn, classifier_eval_fn,
                                         procedure=automl.GridSearch({"lr": [0.1]}, epochs=1))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_validation_rejects_a_queue_depth_that_is_not_a_positive_int(bad):
+    with pytest.raises(ValueError, match=rf"`queue_depth` is {bad!r}, but must be an int >= 1"):
+        _make(queue_depth=bad)
+
+
+@pytest.mark.parametrize("bad", ["epochs", 0, -5.0, True])
+def test_validation_rejects_an_unknown_checkpoint_policy(bad):
+    with pytest.raises(ValueError, match=r"`checkpoint` is .*, but must be one of \['epoch', 'unit', 'off'\]"):
+        _make(checkpoint=bad)

@@ -213,13 +213,13 @@ def test_lost_state_without_a_usable_checkpoint_fails_only_its_config(ray_cluste
 
 
 # ---- driver crashes and resume ----------------------------------------------------------------------------------
-def _crash_driver(tmp_path, crash):
+def _crash_driver(tmp_path, crash, checkpoint="unit"):
     """Run tests/integration/resume_job.py in a subprocess that crashes itself at `crash`; return its storage."""
     storage = str(tmp_path / f"crashed-{crash}")
     env = {**os.environ, "RAY_ADDRESS": ray_cluster_address(),
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.resume_job", storage, crash], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.resume_job", storage, crash, checkpoint], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, f"the driver was not killed by its fault ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return storage
 
@@ -267,6 +267,25 @@ def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(ray_clus
         for k in a["model"]:
             assert torch.equal(a["model"][k], b["model"][k]), f"config {cid} differs although its visits match"
     assert same >= 1
+
+
+def test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch(ray_cluster, tmp_path):
+    storage = _crash_driver(tmp_path, "unit", checkpoint="epoch")
+    catalog = SQLiteCatalog(os.path.join(storage, "run.db"))
+    try:
+        done = catalog.units(status="done")
+        open_epoch = done[(done.epoch == 1) & (done.kind == "train")]
+        # the state at the end of epoch 0 is on disk for every config, and nothing after it but whole epochs
+        assert all(units % 2 == 0 for cid in (0, 1, 2, 3) for _, units, _, _ in catalog.checkpoints(cid))
+    finally:
+        catalog.close()
+    resumed = _resume(storage)
+    [plan] = _events(resumed, "resume_plan")
+    log = _units_log(resumed)
+    lost = log[log.status == "lost"]
+    assert plan["lost_units"] == len(lost) >= 1  # config 1's unit of epoch 1 at least: no epoch-end checkpoint yet
+    assert set(lost.epoch) == {1} and set(lost.kind) == {"train"} and len(lost) <= len(open_epoch)
+    _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3)
 
 
 def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tmp_path):

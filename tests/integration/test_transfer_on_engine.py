@@ -131,8 +131,9 @@ def test_planner_on_engine_materializes_once_and_hops_carry_only_trainable_state
 def test_planner_on_engine_matches_a_run_without_the_planner(ray_cluster, digits, tmp_path):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
     tr = _transfer(digits)
-    planned = _run(ds, tmp_path, "planned", tr.model_fn, extract=tr.extract, num_workers=1)
-    plain = _run(ds, tmp_path, "plain", model_fn, num_workers=1)
+    # one worker that takes its next unit only when the last one ended: the same visit order in both runs
+    planned = _run(ds, tmp_path, "planned", tr.model_fn, extract=tr.extract, num_workers=1, queue_depth=1)
+    plain = _run(ds, tmp_path, "plain", model_fn, num_workers=1, queue_depth=1)
     cols = ["config_id", "epoch", "valid_loss", "valid_accuracy", "train_loss"]
     a = planned.metrics.sort_values(["config_id", "epoch"])[cols].reset_index(drop=True)
     b = plain.metrics.sort_values(["config_id", "epoch"])[cols].reset_index(drop=True)

@@ -235,3 +235,46 @@ def test_the_same_scripted_workload_gives_the_same_schedule_on_local_and_simulat
     simulated = schedule(SimulatedBackend(wl))
     pd.testing.assert_frame_equal(local, simulated)
     assert len(local) == 3 * 2 * P
+
+
+class _CountingLog(MemoryRunLog):
+    """A memory log that remembers every checkpoint the driver asks for, as (config, units)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[tuple[int, int]] = []
+
+    def checkpoint(self, config_id, epoch, units, backend, handle, worker=None) -> None:
+        self.written.append((config_id, units))
+        super().checkpoint(config_id, epoch, units, backend, handle, worker)
+
+
+@pytest.mark.parametrize("policy", ["unit", "epoch", "off", 1e9])
+def test_the_checkpoint_policy_decides_which_states_reach_the_disk(policy):
+    backend = LocalBackend(FNS, _entries(), num_threads=1, unit_time=lambda u, w: 1.0)
+    log = _CountingLog()
+    driver = Driver(backend, _grid(epochs=2), log, {w: [w] for w in range(P)}, list(range(P)),
+                    DriverOptions(checkpoint=policy, queue_depth=2))
+    driver.run()
+    _assert_complete(driver, log)
+    configs = range(len(SPACE["lr"]))
+    if policy == "unit":
+        expected = {(c, u) for c in configs for u in range(1, 2 * P + 1)}
+    elif policy == "off":  # only the final state, when the config stops
+        expected = {(c, 2 * P) for c in configs}
+    else:  # epoch ends (a number of seconds no run reaches adds nothing)
+        expected = {(c, u) for c in configs for u in (P, 2 * P)}
+    assert set(log.written) == expected and len(log.written) == len(expected)
+    for c in configs:  # whatever the policy, the final state is there
+        state, _, units = log.load_latest(c)
+        assert units == 2 * P and sorted(state["visited"]) == [0, 1]
+
+
+def test_a_queued_unit_starts_when_the_one_ahead_of_it_ends():
+    driver, log = _run(_grid(epochs=2), unit_time=lambda u, w: 2.0 if u.kind == TRAIN else 1.0, queue_depth=2)
+    _assert_complete(driver, log)
+    done = log.schedule().sort_values("start")
+    for _, g in done.groupby("worker"):  # a worker runs its units back to back, never two at once
+        starts, ends = g.start.to_numpy(), g.end.to_numpy()
+        assert (starts[1:] >= ends[:-1] - 1e-9).all()
+    assert done.start.min() == 0.0

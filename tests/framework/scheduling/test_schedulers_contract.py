@@ -10,6 +10,7 @@ import pytest
 from framework.scheduling import (
     SCHEDULERS,
     SOLVERS,
+    Assignment,
     DispatchState,
     ShopProblem,
     Unit,
@@ -110,3 +111,30 @@ def test_informed_policies_give_the_same_schedule_whatever_the_hash_seed():
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2, 3)}
     assert len(outs) == 1, outs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scheduler_with_a_queue_per_worker_is_feasible_and_complete(name):
+    w = heterogeneous(6, 3, seed=4)
+    r = simulate(w, _make(name), epochs=2, queue_depth=2)  # a worker holds its next unit while it runs one
+    rep = validate_schedule(r.schedule, w.availability)
+    assert rep.ok, rep.violations
+    assert len(r.schedule) == 2 * 6 * 3
+
+
+def test_a_worker_with_a_free_slot_is_idle_and_a_reserved_config_is_busy():
+    units = [Unit(c, 0, q) for c in range(3) for q in range(2)]
+    state = DispatchState(units, {0: [0], 1: [1]})
+    state.set_capacity(2)
+    state.start(Assignment(Unit(0, 0, 0), 0))
+    assert state.load(0) == 1 and 0 in state.idle_workers()  # it may queue one more
+    assert not state.is_eligible(Unit(0, 0, 1), 1)  # config 0 is held by worker 0: it runs nowhere else
+    state.start(Assignment(Unit(1, 0, 0), 0))
+    assert state.load(0) == 2 and 0 not in state.idle_workers() and not state.is_eligible(Unit(2, 0, 0), 0)
+    state.set_capacity(1)
+    assert state.idle_workers() == [1]  # the first pass of a dispatch serves workers with nothing to run
+    with pytest.raises(ValueError, match="capacity"):
+        state.set_capacity(0)
+    state.complete(Unit(0, 0, 0))
+    state.set_capacity(2)
+    assert state.load(0) == 1 and 0 in state.idle_workers() and state.is_eligible(Unit(0, 0, 1), 1)
