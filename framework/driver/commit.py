@@ -14,9 +14,9 @@ import time
 from collections import defaultdict
 
 from automl import ACTIVE, FAILED, STOPPED
+from framework.driver import units
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
-from framework.driver import units
 from framework.driver.control import grow_into_free_resources
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import resume_units
