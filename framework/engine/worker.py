@@ -50,15 +50,7 @@ def seed_everything(s: int) -> None:
 def _to_cpu(obj: Any) -> Any:
     """Tensors in `obj` on the host (a host tensor is shared, not copied: the model it came from is dropped after
     its unit)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu")
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
-    return obj
+    return _map_leaves(obj, lambda t: t.detach().to("cpu") if isinstance(t, torch.Tensor) else t)
 
 
 #: rows per batch when a worker runs `extract` over a partition
@@ -122,39 +114,29 @@ class PackedState:
     nbytes: int = 0  # bytes of tensor payload (the buffer without its alignment padding)
 
 
-def _pack_tree(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
-    """`obj` with each dense tensor replaced by its `_Slot` (appended to `tensors`; `offset[0]` is the next free
-    byte). A plain function, not a closure: a recursive closure is a reference cycle that would keep every tensor
-    it saw alive until the cyclic garbage collector runs."""
-    if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not obj.is_quantized:
-        slot = _Slot(offset[0], obj.numel() * obj.element_size(), str(obj.dtype).removeprefix("torch."),
-                     tuple(obj.shape))
-        tensors.append(obj)
-        offset[0] += -(-slot.nbytes // _ALIGN) * _ALIGN
-        return slot
+def _map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """`obj` with `fn` applied to every leaf under its dicts, lists and tuples. A plain function, not a recursive
+    closure: that would be a reference cycle, keeping every tensor it saw alive until the cyclic collector runs."""
     if isinstance(obj, dict):
-        return {k: _pack_tree(v, tensors, offset) for k, v in obj.items()}
+        return {k: _map_leaves(v, fn) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_pack_tree(v, tensors, offset) for v in obj]
+        return [_map_leaves(v, fn) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_pack_tree(v, tensors, offset) for v in obj)
-    return obj
+        return tuple(_map_leaves(v, fn) for v in obj)
+    return fn(obj)
 
 
 def _unpack_tree(obj: Any, flat: torch.Tensor, copy: bool) -> Any:
-    if isinstance(obj, _Slot):
-        dtype = getattr(torch, obj.dtype)
-        if obj.nbytes == 0:
-            return torch.empty(obj.shape, dtype=dtype, device=flat.device)
-        view = flat[obj.offset : obj.offset + obj.nbytes].view(dtype).view(obj.shape)
+    def leaf(slot: Any) -> Any:
+        if not isinstance(slot, _Slot):
+            return slot
+        dtype = getattr(torch, slot.dtype)
+        if slot.nbytes == 0:
+            return torch.empty(slot.shape, dtype=dtype, device=flat.device)
+        view = flat[slot.offset : slot.offset + slot.nbytes].view(dtype).view(slot.shape)
         return view.clone() if copy else view
-    if isinstance(obj, dict):
-        return {k: _unpack_tree(v, flat, copy) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_unpack_tree(v, flat, copy) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_unpack_tree(v, flat, copy) for v in obj)
-    return obj
+
+    return _map_leaves(obj, leaf)
 
 
 def pack_state(state: ModelState | None) -> PackedState | None:
@@ -162,9 +144,19 @@ def pack_state(state: ModelState | None) -> PackedState | None:
     if state is None:
         return None
     tensors: list[torch.Tensor] = []
-    end = [0]
-    tree = _pack_tree(state, tensors, end)
-    buffer = np.empty(end[0], dtype=np.uint8)
+    end = 0
+
+    def leaf(obj: Any) -> Any:  # a dense tensor becomes its slot in the buffer
+        nonlocal end
+        if not (isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not obj.is_quantized):
+            return obj
+        slot = _Slot(end, obj.numel() * obj.element_size(), str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
+        tensors.append(obj)
+        end += -(-slot.nbytes // _ALIGN) * _ALIGN
+        return slot
+
+    tree = _map_leaves(state, leaf)
+    buffer = np.empty(end, dtype=np.uint8)
     flat = torch.from_numpy(buffer)
     offset = payload = 0
     for t in tensors:
