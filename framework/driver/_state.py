@@ -81,6 +81,11 @@ class RunState:
             fn()
         self.deferred.clear()
 
+    def start_cpu_clock(self) -> None:
+        """Units are charged for the driver's CPU from now on (start-up is not a unit's cost)."""
+        self.cpu_units.clear()
+        self._cpu_mark = time.process_time()
+
     def account_cpu(self) -> None:
         """Share the driver process's CPU time since the last call among the units completed since then."""
         now = time.process_time()

@@ -15,7 +15,6 @@ backend: `add_workers`, `drain_worker` and `kill_worker` queue commands that arr
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -146,8 +145,7 @@ class Driver:
         if not getattr(self, "_started", False):
             self.start(resume_from)
         stop_at = None if max_commits is None else run.round + max_commits
-        run.cpu_units.clear()
-        run._cpu_mark = time.process_time()  # start-up is not a unit's cost
+        run.start_cpu_clock()
         while True:
             commit.settle(run)
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
