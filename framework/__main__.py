@@ -53,7 +53,7 @@ def _show(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     import framework
 
-    result = framework.replay(args.storage_path, out_path=args.out)
+    result = framework.replay(args.storage_path, out_path=args.out, device=args.device)
     print(f"Replayed into {result.storage_path}")
     print(result.leaderboard().to_string(index=False))
     return 0
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("replay", help="re-run a finished run from its schedule log (bit-identical on CPU)")
     rep.add_argument("storage_path")
     rep.add_argument("--out", default=None, help="output directory (default: <storage_path>/replay)")
+    rep.add_argument("--device", default=None,
+                     help="where to train: cpu, cuda, cuda:1 (default: the run's device)")
     rep.set_defaults(func=_replay)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -114,12 +114,16 @@ def replay(
     input_fn: Callable | None = None,
     out_path: str | None = None,
     extract: Callable | None = None,
+    device: str | None = None,
 ) -> Result:
     """Re-run every completed unit of the run in `storage_path` in the logged order; return the replay's `Result`.
 
     User functions default to the ones the run recorded (`module:qualname`); functions defined in `__main__` or
     inside other functions must be passed explicitly. The replay is written to `out_path`
     (default: `<storage_path>/replay`). A run made with `ModelSelection(extract=...)` needs the same `extract`.
+    `device`: where the replay trains ("cpu", "cuda", "cuda:1"); default: the run's device (a run whose workers
+    asked for a GPU replays on "cuda"). Metrics match the run's within float tolerance on the run's device, and
+    bit for bit on CPU.
     """
     src = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE))
     try:
@@ -128,6 +132,7 @@ def replay(
     finally:
         src.close()
     fns = meta["functions"]
+    device = _replay_device(meta, device)
     if meta.get("extract") is not None and extract is None:
         raise ValueError(
             f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
@@ -168,11 +173,12 @@ def replay(
     ckpt = CheckpointStore(os.path.join(out_path, CHECKPOINT_DIR), dst)
     threads = torch.get_num_threads()
     try:
-        dst.set_meta(**{**meta, "replay_of": os.path.abspath(storage_path)})
+        dst.set_meta(**{**meta, "replay_of": os.path.abspath(storage_path), "replay_device": device})
         backend = LocalBackend(
             {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn,
-             "freezing": meta.get("freezing"), "extract": extract},
-            held, num_threads=int(meta.get("num_threads", 1)))
+             "freezing": meta.get("freezing"), "extract": extract,
+             "data_on_device": bool(meta.get("data_on_device", False))},
+            held, num_threads=int(meta.get("num_threads", 1)), device=device)
         procedure = LoggedDecisions(configs, synchronous=bool(meta.get("synchronous", True)),
                                     fails={f.config_id for f in faults})
         options = DriverOptions(seed=int(meta["seed"]), metric=meta["metric"], mode=meta["mode"],
@@ -189,6 +195,23 @@ def replay(
     result = Result(out_path, model_fn)
     result.write()
     return result
+
+
+def _replay_device(meta: dict, device: str | None) -> str:
+    """The device a replay trains on: `device` when given, else the run's (a GPU worker request means "cuda")."""
+    if device is None:
+        device = "cuda" if float((meta.get("worker_resources") or {}).get("GPU", 0)) > 0 else "cpu"
+        source = "the run's device (its workers asked for a GPU)"
+    else:
+        source = "`device`"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"`device` is {device!r}, but must be a torch device such as 'cpu' or 'cuda:0'") from e
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{source} is {device!r}, but this machine has no CUDA device; pass device='cpu' to replay "
+                         "on the CPU (metrics then match within float tolerance, not bit for bit)")
+    return str(parsed)
 
 
 def _opt_int(v: Any) -> int | None:

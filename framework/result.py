@@ -31,6 +31,7 @@ class Result:
         status: DataFrame of config_id, status, epochs, parent, error (tracebacks of failed configs).
         events: failures, restarts, joins, drains, resumes: time, t (seconds since the run started), kind, detail.
         metric, mode: what `best_config_id` ranks by (the latest epoch of each non-failed config).
+        meta: the run's settings as recorded at its start (executor, scheduler, workers, seed, functions, ...).
     """
 
     def __init__(self, storage_path: str, model_fn: Callable | None = None) -> None:
@@ -38,7 +39,7 @@ class Result:
         self._model_fn = model_fn
         catalog = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE))
         try:
-            meta = catalog.meta()
+            meta = self.meta = catalog.meta()
             self.metric: str = meta.get("metric", "valid_loss")
             self.mode: str = meta.get("mode", "min")
             t0 = float(meta.get("start_time", 0.0))

@@ -132,6 +132,9 @@ class ModelSelection:
             config's unfinished epoch), `"unit"` (after every training unit; resume re-runs only units in flight),
             a number N (each epoch end, and within an epoch whenever N seconds passed since the config's last
             checkpoint), or `"off"` (only each config's final state, when it stops; the run cannot be resumed).
+        data_on_device: each worker moves the tensors of the partitions it loads to its device once (a GPU worker
+            then trains without a host-to-device copy per batch; `train_fn`'s `.to(device)` becomes a no-op). Costs
+            device memory: a partition's size per worker. No effect on CPU workers.
     """
 
     def __init__(
@@ -161,6 +164,7 @@ class ModelSelection:
         deterministic: bool = False,
         queue_depth: int = 2,
         checkpoint: str | float = "epoch",
+        data_on_device: bool = False,
     ) -> None:
         for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
@@ -233,6 +237,9 @@ class ModelSelection:
             raise ValueError(f"`checkpoint` is {checkpoint!r}, but must be one of {list(CHECKPOINT_POLICIES)} or a "
                              "number of seconds > 0")
         self.queue_depth, self.checkpoint = queue_depth, checkpoint
+        if not isinstance(data_on_device, bool):
+            raise TypeError(f"`data_on_device` is {data_on_device!r}, but must be True or False")
+        self.data_on_device = data_on_device
         if storage_path is None:
             stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             storage_path = os.path.join("runs", f"run-{stamp}")
@@ -266,13 +273,14 @@ class ModelSelection:
         that were in flight at the crash, or whose checkpoint had not reached the disk, run again; the schedule log
         marks their lost attempts `lost`. A run made with `extract=` needs the same `extract` again. `overrides` may
         change `progress`, `unit_timeout_s`, `max_unit_retries`,
-        `max_worker_restarts`, `scheduler`, `faults`, `queue_depth`, `checkpoint`.
+        `max_worker_restarts`, `scheduler`, `faults`, `queue_depth`, `checkpoint`, and `worker_resources` (e.g. to
+        resume a GPU run on CPU workers, or the other way round; default: the run's).
         """
         path = os.path.abspath(storage_path)
         if not os.path.exists(os.path.join(path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: nothing to resume")
         allowed = {"progress", "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "faults",
-                   "queue_depth", "checkpoint"}
+                   "queue_depth", "checkpoint", "worker_resources"}
         unknown = set(overrides) - allowed
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)} for resume(); allowed: {sorted(allowed)}")
@@ -303,10 +311,12 @@ class ModelSelection:
         dataset.availability = {int(k): v for k, v in meta["placement"].items()} if meta["executor"] == "mop" else None
         options = {"scheduler": meta["scheduler"], "freezing": meta.get("freezing"),
                    "queue_depth": int(meta.get("queue_depth", 1)), "checkpoint": meta.get("checkpoint", "unit"),
-                   "deterministic": bool(meta.get("deterministic", False)), **overrides}
+                   "deterministic": bool(meta.get("deterministic", False)),
+                   "worker_resources": meta["worker_resources"],
+                   "data_on_device": bool(meta.get("data_on_device", False)), **overrides}
         self = cls(
             model_fn, train_fn, eval_fn, dataset, procedure, input_fn=input_fn, num_workers=meta["num_workers"],
-            worker_resources=meta["worker_resources"], executor=meta["executor"], seed=meta["seed"],
+            executor=meta["executor"], seed=meta["seed"],
             metric=meta["metric"], mode=meta["mode"], extract=extract, **options,
         )
         self.storage_path, self._resuming = path, True
@@ -411,7 +421,7 @@ class ModelSelection:
             num_workers=self.num_workers, worker_resources=self.worker_resources, num_threads=self.num_threads,
             metric=self.metric, mode=self.mode, placement={str(k): v for k, v in self.placement.items()},
             freezing=self.freezing, extract=_extract_ref(self.extract), deterministic=self.deterministic,
-            queue_depth=self.queue_depth, checkpoint=self.checkpoint,
+            queue_depth=self.queue_depth, checkpoint=self.checkpoint, data_on_device=self.data_on_device,
             synchronous=self.deterministic or getattr(self.procedure, "synchronous", True),
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
             functions={n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
@@ -426,7 +436,8 @@ class ModelSelection:
         else:
             entries = {0: (list(ds.train), list(ds.valid))}
         fns = {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn,
-               "input_fn": self.input_fn, "freezing": self.freezing, "extract": self.extract}
+               "input_fn": self.input_fn, "freezing": self.freezing, "extract": self.extract,
+               "data_on_device": self.data_on_device}
         return RayBackend(fns, self.worker_resources, self.num_threads, entries, put_entries=ds.in_memory,
                           queue_depth=self.queue_depth)
 

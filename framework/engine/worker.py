@@ -247,8 +247,10 @@ class Worker:
         num_threads: int | None = None,
         freezing: Mapping[str, Any] | None = None,
         extract: Callable | None = None,
+        data_on_device: bool = False,
     ) -> None:
         self.worker_id = worker_id
+        self.data_on_device = data_on_device
         self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
         # torch imports its compiler stack lazily on the first optimizer construction (~1-2 s): pay it at start-up,
         # in parallel with the other workers, not inside the first (timed) unit.
@@ -280,7 +282,10 @@ class Worker:
             for split, entries in (("train", train_entries), ("valid", valid_entries)):
                 parts = [self.input_fn(e) if self.input_fn is not None else e for e in entries]
                 data = concat_data(parts)
-                self.data[(split, pid)] = self._extract(data) if self.extract is not None else data
+                data = self._extract(data) if self.extract is not None else data
+                if self.data_on_device:  # once per load, not once per batch of every unit
+                    data = _map_leaves(data, lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t)
+                self.data[(split, pid)] = data
             if self.extract is not None:
                 self.extraction["partitions"].append(pid)
         return {pid: data_len(self.data[("train", pid)]) for pid in partitions}

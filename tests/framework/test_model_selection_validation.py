@@ -115,3 +115,8 @@ def test_validation_rejects_a_queue_depth_that_is_not_a_positive_int(bad):
 def test_validation_rejects_an_unknown_checkpoint_policy(bad):
     with pytest.raises(ValueError, match=r"`checkpoint` is .*, but must be one of \['epoch', 'unit', 'off'\]"):
         _make(checkpoint=bad)
+
+
+def test_validation_rejects_a_data_on_device_that_is_not_a_bool():
+    with pytest.raises(TypeError, match=r"`data_on_device` is 'yes', but must be True or False"):
+        _make(data_on_device="yes")

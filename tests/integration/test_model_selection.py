@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from framework.examples import (
     scheduled_model_fn,
     scheduled_train_fn,
 )
+from framework.engine.catalog import SQLiteCatalog
 from simulators import validate_schedule
 
 pytestmark = pytest.mark.ray
@@ -85,6 +87,25 @@ def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path):
             assert torch.equal(a["model"][k], b["model"][k]), f"config {cid} {k} differs after replay"
     merged = result.metrics.merge(again.metrics, on=["config_id", "epoch"], suffixes=("", "_replay"))
     assert (merged.valid_loss == merged.valid_loss_replay).all()
+    assert again.meta["replay_device"] == "cpu"
+
+
+def test_replay_runs_on_the_runs_device_unless_told_otherwise(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=1)
+    result = _run(ds, tmp_path, "run", automl.GridSearch({**SPACE, "hidden": [16]}, epochs=1), seed=3)
+    with pytest.raises(ValueError, match="`device` is 'tpu:9'"):
+        framework.replay(result.storage_path, device="tpu:9")
+    # the same run, as if its workers had asked for a GPU: the replay goes to "cuda" by default
+    catalog = SQLiteCatalog(os.path.join(result.storage_path, "run.db"))
+    catalog.set_meta(worker_resources={"CPU": 1, "GPU": 0.5})
+    catalog.close()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device; pass device='cpu'"):
+            framework.replay(result.storage_path)
+    again = framework.replay(result.storage_path, device="cpu", out_path=str(tmp_path / "on-cpu"))
+    assert again.meta["replay_device"] == "cpu"
+    merged = result.metrics.merge(again.metrics, on=["config_id", "epoch"], suffixes=("", "_replay"))
+    assert len(merged) == len(result.metrics) and (merged.valid_loss == merged.valid_loss_replay).all()
 
 
 def _failing_model_fn(config):

@@ -83,3 +83,18 @@ def test_packed_state_round_trips_every_tensor_and_the_rest():
     opt2.load_state_dict(back["optimizer"])
     opt2.step()  # the optimizer's moments are writable views
     assert unpack_state(None) is None and unpack_state({"a": 1}) == {"a": 1}
+
+
+def test_data_on_device_moves_every_partition_tensor_once_at_load():
+    # the "meta" device stands in for a GPU on a CPU-only machine: the move is real, the data has no storage
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 4, generator=g)
+    ds = PartitionedDataset.from_arrays(x, (x[:, 0] > 0).long(), num_partitions=2)
+    entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)}
+    moved = Worker(0, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta", data_on_device=True)
+    kept = Worker(1, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta")
+    assert moved.load(entries) == kept.load(entries)
+    assert len(moved.data) == 4
+    for key, data in moved.data.items():
+        assert all(t.device.type == "meta" for t in data), key
+        assert all(t.device.type == "cpu" for t in kept.data[key]), key
