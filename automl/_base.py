@@ -69,11 +69,15 @@ class Decision:
         add: new configs to start from scratch.
         stop: ids of active configs to stop (they keep their weights and metrics).
         clone: `(source_id, new_config)` pairs; each starts a new config from the source's latest weights (PBT).
+        pruned: the ids in `stop` that are stopped early for their results (a lost rung of ASHA or HyperBand, PBT's
+            bottom quantile); the rest of `stop` completed their budget. `Result.status` says `pruned` or
+            `completed` accordingly.
     """
 
     add: list[dict[str, Any]] = field(default_factory=list)
     stop: list[int] = field(default_factory=list)
     clone: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    pruned: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for c in self.add:
@@ -82,6 +86,9 @@ class Decision:
         for pair in self.clone:
             if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], dict)):
                 raise TypeError(f"`clone` holds {pair!r}, but every entry must be (source_id, config dict)")
+        extra = sorted(set(self.pruned) - set(self.stop))
+        if extra:
+            raise ValueError(f"`pruned` holds {extra}, but every pruned id must also be in `stop` ({self.stop})")
 
 
 class Procedure(abc.ABC):

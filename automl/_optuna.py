@@ -82,13 +82,15 @@ class OptunaProcedure(Procedure):
     def _ask(self, config_id: int) -> dict[str, Any]:
         """A new trial for config `config_id`; returns its config."""
         trial = self.study.ask(self.space.to_optuna())
+        trial.set_user_attr("config_id", config_id)  # the engine's id: the trial's row in `Result.metrics`
         self._trial_ids[config_id] = trial._trial_id
         self._trial_numbers[config_id] = trial.number
         self._reported[config_id] = 0
         return self.space.from_optuna(trial.params)
 
     def _report(self, states: list[ConfigState]) -> None:
-        """`trial.report(value, step=epochs)` for every epoch not reported yet (step counts epochs from 1)."""
+        """`trial.report(value, step=epoch)` for every epoch not reported yet (steps are 0-based epochs, as in
+        `Result.metrics`)."""
         for s in states:
             done = self._reported.get(s.id)
             if done is None or done >= s.epochs:
@@ -97,7 +99,7 @@ class OptunaProcedure(Procedure):
             for e in range(done, s.epochs):
                 value = float(s.history[e].get(self.metric, math.nan))
                 if not math.isnan(value):
-                    trial.report(value, step=e + 1)
+                    trial.report(value, step=e)
             self._reported[s.id] = s.epochs
 
     def _tell(self, state: ConfigState, pruned: bool) -> None:

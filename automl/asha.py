@@ -114,6 +114,7 @@ class ASHA(OptunaProcedure):
         self._report(states)
         self._tell_failed(states)
         stop: list[int] = []
+        pruned: list[int] = []
         arrivals: list[tuple[int, ConfigState]] = []
         ranked = vars(self).setdefault("_ranked", {})
         for s in self._active(states):
@@ -130,10 +131,11 @@ class ASHA(OptunaProcedure):
         for k, s in arrivals:
             if not asha_promotable(self.score(s), s.id, self.recorded[k], self.eta):
                 stop.append(s.id)
+                pruned.append(s.id)
                 self._tell(s, pruned=True)
         running = sum(1 for s in states if s.status == ACTIVE) - len(stop)
         add = []
         while running + len(add) < self.concurrency and self._can_add():
             add.append(self._ask(self._issued))
             self._issued += 1
-        return Decision(add=add, stop=sorted(stop))
+        return Decision(add=add, stop=sorted(stop), pruned=sorted(pruned))

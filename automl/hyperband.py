@@ -95,6 +95,7 @@ class HyperBand(Procedure):
             return Decision(add=add)
         check_states(states, self._issued)
         stop: list[int] = []
+        pruned: list[int] = []
         for b, bracket in enumerate(self.brackets):
             alive = [i for i in self._members[b] if states[i].status == ACTIVE]
             i = self._rung[b]
@@ -109,6 +110,7 @@ class HyperBand(Procedure):
                 ranked = self.rank([states[c] for c in self._members[b]], epochs=r)
                 keep = set([c for c in ranked if c in alive][: bracket.rungs[i + 1].n])
                 stop.extend(c for c in alive if c not in keep)
+                pruned.extend(c for c in alive if c not in keep)
                 self._members[b] = sorted(keep)
             self._rung[b] = i + 1
-        return Decision(stop=sorted(stop))
+        return Decision(stop=sorted(stop), pruned=sorted(pruned))

@@ -119,4 +119,4 @@ class PBT(Procedure):
             self._issued += 1
             self.offsets[new_id] = self.progress(states[donor])
             self.members[self.members.index(victim)] = new_id
-        return Decision(stop=sorted(bottom), clone=clone)
+        return Decision(stop=sorted(bottom), clone=clone, pruned=sorted(bottom))

@@ -10,6 +10,9 @@ import os
 import subprocess
 from typing import Any, TypeVar
 
+import numpy as np
+import pandas as pd
+
 T = TypeVar("T")
 
 
@@ -50,3 +53,27 @@ def record_run(out: str, cfg: Any, **extra: Any) -> str:
         json.dump({"config": dataclasses.asdict(cfg), "git_revision": git_revision(), **extra}, f, indent=1,
                   default=str)
     return path
+
+
+def utilisation(schedule: pd.DataFrame, p: int) -> tuple[float, float, float]:
+    """(busy / (span x p), span, mean idle gap between consecutive units of a worker)."""
+    busy = float((schedule["end"] - schedule["start"]).sum())
+    span = float(schedule["end"].max() - schedule["start"].min())
+    gaps = []
+    for _, g in schedule.sort_values("start").groupby("worker"):
+        gaps += list(np.maximum(g["start"].to_numpy()[1:] - g["end"].to_numpy()[:-1], 0.0))
+    return busy / (span * p), span, float(np.mean(gaps)) if gaps else 0.0
+
+
+def engine_columns(result: Any, p: int, called: float, returned: float) -> dict[str, float]:
+    """The engine's own costs in a finished run (`framework.Result`), for a call to `run()` made at time `called`
+    that returned at `returned`: utilisation, mean gap per unit, the driver's CPU time per unit in the first and the
+    last epoch, start-up (call to the first unit's start) and teardown (last unit's end to the return)."""
+    util, _, gap = utilisation(result.schedule, p)
+    cpu = {int(e): s for e, s in result.meta.get("driver_cpu_s_per_unit", {}).items()}
+    first = result.meta["start_time"] + float(result.schedule.start.min())
+    last = result.meta["start_time"] + float(result.schedule.end.max())
+    return {"utilisation": util, "gap_ms": 1000 * gap,
+            "cpu_ms_first": 1000 * cpu.get(0, float("nan")),
+            "cpu_ms_last": 1000 * cpu.get(max(cpu, default=0), float("nan")),
+            "startup_s": first - called, "teardown_s": returned - last}

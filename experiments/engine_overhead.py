@@ -37,8 +37,7 @@ import torch  # noqa: E402
 
 import automl  # noqa: E402
 import framework  # noqa: E402
-from experiments._common import parse_config, record_run  # noqa: E402
-from framework.engine.catalog import SQLiteCatalog  # noqa: E402
+from experiments._common import engine_columns, parse_config, record_run, utilisation  # noqa: E402
 from framework.engine.ray_backend import ensure_ray  # noqa: E402
 from simulators import Workload, simulate  # noqa: E402
 
@@ -101,16 +100,6 @@ def startup_baseline(p: int) -> float:
     return time.perf_counter() - t0
 
 
-def utilisation(schedule: pd.DataFrame, p: int) -> tuple[float, float, float]:
-    """(busy / (span x p), span, mean idle gap between consecutive units of a worker)."""
-    busy = float((schedule["end"] - schedule["start"]).sum())
-    span = float(schedule["end"].max() - schedule["start"].min())
-    gaps = []
-    for _, g in schedule.sort_values("start").groupby("worker"):
-        gaps += list(np.maximum(g["start"].to_numpy()[1:] - g["end"].to_numpy()[:-1], 0.0))
-    return busy / (span * p), span, float(np.mean(gaps)) if gaps else 0.0
-
-
 def predicted(p: int, cfg: Defaults, unit_s: float) -> float:
     """The simulator's utilisation for the cell: the same policy and barrier, units of exactly their time."""
     workload = Workload(np.full((2 * p, p), unit_s), {**{q: (q,) for q in range(p)}, **{p + q: (q,) for q in range(p)}},
@@ -131,16 +120,11 @@ def run_cell(p: int, unit_s: float, state_mb: float, cfg: Defaults, root: str) -
         queue_depth=cfg.queue_depth, checkpoint=cfg.checkpoint)
     result = ms.run()
     t1 = time.time()
-    util, span, gap = utilisation(result.schedule, p)
-    catalog = SQLiteCatalog(os.path.join(path, "run.db"))
-    meta = catalog.meta()
-    catalog.close()
-    cpu = {int(e): s for e, s in meta.get("driver_cpu_s_per_unit", {}).items()}
-    first, last = (meta["start_time"] + float(result.schedule[c].agg(f)) for c, f in (("start", "min"), ("end", "max")))
-    return {"p": p, "unit_s": unit_s, "state_mb": state_mb, "utilisation": util, "sim": predicted(p, cfg, unit_s),
-            "gap_ms": 1000 * gap, "hop_GBps": state_mb / 1024 / gap if gap > 0 else float("inf"),
-            "cpu_ms_first": 1000 * cpu.get(0, float("nan")), "cpu_ms_last": 1000 * cpu.get(max(cpu, default=0), float("nan")),
-            "startup_s": first - t0, "teardown_s": t1 - last, "units": len(result.schedule)}
+    cols = engine_columns(result, p, t0, t1)
+    gap = cols["gap_ms"] / 1000
+    return {"p": p, "unit_s": unit_s, "state_mb": state_mb, "utilisation": cols.pop("utilisation"),
+            "sim": predicted(p, cfg, unit_s), "gap_ms": cols.pop("gap_ms"),
+            "hop_GBps": state_mb / 1024 / gap if gap > 0 else float("inf"), **cols, "units": len(result.schedule)}
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:

@@ -13,7 +13,6 @@ def _demo(args: argparse.Namespace) -> int:
     import automl
     import framework
     from framework.examples import classifier_eval_fn, classifier_train_fn, digits_arrays, mlp_model_fn
-    from framework.plots import plot_learning_curves
 
     x, y = digits_arrays()
     ds = framework.PartitionedDataset.from_arrays(x, y, num_partitions=args.workers, seed=args.seed)
@@ -26,14 +25,13 @@ def _demo(args: argparse.Namespace) -> int:
         metric="valid_accuracy", mode="max",
     )
     result = sel.run()
-    png = plot_learning_curves(result.metrics, os.path.join(result.storage_path, "learning_curves.png"), "valid_accuracy")
     board = result.leaderboard()
     board["config"] = board.config_id.map(result.configs)
     print("\nLeaderboard (latest epoch):")
     print(board[["config_id", "valid_accuracy", "valid_loss", "train_loss", "config"]].to_string(index=False))
     print(f"\nBest config {result.best_config_id}: {result.best_config}")
     print(f"Results written to {result.storage_path} (metrics.csv, schedule.csv, leaderboard.csv, checkpoints/, "
-          f"run.db, {os.path.basename(png)})")
+          f"run.db, learning_curves.png)")
     return 0
 
 

@@ -56,9 +56,12 @@ class LoggedDecisions(Procedure):
         self._commit = -1
         self._new: dict[int, list[tuple[int | None, dict]]] = defaultdict(list)  # first round -> (parent, config)
         self._epochs: dict[int, int] = {}
+        self._pruned: set[int] = set()
         for row in configs.itertuples():
             self._new[int(row.first_round)].append((_opt_int(row.parent), dict(row.config)))
             self._epochs[int(row.config_id)] = int(row.epochs)
+            if row.outcome == "pruned":
+                self._pruned.add(int(row.config_id))
         self._failed = set(fails)
 
     def step(self, states):
@@ -67,7 +70,8 @@ class LoggedDecisions(Procedure):
         stop = [s.id for s in states if s.status == ACTIVE and s.id not in self._failed
                 and s.epochs >= self._epochs[s.id]]
         return Decision(add=[dict(c) for p, c in rows if p is None],
-                        clone=[(p, dict(c)) for p, c in rows if p is not None], stop=stop)
+                        clone=[(p, dict(c)) for p, c in rows if p is not None], stop=stop,
+                        pruned=[cid for cid in stop if cid in self._pruned])
 
 
 class LoggedOrder(Scheduler):
@@ -125,7 +129,7 @@ def replay(
     asked for a GPU replays on "cuda"). Metrics match the run's within float tolerance on the run's device, and
     bit for bit on CPU.
     """
-    src = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE))
+    src = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
     try:
         meta, configs = src.meta(), src.configs()
         done, failed = src.units(status="done"), src.units(status="failed")

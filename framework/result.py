@@ -3,32 +3,69 @@
 from __future__ import annotations
 
 import json
-import math
 import os
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import torch
 
 from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore
+from framework.engine.checkpoint import load_latest_verified
 from framework.trainable import Trainable
 
 CATALOG_FILE = "run.db"
 CHECKPOINT_DIR = "checkpoints"
+#: what a config's `status` says in a Result: it trained its budget, a procedure stopped it early for its results,
+#: its user code failed, or it was still training when the run ended (a crashed run)
+OUTCOMES = ("completed", "pruned", "failed", "active")
+SCOPES = ("last", "all")
 
+
+class NoResultError(LookupError):
+    """The run has no config to pick: every config failed, or none reported the metric."""
+
+
+@dataclass
+class ConfigResult:
+    """One config of a run: what `Result.get_best_result` returns.
+
+    Attributes:
+        config_id, config, status: the config and how it ended (`completed`, `pruned`, `failed`, `active`).
+        epoch: the epoch (0-based) whose metrics `metrics` holds.
+        metrics: that epoch's metrics (`train_*`, `valid_*`).
+        epochs: how many epochs it trained.
+    """
+
+    config_id: int
+    config: dict[str, Any]
+    status: str
+    epoch: int
+    metrics: dict[str, float]
+    epochs: int
+    _result: Result | None = field(default=None, repr=False)
+
+    def load_model(self, model_fn: Callable | None = None) -> torch.nn.Module:
+        """This config's model with its latest weights (see `Result.load_model`)."""
+        return self._result.load_model(self.config_id, model_fn)
 
 class Result:
     """The outcome of a run, derived from its storage directory (so it can be re-opened later with `Result.open`).
 
+    Epochs are numbered from 0 everywhere (`metrics`, `schedule`, the CLI, trackers and Optuna's trial steps): epoch e
+    is a config's (e + 1)-th pass over the data, and `epochs` counts them.
+
     Attributes:
         storage_path: the run's directory.
-        metrics: long DataFrame, one row per (config_id, epoch): `train_*` and `valid_*` metric columns.
+        metrics: long DataFrame, one row per (config_id, epoch): `train_*` and `valid_*` metric columns, then one
+            `config/<name>` column per hyper-parameter.
         schedule: one row per executed unit: config_id, epoch, partition, worker, kind (train/eval), start, end
             (seconds since the run started), plus round, num_examples, state_bytes.
         configs: id -> config dict.
-        status: DataFrame of config_id, status, epochs, parent, error (tracebacks of failed configs).
+        status: DataFrame of config_id, status (one of `OUTCOMES`), epochs, parent, error (tracebacks of failed
+            configs).
         events: failures, restarts, joins, drains, resumes: time, t (seconds since the run started), kind, detail.
         metric, mode: what `best_config_id` ranks by (the latest epoch of each non-failed config).
         meta: the run's settings as recorded at its start (executor, scheduler, workers, seed, functions, ...).
@@ -37,15 +74,17 @@ class Result:
     def __init__(self, storage_path: str, model_fn: Callable | None = None) -> None:
         self.storage_path = storage_path
         self._model_fn = model_fn
-        catalog = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE))
+        catalog = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
         try:
             meta = self.meta = catalog.meta()
             self.metric: str = meta.get("metric", "valid_loss")
             self.mode: str = meta.get("mode", "min")
             t0 = float(meta.get("start_time", 0.0))
-            self.status = catalog.configs()
-            self.configs: dict[int, dict[str, Any]] = dict(zip(self.status.config_id, self.status.config))
-            self.metrics = catalog.epochs()
+            configs = catalog.configs()
+            self.configs: dict[int, dict[str, Any]] = dict(zip(configs.config_id, configs.config))
+            configs["status"] = [_outcome(s, o) for s, o in zip(configs.status, configs.outcome)]
+            self.status = configs.drop(columns=["config", "outcome"])
+            self.metrics = self._with_config_columns(catalog.epochs())
             units = catalog.units(status="done")
             units["start"] -= t0
             units["end"] -= t0
@@ -58,30 +97,80 @@ class Result:
 
     @classmethod
     def open(cls, storage_path: str, model_fn: Callable | None = None) -> Result:
-        """Re-open a finished (or crashed) run's results from its directory."""
+        """Re-open a finished (or crashed) run's results from its directory (also one copied or moved elsewhere).
+        Opening reads only: nothing is written into the run."""
         if not os.path.exists(os.path.join(storage_path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: not a run directory")
         return cls(storage_path, model_fn)
 
+    def _with_config_columns(self, metrics: pd.DataFrame) -> pd.DataFrame:
+        """`metrics` with one `config/<name>` column per hyper-parameter (as Ray Tune's `get_dataframe`)."""
+        names = sorted({k for c in self.configs.values() for k in c})
+        if metrics.empty:
+            return metrics.reindex(columns=[*metrics.columns, *(f"config/{k}" for k in names)])
+        cols = {f"config/{k}": metrics.config_id.map(lambda cid, k=k: _cell(self.configs[cid].get(k))) for k in names}
+        return pd.concat([metrics, pd.DataFrame(cols, index=metrics.index)], axis=1)
+
     # ---- ranking ------------------------------------------------------------------------------------------------
-    def leaderboard(self) -> pd.DataFrame:
-        """Latest epoch of every config, best first (failed configs last)."""
+    def _check_ranking(self, metric: str | None, mode: str | None) -> tuple[str, str]:
+        metric, mode = metric or self.metric, mode or self.mode
+        if mode not in ("min", "max"):
+            raise ValueError(f"`mode` is {mode!r}, but must be 'min' or 'max'")
+        if not self.metrics.empty and metric not in self.metrics:
+            reported = sorted(c for c in self.metrics.columns if c.startswith(("train_", "valid_")))
+            raise ValueError(f"`metric` is {metric!r}, but the run reported only {reported}")
+        return metric, mode
+
+    def get_dataframe(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> pd.DataFrame:
+        """One row per config, best first (failed configs last): its last epoch (`scope="last"`) or its best epoch
+        by `metric` (`scope="all"`), with its metrics, `config/<name>` columns, status and epochs trained.
+        `metric`/`mode` default to the run's."""
+        metric, mode = self._check_ranking(metric, mode)
+        if scope not in SCOPES:
+            raise ValueError(f"`scope` is {scope!r}, but must be one of {list(SCOPES)}")
+        status = self.status.set_index("config_id")[["status", "epochs"]].rename(columns={"epochs": "epochs_trained"})
         if self.metrics.empty:
-            return pd.DataFrame(columns=["config_id", "epoch", self.metric, "status"])
-        last = self.metrics.sort_values("epoch").groupby("config_id").tail(1).set_index("config_id")
-        last = last.join(self.status.set_index("config_id")[["status"]])
-        if self.metric not in last:
-            raise ValueError(f"`metric` is {self.metric!r}, but the run reported only {sorted(self.metrics.columns)}")
-        ok = last[last.status != "failed"].sort_values(self.metric, ascending=self.mode == "min", na_position="last")
-        return pd.concat([ok, last[last.status == "failed"]]).reset_index()
+            return pd.DataFrame(columns=["config_id", "epoch", metric, "status", "epochs_trained"])
+        m = self.metrics.sort_values(["config_id", "epoch"])
+        if scope == "last":
+            rows = m.groupby("config_id").tail(1)
+        else:
+            ranked = m.sort_values(metric, ascending=mode == "min", na_position="last", kind="stable")
+            rows = ranked.groupby("config_id").head(1)
+        rows = rows.set_index("config_id").join(status)
+        ok = rows[rows.status != "failed"].sort_values(metric, ascending=mode == "min", na_position="last",
+                                                       kind="stable")
+        return pd.concat([ok, rows[rows.status == "failed"]]).reset_index()
+
+    def leaderboard(self) -> pd.DataFrame:
+        """Latest epoch of every config, best first by the run's metric (failed configs last)."""
+        return self.get_dataframe()
+
+    def get_best_result(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> ConfigResult:
+        """The best config by `metric`/`mode` (default: the run's) at its last epoch (`scope="last"`) or its best
+        epoch (`scope="all"`). Raises `NoResultError` when no config has a finite value of the metric."""
+        metric, mode = self._check_ranking(metric, mode)
+        board = self.get_dataframe(metric, mode, scope)
+        board = board[(board.status != "failed") & board[metric].notna()] if metric in board else board.iloc[:0]
+        if board.empty:
+            failed = int((self.status.status == "failed").sum())
+            raise NoResultError(
+                f"no config of the run in {self.storage_path!r} has a value of {metric!r}: {len(self.configs)} "
+                f"configs, {failed} failed (see `result.failures` for their tracebacks)")
+        row = board.iloc[0]
+        cid = int(row.config_id)
+        metrics = {k: float(row[k]) for k in board.columns
+                   if k.startswith(("train_", "valid_")) and pd.notna(row[k])}
+        return ConfigResult(cid, self.configs[cid], str(row.status), int(row.epoch), metrics,
+                            int(row.epochs_trained), self)
 
     @property
     def best_config_id(self) -> int | None:
-        board = self.leaderboard()
-        board = board[board.status != "failed"]
-        if board.empty or (isinstance(v := board.iloc[0][self.metric], float) and math.isnan(v)):
+        """The best config's id by the run's metric (its last epoch), or None when none has a value."""
+        try:
+            return self.get_best_result().config_id
+        except NoResultError:
             return None
-        return int(board.iloc[0]["config_id"])
 
     @property
     def best_config(self) -> dict[str, Any] | None:
@@ -95,19 +184,26 @@ class Result:
 
     # ---- weights ------------------------------------------------------------------------------------------------
     def load_state(self, config_id: int) -> dict[str, Any]:
-        """The latest verified checkpoint of a config: {"model": state_dict, "optimizer": ..., "visited": ...}."""
+        """The latest verified checkpoint of a config: {"model": state_dict, "optimizer": ..., "visited": ...}.
+
+        A newer checkpoint that fails its checksum or the safe loader is skipped with a `UserWarning` naming it
+        and the checkpoint loaded instead. Reads only: nothing is written into the run."""
         if config_id not in self.configs:
             raise KeyError(f"`config_id` is {config_id!r}, but the run has configs {sorted(self.configs)}")
-        catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE))
+        catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE), readonly=True)
         try:
-            state, _, _ = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), catalog).load_latest(config_id)
+            state, epoch, units, skipped = load_latest_verified(catalog, config_id)
         finally:
             catalog.close()
+        if skipped:
+            warnings.warn(
+                f"config {config_id}: loaded its checkpoint after {units} training units (epoch {epoch}), not its "
+                f"latest: {'; '.join(reason for _, reason in skipped)}", stacklevel=2)
         return state
 
     def load_model(self, config_id: int | None = None, model_fn: Callable | None = None) -> torch.nn.Module:
         """A config's model (default: the best) with its latest weights, built by `model_fn(config)`."""
-        config_id = self.best_config_id if config_id is None else config_id
+        config_id = self.get_best_result().config_id if config_id is None else config_id
         model_fn = model_fn or self._model_fn
         if model_fn is None:
             raise ValueError("`model_fn` is None: pass the model_fn used for the run to build the model")
@@ -117,7 +213,10 @@ class Result:
 
     # ---- files --------------------------------------------------------------------------------------------------
     def write(self) -> dict[str, str]:
-        """Write metrics, schedule, configs and leaderboard as CSV (and Parquet) next to the run; return the paths."""
+        """Write metrics, schedule, configs and leaderboard as CSV (and Parquet), and `learning_curves.png`, next to
+        the run; return the paths."""
+        from framework.plots import plot_learning_curves
+
         paths = {}
         for name, df in (("metrics", self.metrics), ("schedule", self.schedule), ("leaderboard", self.leaderboard())):
             paths[name] = os.path.join(self.storage_path, f"{name}.csv")
@@ -129,6 +228,9 @@ class Result:
         paths["configs"] = os.path.join(self.storage_path, "configs.json")
         with open(paths["configs"], "w") as f:
             json.dump({str(k): v for k, v in self.configs.items()}, f, indent=1, default=str)
+        paths["learning_curves"] = plot_learning_curves(
+            self.metrics, os.path.join(self.storage_path, "learning_curves.png"), self.metric, mode=self.mode,
+            configs=self.configs, best=self.best_config_id)
         return paths
 
     def __repr__(self) -> str:
@@ -136,3 +238,15 @@ class Result:
             f"Result(storage_path={self.storage_path!r}, configs={len(self.configs)}, "
             f"best_config_id={self.best_config_id}, metric={self.metric!r}, mode={self.mode!r})"
         )
+
+
+def _outcome(status: str, outcome: str | None) -> str:
+    """A config's status as users read it (`OUTCOMES`), from the engine's status and the reason it stopped."""
+    if status in ("failed", "active"):
+        return status
+    return outcome if isinstance(outcome, str) else "completed"  # a run from before outcomes were recorded
+
+
+def _cell(v: Any) -> Any:
+    """A hyper-parameter as a DataFrame cell: scalars as they are, anything else as its JSON text."""
+    return v if v is None or isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str)

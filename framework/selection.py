@@ -340,7 +340,8 @@ class ModelSelection:
             unit_timeout_s=self.unit_timeout_s, max_unit_retries=self.max_unit_retries,
             max_worker_restarts=self.max_worker_restarts, max_workers=self.max_workers,
             worker_resources=self.worker_resources, deterministic=self.deterministic,
-            storage_path=self.storage_path, queue_depth=self.queue_depth, checkpoint=self.checkpoint)
+            storage_path=self.storage_path, queue_depth=self.queue_depth, checkpoint=self.checkpoint,
+            check_metric=True)
         placement = {w: [p for p, ws in self.placement.items() if w in ws] for w in range(self.num_workers)}
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
                         options, self.faults)

@@ -43,6 +43,7 @@ class DriverOptions:
     reassign_partitions: bool = True  # re-load the partitions of a worker out of restarts onto live workers
     queue_depth: int = 1  # units a worker holds: the one it runs and the next ones queued behind it
     checkpoint: str | float = "epoch"  # when states reach the disk: "unit", "epoch", "off", or every N seconds
+    check_metric: bool = False  # the first report of the metric's kind must hold it, or the run stops at once
 
 
 @dataclass
@@ -70,6 +71,7 @@ class RunState:
     cpu_by_epoch: dict[int, list[float]] = field(default_factory=dict)
     _cpu_mark: float = field(default_factory=time.process_time)
     cpu_units: list[int] = field(default_factory=list)  # epochs of the units done since the last mark
+    metric_seen: bool = False  # a report of the metric's kind (train or eval) held the metric
 
     def event(self, kind: str, **detail: Any) -> None:
         """Log an event (the run's record of what happened) and show it to the fault plan's observer."""

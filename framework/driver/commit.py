@@ -113,7 +113,7 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     run.log.commit(
         run.round,
         epochs=[(c.id, len(c.history) - 1, c.history[-1]) for c in ended],
-        statuses=[(c.id, c.status, len(c.history)) for c in run.configs if c.status != FAILED],
+        statuses=[(c.id, c.status, len(c.history), c.outcome) for c in run.configs if c.status != FAILED],
         new_configs=[(c.id, c.config, c.parent, run.round + 1) for c in new],
         procedure=run.procedure,
     )
@@ -145,7 +145,7 @@ def restore(run: RunState, catalog) -> list[Unit]:
     for row in configs.itertuples():
         parent = None if row.parent != row.parent or row.parent is None else int(row.parent)
         c = ConfigRecord(int(row.config_id), row.config, parent=parent, status=row.status,
-                         history=history.get(int(row.config_id), []))
+                         history=history.get(int(row.config_id), []), outcome=row.outcome or None)
         run.configs.add(c)
         if c.status != ACTIVE:
             continue

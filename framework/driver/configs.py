@@ -34,6 +34,7 @@ class ConfigRecord:
     failures: int = 0  # failures of user code so far
     open: int = 0  # units of the current epoch not completed yet (0: between epochs)
     stopping: bool = False  # the procedure stopped it while an epoch was open: it stops when that epoch ends
+    outcome: str | None = None  # why it stopped: "completed" (its budget) or "pruned" (its results); None: active
     reports: list[UnitReport] = field(default_factory=list)  # the current epoch's completed units
     # (units, backend time) of its last checkpoint queued; the time starts at its first training unit
     checkpointed: tuple[int, float | None] = (-1, None)
@@ -90,10 +91,12 @@ class ConfigTable:
         for source, _ in decision.clone:
             if source not in self.configs:
                 raise DecisionError(f"{who}: `clone` names the source {source!r}, but no config has that id")
+        pruned = set(decision.pruned)
         for cid in decision.stop:
             c = self.configs[cid]
             if c.status != ACTIVE:
                 continue
+            c.outcome = "pruned" if cid in pruned else "completed"
             if c.open:
                 c.stopping = True
             else:

@@ -94,8 +94,8 @@ class MemoryRunLog:
     def commit(self, round_: int, epochs: list, statuses: list, new_configs: list, procedure: Any) -> None:
         for cid, epoch, metrics in epochs:
             self.epochs.append((cid, epoch, round_, metrics))
-        for cid, status, n in statuses:
-            self.configs.setdefault(cid, {}).update(status=status, epochs=n)
+        for cid, status, n, outcome in statuses:
+            self.configs.setdefault(cid, {}).update(status=status, epochs=n, outcome=outcome)
         for cid, config, parent, first in new_configs:
             self.configs[cid] = {"config": config, "parent": parent, "first_round": first, "status": "active",
                                  "epochs": 0}

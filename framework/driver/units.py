@@ -43,6 +43,8 @@ def on_unit_done(run: RunState, ev: UnitDone) -> None:
     run.dispatch.record(unit, f.worker, report.end - report.start)
     c.reports.append(report)
     run.cpu_units.append(unit.epoch)
+    if run.options.check_metric and not run.metric_seen:
+        check_metric(run, unit, report)
     if unit.kind == TRAIN:
         c.state, c.units = ev.state, c.units + 1
         if run.synchronous:  # a decision sees every config at an epoch end, where its latest state is the epoch's:
@@ -64,6 +66,26 @@ def on_unit_done(run: RunState, ev: UnitDone) -> None:
         run.ended.append(c.id)
     if run.on_unit is not None:
         run.on_unit()
+
+
+class MetricNotReportedError(ValueError):
+    """The run ranks by a metric that the user's `train_fn` / `eval_fn` does not return."""
+
+
+def check_metric(run: RunState, unit: Unit, report: Any) -> None:
+    """The first report of the metric's kind (`eval_fn` for `valid_*`, `train_fn` for `train_*`) must hold it:
+    a typo in `metric` stops the run at its first report, not after the whole run."""
+    metric = run.options.metric
+    prefix, fn = ("valid_", "eval_fn") if unit.kind != TRAIN else ("train_", "train_fn")
+    if not metric.startswith(prefix):
+        return
+    name = metric[len(prefix):]
+    if name not in report.metrics:
+        reported = sorted(prefix + k for k in report.metrics)
+        raise MetricNotReportedError(
+            f"`metric` is {metric!r}, but {fn} returned no {name!r} (config {unit.config_id}, {unit.kind} unit of "
+            f"epoch {unit.epoch}); {fn} reported {reported or 'nothing'}: use one of these or return {name!r}")
+    run.metric_seen = True
 
 
 def checkpoint_due(run: RunState, c: ConfigRecord, unit: Unit, units: int) -> bool:

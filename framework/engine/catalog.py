@@ -9,7 +9,9 @@ Everything users read (`Result`, CSV/Parquet files, replay, resume) is derived f
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import urllib.parse
 import threading
 import time
 from collections.abc import Iterable
@@ -21,7 +23,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS configs (
     id INTEGER PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL, epochs INTEGER NOT NULL DEFAULT 0,
-    parent INTEGER, error TEXT, first_round INTEGER NOT NULL DEFAULT 0);
+    parent INTEGER, error TEXT, first_round INTEGER NOT NULL DEFAULT 0, outcome TEXT);
 CREATE TABLE IF NOT EXISTS units (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL, config_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
     partition INTEGER NOT NULL, kind TEXT NOT NULL, worker INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL,
@@ -38,16 +40,44 @@ CREATE TABLE IF NOT EXISTS rounds (
 """
 
 
-class SQLiteCatalog:
-    """Thread-safe access to a run's SQLite file (the driver loop and the checkpoint writer share it)."""
+class CatalogError(RuntimeError):
+    """A run catalog that is missing, truncated or not a catalog at all."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+
+class SQLiteCatalog:
+    """Thread-safe access to a run's SQLite file (the driver loop and the checkpoint writer share it).
+
+    `readonly=True` opens an existing file for reading only (what `Result`, `show` and replay's source use): a file
+    that is missing or not a run catalog raises `CatalogError`, and nothing is ever written into it. Checkpoint paths
+    are stored relative to the catalog's directory and returned absolute, so a run directory can be moved or copied.
+    """
+
+    def __init__(self, path: str, readonly: bool = False) -> None:
+        self.path, self.readonly = path, readonly
+        self.root = os.path.dirname(os.path.abspath(path))
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        if readonly:
+            if not os.path.isfile(path):
+                raise CatalogError(f"{path} does not exist: not a run directory's catalog")
+            uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        else:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if readonly and not {"meta", "configs", "units"} <= tables:
+                raise CatalogError(f"{path} is not a run catalog (it has tables {sorted(tables) or 'none'})")
+            if not readonly:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.executescript(_SCHEMA)
+            self._columns = {row[1] for row in self._db.execute("PRAGMA table_info(configs)")}
+            if "outcome" not in self._columns and not readonly:  # a run from before configs had an outcome
+                self._db.execute("ALTER TABLE configs ADD COLUMN outcome TEXT")
+                self._columns.add("outcome")
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise CatalogError(f"{path} is not a readable run catalog: {e}") from e
 
     def close(self) -> None:
         with self._lock:
@@ -104,8 +134,11 @@ class SQLiteCatalog:
             self._write(f"UPDATE configs SET {', '.join(sets)} WHERE id = ?", (*args, config_id))
 
     def configs(self) -> pd.DataFrame:
-        rows = self._read("SELECT id, config, status, epochs, parent, error, first_round FROM configs ORDER BY id")
-        df = pd.DataFrame(rows, columns=["config_id", "config", "status", "epochs", "parent", "error", "first_round"])
+        outcome = "outcome" if "outcome" in self._columns else "NULL"
+        rows = self._read(f"SELECT id, config, status, epochs, parent, error, first_round, {outcome} FROM configs "
+                          "ORDER BY id")
+        df = pd.DataFrame(rows, columns=["config_id", "config", "status", "epochs", "parent", "error", "first_round",
+                                         "outcome"])
         df["config"] = df["config"].map(json.loads)
         return df
 
@@ -146,18 +179,18 @@ class SQLiteCatalog:
         self,
         round_: int,
         epochs: list[tuple[int, int, dict[str, float]]],
-        statuses: list[tuple[int, str, int]],
+        statuses: list[tuple[int, str, int, str | None]],
         new_configs: list[tuple[int, dict[str, Any], int | None, int]],
         procedure: tuple[bytes, str] | None,
     ) -> None:
         """Record the end of a round in one transaction: epoch metrics `(config, epoch, metrics)`, config updates
-        `(config, status, epochs)`, configs the procedure added `(id, config, parent, first_round)`, and the
+        `(config, status, epochs, outcome)`, configs the procedure added `(id, config, parent, first_round)`, and the
         procedure's signed state. Resume restarts from the last committed round."""
         stmts: list[tuple[str, tuple]] = []
         for cid, epoch, metrics in epochs:
             stmts.append(("INSERT OR REPLACE INTO epochs VALUES (?, ?, ?, ?)", (cid, epoch, round_, json.dumps(metrics))))
-        for cid, status, n in statuses:
-            stmts.append(("UPDATE configs SET status = ?, epochs = ? WHERE id = ?", (status, n, cid)))
+        for cid, status, n, outcome in statuses:
+            stmts.append(("UPDATE configs SET status = ?, epochs = ?, outcome = ? WHERE id = ?", (status, n, outcome, cid)))
         for cid, config, parent, first in new_configs:
             stmts.append((
                 "INSERT INTO configs (id, config, status, epochs, parent, first_round) VALUES (?, ?, 'active', 0, ?, ?)",
@@ -188,14 +221,20 @@ class SQLiteCatalog:
     def add_checkpoint(self, config_id: int, epoch: int, units: int, path: str, sha256: str, nbytes: int) -> None:
         self._write(
             "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (config_id, epoch, units, path, sha256, nbytes, time.time()),
+            (config_id, epoch, units, self._relative(path), sha256, nbytes, time.time()),
         )
 
     def checkpoints(self, config_id: int) -> list[tuple[int, int, str, str]]:
-        """(epoch, units, path, sha256) of a config's checkpoints, newest first."""
-        return self._read(
+        """(epoch, units, absolute path, sha256) of a config's checkpoints, newest first."""
+        rows = self._read(
             "SELECT epoch, units, path, sha256 FROM checkpoints WHERE config_id = ? ORDER BY units DESC", (config_id,)
         )
+        return [(e, u, os.path.join(self.root, p), d) for e, u, p, d in rows]  # an absolute p (older runs) stays
+
+    def _relative(self, path: str) -> str:
+        """`path` relative to the catalog's directory when it lies under it (it then moves with the run)."""
+        rel = os.path.relpath(os.path.abspath(path), self.root)
+        return path if rel.startswith(os.pardir) else rel
 
     def add_event(self, kind: str, **detail: Any) -> None:
         self._write("INSERT INTO events VALUES (?, ?, ?)", (time.time(), kind, json.dumps(detail, default=str)))

@@ -40,6 +40,19 @@ def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
     return digest, size
 
 
+def load_latest_verified(catalog: Any, config_id: int) -> tuple[dict[str, Any], int, int, list[tuple[str, str]]]:
+    """The newest checkpoint of a config that verifies, read only: (state, epoch, units, skipped), where `skipped`
+    lists the newer checkpoints that failed as (path, reason). Raises `CorruptCheckpointError` when none verifies."""
+    skipped: list[tuple[str, str]] = []
+    for epoch, units, path, digest in catalog.checkpoints(config_id):
+        try:
+            return load_verified(path, digest), epoch, units, skipped
+        except CorruptCheckpointError as e:
+            skipped.append((path, str(e)))
+    reasons = "; ".join(r for _, r in skipped) or "none written"
+    raise CorruptCheckpointError(f"no valid checkpoint for config {config_id}: {reasons}")
+
+
 def load_verified(path: str, sha256: str) -> dict[str, Any]:
     """Load a checkpoint after checking its checksum; never unpickles arbitrary objects.
 
@@ -180,12 +193,9 @@ class CheckpointStore:
             t.join(timeout=30)
 
     def load_latest(self, config_id: int) -> tuple[dict[str, Any], int, int]:
-        """Newest verified checkpoint of a config as (state, epoch, units); falls back to older ones if corrupt."""
-        problems = []
-        for epoch, units, path, digest in self.catalog.checkpoints(config_id):
-            try:
-                return load_verified(path, digest), epoch, units
-            except CorruptCheckpointError as e:
-                problems.append(str(e))
-                self.catalog.add_event("corrupt_checkpoint", config_id=config_id, path=path, error=str(e))
-        raise CorruptCheckpointError(f"no valid checkpoint for config {config_id}: " + "; ".join(problems or ["none written"]))
+        """Newest verified checkpoint of a config as (state, epoch, units); falls back to older ones if corrupt,
+        logging a `corrupt_checkpoint` event for each one skipped."""
+        state, epoch, units, skipped = load_latest_verified(self.catalog, config_id)
+        for path, error in skipped:
+            self.catalog.add_event("corrupt_checkpoint", config_id=config_id, path=path, error=error)
+        return state, epoch, units

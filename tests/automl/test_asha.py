@@ -87,6 +87,8 @@ def test_asha_promotions_follow_a_scripted_sequence(space):
     states, decisions = _drive(asha, SCRIPT, num_workers=3)
     assert [(len(d.add), d.stop) for d in decisions] == EXPECTED
     assert {s.id: s.epochs for s in states} == {0: 1, 1: 9, 2: 1, 3: 3, 4: 1, 5: 9}
+    # configs 1 and 5 reach max_epochs (completed); the rest lose a rung (pruned)
+    assert sorted(i for d in decisions for i in d.pruned) == [0, 2, 3, 4]
 
 
 def test_asha_records_reports_and_stops_in_the_study(space):
@@ -101,8 +103,9 @@ def test_asha_records_reports_and_stops_in_the_study(space):
         TrialState.PRUNED,
         TrialState.COMPLETE,
     ]
-    assert trials[1].intermediate_values == {e + 1: v for e, v in enumerate(SCRIPT[1])}
-    assert trials[3].intermediate_values == {1: 0.2, 2: 0.22, 3: 0.25}
+    assert trials[1].intermediate_values == dict(enumerate(SCRIPT[1]))  # steps are 0-based epochs
+    assert trials[3].intermediate_values == {0: 0.2, 1: 0.22, 2: 0.25}
+    assert [t.user_attrs["config_id"] for t in trials] == list(range(6))
     assert [t.value for t in trials] == [0.5, 0.09, 0.9, 0.25, 0.4, 0.01]
     assert asha.study.study_name == "ASHA-seed0"
 

@@ -131,3 +131,9 @@ def test_procedure_workers_changed_updates_the_concurrency_hint():
 def test_procedure_workers_changed_rejects_a_negative_count():
     with pytest.raises(ValueError, match="`num_workers` is -1, but must be an int >= 0"):
         automl.GridSearch({"lr": [0.1]}, epochs=1).workers_changed(-1)
+
+
+def test_a_decision_prunes_only_configs_it_stops():
+    assert Decision(stop=[1, 2], pruned=[2]).pruned == [2]
+    with pytest.raises(ValueError, match=r"`pruned` holds \[3\], but every pruned id must also be in `stop` \(\[1\]\)"):
+        Decision(stop=[1], pruned=[3])

@@ -68,12 +68,14 @@ def test_hyperband_keeps_the_best_of_a_rung_with_ties_by_id(space):
     configs = hb.step([]).add
     assert len(configs) == 5
     losses = {0: [0.5], 1: [0.2], 2: [0.2], 3: [0.1], 4: [0.9]}
-    assert hb.step(_states(configs, losses)).stop == [0, 2]  # 1 and 2 tie: the smaller id survives
+    first = hb.step(_states(configs, losses))
+    assert first.stop == [0, 2] and first.pruned == [0, 2]  # 1 and 2 tie: the smaller id survives
     status = {0: STOPPED, 2: STOPPED}
     losses = {0: [0.5], 1: [0.2, 0.1], 2: [0.2], 3: [0.1, 0.1], 4: [0.9, 0.8]}
     assert hb.step(_states(configs, losses, status)).stop == []
     losses = {0: [0.5], 1: [0.2, 0.1, 0.1], 2: [0.2], 3: [0.1, 0.1, 0.1], 4: [0.9, 0.8, 0.7]}
-    assert hb.step(_states(configs, losses, status)).stop == [1, 3, 4]
+    last = hb.step(_states(configs, losses, status))
+    assert last.stop == [1, 3, 4] and last.pruned == []  # the last rung completes its budget
 
 
 def test_hyperband_ranks_by_max_metric_when_bound_so(space):

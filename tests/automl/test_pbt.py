@@ -47,6 +47,7 @@ def test_pbt_clones_the_top_quantile_into_the_bottom_quantile(space):
     pbt = automl.PBT(space, population=8, epochs=4, perturbation_interval=2)
     states, decisions = _drive(pbt, lambda i, e: AT_2.get(i, 0.05) + (1 - e) * 0.01)
     assert [d.stop for d in decisions] == [[], [], [2, 4], [], [0, 1, 3, 5, 6, 7, 8, 9]]
+    assert [d.pruned for d in decisions] == [[], [], [2, 4], [], []]  # replaced members are pruned
     assert [src for src, _ in decisions[2].clone] == [1, 5]
     assert (states[8].parent, states[9].parent) == (1, 5)
     assert pbt.members == [0, 1, 9, 3, 8, 5, 6, 7]  # each clone takes its victim's slot

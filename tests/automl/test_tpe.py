@@ -32,7 +32,7 @@ def test_tpe_tells_the_final_metric(space, objective, quality):
     assert isinstance(tpe.study.sampler, optuna.samplers.TPESampler)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
     assert [t.value for t in trials] == pytest.approx([quality(s.config) / 3 for s in run.states])
-    assert sorted(trials[0].intermediate_values) == [1, 2, 3]
+    assert sorted(trials[0].intermediate_values) == [0, 1, 2]  # 0-based epochs, as in Result.metrics
 
 
 def test_tpe_maximises_when_bound_with_max(space, objective):

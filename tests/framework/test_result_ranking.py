@@ -7,7 +7,7 @@ import math
 import pytest
 
 from framework.engine.catalog import SQLiteCatalog
-from framework.result import CATALOG_FILE, Result
+from framework.result import CATALOG_FILE, NoResultError, Result
 
 
 def _run_dir(tmp_path, mode: str, epochs: dict[int, list[float]], failed=(), metric: str = "valid_loss") -> str:
@@ -114,12 +114,69 @@ def test_result_leaderboard_file_is_written_in_rank_order(tmp_path):
 def test_result_leaderboard_of_a_run_without_epochs_has_the_ranking_columns(tmp_path):
     result = Result(_run_dir(tmp_path, "min", {0: [], 1: []}))
     board = result.leaderboard()
-    assert board.empty and list(board.columns) == ["config_id", "epoch", "valid_loss", "status"]
+    assert board.empty and list(board.columns) == ["config_id", "epoch", "valid_loss", "status", "epochs_trained"]
     assert result.best_config_id is None
 
 
 def test_result_leaderboard_names_a_metric_the_run_never_reported(tmp_path):
     result = Result(_run_dir(tmp_path, "min", {0: [0.5]}, metric="valid_loss"))
     result.metric = "valid_acc"
-    with pytest.raises(ValueError, match=r"`metric` is 'valid_acc', but the run reported only \['config_id', "):
+    with pytest.raises(ValueError, match=r"`metric` is 'valid_acc', but the run reported only \['train_loss', 'valid_loss'\]"):
         result.leaderboard()
+
+
+def test_get_dataframe_scope_last_ranks_last_epochs_and_scope_all_best_epochs(tmp_path):
+    # config 0 was best at epoch 0 and got worse; config 1 ends best
+    result = Result(_run_dir(tmp_path, "min", {0: [0.1, 0.6], 1: [0.5, 0.3], 2: [0.4]}, failed=[2]))
+    last = result.get_dataframe()
+    assert list(last.config_id) == [1, 0, 2] and list(last.epoch) == [1, 1, 0]
+    assert list(last.status) == ["completed", "completed", "failed"] and list(last.epochs_trained) == [2, 2, 1]
+    assert list(last["config/q"]) == [1, 0, 2]
+    best = result.get_dataframe(scope="all")
+    assert list(best.config_id) == [0, 1, 2] and list(best.epoch) == [0, 1, 0]
+    assert result.get_best_result().config_id == 1
+    r = result.get_best_result(scope="all")
+    assert (r.config_id, r.epoch, r.config, r.status, r.epochs) == (0, 0, {"q": 0}, "completed", 2)
+    assert r.metrics == {"valid_loss": 0.1, "train_loss": 1.0}
+    assert result.get_best_result(metric="valid_loss", mode="max").config_id == 0  # 0.6 at its last epoch
+    with pytest.raises(ValueError, match=r"`scope` is 'best', but must be one of \['last', 'all'\]"):
+        result.get_dataframe(scope="best")
+    with pytest.raises(ValueError, match=r"`mode` is 'up', but must be 'min' or 'max'"):
+        result.get_best_result(mode="up")
+
+
+def test_metrics_carry_a_config_column_per_hyper_parameter(tmp_path):
+    result = Result(_run_dir(tmp_path, "min", {0: [0.5, 0.4], 1: [0.2]}))
+    assert list(result.metrics["config/q"]) == [0, 0, 1]
+
+
+def test_a_run_where_every_config_failed_says_so_instead_of_a_key_error(tmp_path):
+    result = Result(_run_dir(tmp_path, "min", {0: [0.5], 1: []}, failed=[0, 1]))
+    assert result.best_config_id is None
+    with pytest.raises(NoResultError, match=r"no config .* has a value of 'valid_loss': 2 configs, 2 failed"):
+        result.get_best_result()
+    with pytest.raises(NoResultError, match="2 failed"):
+        result.load_model(model_fn=lambda config: None)
+
+
+def test_outcomes_tell_pruned_configs_from_completed_ones(tmp_path):
+    path = _run_dir(tmp_path, "min", {0: [0.5, 0.4], 1: [0.9], 2: [0.3]})
+    catalog = SQLiteCatalog(str(tmp_path / CATALOG_FILE))
+    catalog.commit_round(0, epochs=[], statuses=[(0, "stopped", 2, "completed"), (1, "stopped", 1, "pruned"),
+                                                  (2, "active", 1, None)], new_configs=[], procedure=None)
+    catalog.close()
+    assert Result(path).status.set_index("config_id").status.to_dict() == {0: "completed", 1: "pruned", 2: "active"}
+
+
+def test_opening_a_result_never_writes_into_the_run(tmp_path):
+    path = _run_dir(tmp_path, "min", {0: [0.5]})
+    db = tmp_path / CATALOG_FILE
+    before = (db.stat().st_mtime_ns, db.stat().st_size)
+    Result(path).leaderboard()
+    assert (db.stat().st_mtime_ns, db.stat().st_size) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / CATALOG_FILE).write_bytes(b"")
+    with pytest.raises(Exception, match="is not a run catalog"):
+        Result(str(empty))
+    assert (empty / CATALOG_FILE).stat().st_size == 0

@@ -95,7 +95,7 @@ def test_killed_workers_restart_and_rerun_only_their_unit(ray_cluster, digits, t
     restarts = _events(result, "worker_restarting")
     assert sorted(e["worker"] for e in restarts) == sorted(e["worker"] for e in failed)
     _assert_nothing_lost_or_counted_twice(result, [0, 1, 2, 3], 2, availability=sel.placement)
-    assert (result.status.status == "stopped").all()
+    assert (result.status.status == "completed").all()
 
 
 def test_worker_past_its_restarts_hands_its_partitions_to_a_live_worker(ray_cluster, digits, tmp_path):
@@ -166,7 +166,7 @@ def test_user_code_failure_is_retried_then_fails_only_its_config(ray_cluster, di
     assert sorted((e["config_id"], e["attempt"]) for e in _events(result, "unit_retry")) == [(0, 1), (1, 1)]
     assert _events(result, "worker_failed") == []  # a failure in user code is not a worker failure
     status = result.status.set_index("config_id").status
-    assert status.to_dict() == {0: "stopped", 1: "failed", 2: "stopped"}
+    assert status.to_dict() == {0: "completed", 1: "failed", 2: "completed"}
     assert "InjectedFault" in result.failures.set_index("config_id").error[1]
     log = _units_log(result)
     assert (log.status == "failed").sum() == 3
@@ -207,7 +207,7 @@ def test_lost_state_without_a_usable_checkpoint_fails_only_its_config(ray_cluste
     assert sorted(failed) == [0, 1]
     assert "1 units old" in failed[0]
     assert "no checkpoint is usable" in failed[1]
-    assert result.status.set_index("config_id").status[2] == "stopped"
+    assert result.status.set_index("config_id").status[2] == "completed"
     assert sorted(result.metrics[result.metrics.config_id == 0].epoch) == [0]  # what was committed stays
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, configs=[2])
 

@@ -17,6 +17,7 @@ from framework.examples import (
     scheduled_model_fn,
     scheduled_train_fn,
 )
+from framework.driver.units import MetricNotReportedError
 from framework.engine.catalog import SQLiteCatalog
 from simulators import validate_schedule
 
@@ -108,6 +109,19 @@ def test_replay_runs_on_the_runs_device_unless_told_otherwise(ray_cluster, digit
     assert len(merged) == len(result.metrics) and (merged.valid_loss == merged.valid_loss_replay).all()
 
 
+@pytest.mark.parametrize("metric", ["valid_acc", "train_accuracy"])
+def test_a_metric_no_fn_returns_stops_the_run_at_its_first_report(ray_cluster, digits, tmp_path, metric):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    fn = "eval_fn" if metric.startswith("valid_") else "train_fn"
+    with pytest.raises(MetricNotReportedError, match=rf"`metric` is '{metric}', but {fn} returned no .* reported \["):
+        _run(ds, tmp_path, "typo", automl.GridSearch(SPACE, epochs=20), metric=metric, mode="max")
+    catalog = SQLiteCatalog(str(tmp_path / "typo" / "run.db"))
+    units = catalog.units(status="done")
+    catalog.close()
+    # stopped at the first report: one epoch of the 20 at most (2 configs x (2 train + 2 eval) units)
+    assert 0 < len(units) <= 8 and set(units.epoch) == {0}
+
+
 def _failing_model_fn(config):
     if config["hidden"] == 13:
         raise RuntimeError("model_fn exploded on purpose")
@@ -136,7 +150,7 @@ def test_failing_configs_are_reported_and_the_rest_finish(ray_cluster, digits, t
             assert status.loc[cid, "status"] == "failed"
             assert "non-finite loss" in status.loc[cid, "error"]
         else:
-            assert status.loc[cid, "status"] == "stopped"
+            assert status.loc[cid, "status"] == "completed"
             assert status.loc[cid, "epochs"] == 3
     healthy = [cid for cid, c in by_cfg.items() if c["hidden"] == 32 and c["lr"] == 0.05]
     assert result.best_config_id == healthy[0]
