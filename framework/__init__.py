@@ -1,6 +1,7 @@
 """Model hopper parallelism (MOP) for deep-learning model selection on Ray.
 
-Public API: `PartitionedDataset`, `ModelSelection`, `Trainable`, `Result`, `replay`; transfer learning that shares frozen
+Public API: `PartitionedDataset`, `ModelSelection`, `Trainable`, `Result`, `replay`; callbacks and trackers:
+`Callback`, `TensorBoardCallback`, `MLflowCallback`; transfer learning that shares frozen
 computation: `plan_transfer`, `TransferSelection` (in-process) and `transfer_on_engine` (on the MOP engine).
 """
 
@@ -10,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 # Names are imported on first use (PEP 562), so a worker process that needs `framework.engine.worker` does not pay
 # for the planner, OR-Tools, pandas and Optuna at start-up.
 _EXPORTS = {
+    "Callback": "framework.callbacks",
+    "MLflowCallback": "framework.callbacks",
+    "TensorBoardCallback": "framework.callbacks",
     "PartitionedDataset": "framework.data",
     "EngineTransfer": "framework.planner.engine",
     "transfer_on_engine": "framework.planner.engine",
@@ -24,6 +28,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
+    from framework.callbacks import Callback, MLflowCallback, TensorBoardCallback
     from framework.data import PartitionedDataset
     from framework.planner.engine import EngineTransfer, transfer_on_engine
     from framework.planner.transfer import TransferPlan, TransferSelection, plan_transfer
@@ -47,6 +52,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "EXECUTORS",
+    "Callback",
+    "MLflowCallback",
+    "TensorBoardCallback",
     "EngineTransfer",
     "ModelSelection",
     "PartitionedDataset",

@@ -97,8 +97,15 @@ class Result:
 
     @classmethod
     def open(cls, storage_path: str, model_fn: Callable | None = None) -> Result:
-        """Re-open a finished (or crashed) run's results from its directory (also one copied or moved elsewhere).
-        Opening reads only: nothing is written into the run."""
+        """Re-open a finished (or crashed) run's results from its directory (also one copied or moved elsewhere), or
+        from the URI it was mirrored to (fetched into its local working copy first). Opening reads only: nothing is
+        written into the run."""
+        from framework.storage import RunStorage, is_uri
+
+        if is_uri(storage_path):
+            storage = RunStorage(storage_path, "opened")
+            storage.pull()
+            storage_path = storage.local
         if not os.path.exists(os.path.join(storage_path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: not a run directory")
         return cls(storage_path, model_fn)

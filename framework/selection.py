@@ -9,10 +9,11 @@ config's last state, a failure in user code counts against its config only.
 
 from __future__ import annotations
 
-import datetime as _dt
+import hashlib
 import os
 import random
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from automl import Procedure
+from framework.callbacks import Callback, CallbackList, RunInfo, check_callbacks
 from framework.data import PartitionedDataset
 from framework.driver import Driver, DriverOptions, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog
@@ -29,6 +31,7 @@ from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.engine.signing import loads_signed
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Scheduler, make_scheduler
+from framework.storage import RunStorage, describe, run_name
 
 EXECUTORS = ("mop", "task_parallel", "sequential")
 MODES = ("min", "max")
@@ -50,11 +53,30 @@ def _extract_ref(extract: Callable | None) -> str | None:
 
 
 def _git_revision() -> str | None:
+    """HEAD of the working directory's repository; `$MODELHOPPER_GIT_REVISION` where the code came without its
+    `.git` (e.g. uploaded by `ray job submit`); else None."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("MODELHOPPER_GIT_REVISION")
+
+
+def _code_digest() -> str:
+    """sha256 over this package's source files (framework, automl, simulators): names the code that ran even
+    where no git revision is known."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for pkg in ("framework", "automl", "simulators"):
+        for dirpath, dirs, files in sorted(os.walk(os.path.join(root, pkg))):
+            dirs.sort()
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    h.update(os.path.relpath(path, root).encode())
+                    with open(path, "rb") as fh:
+                        h.update(fh.read())
+    return h.hexdigest()
 
 
 def _resolve_procedure(procedure: Any) -> Procedure:
@@ -89,7 +111,11 @@ class ModelSelection:
         executor: `"mop"` (partitions stay, models hop), `"task_parallel"` (every worker holds all data and trains
             whole epochs of one config, the Ray Tune / Celery pattern) or `"sequential"` (one worker, all data).
         seed: run seed; every unit is seeded from (seed, config, epoch, partition).
-        storage_path: the run's directory (default: a new folder under `./runs/`).
+        storage_path: where the run's directory goes: a local path, a URI that `pyarrow.fs` opens (`s3://...`,
+            `gs://...`, `file:///...`; the run works in a local copy that is mirrored there, see
+            `framework.storage`), or None: a new folder `<name>` under `$MODELHOPPER_STORAGE`, else
+            `~/modelhopper_runs` (never the working directory, which `ray job submit` replaces).
+        name: the run folder's name when `storage_path` is None (default: `<procedure>-<timestamp>`).
         metric, mode: what ranks configs (`valid_<name>` or `train_<name>`; `"min"` or `"max"`).
         progress: show a progress bar over units and a leaderboard line per round.
         unit_timeout_s: health check of a running unit: a unit running longer is declared hung, its worker is
@@ -135,6 +161,9 @@ class ModelSelection:
         data_on_device: each worker moves the tensors of the partitions it loads to its device once (a GPU worker
             then trains without a host-to-device copy per batch; `train_fn`'s `.to(device)` becomes a no-op). Costs
             device memory: a partition's size per worker. No effect on CPU workers.
+        callbacks: `framework.Callback` instances called as the run goes on (`on_run_start`, `on_unit_end`,
+            `on_epoch_end`, `on_decision`, `on_run_end`), e.g. `framework.TensorBoardCallback()` or
+            `framework.MLflowCallback()`.
     """
 
     def __init__(
@@ -165,6 +194,8 @@ class ModelSelection:
         queue_depth: int = 2,
         checkpoint: str | float = "epoch",
         data_on_device: bool = False,
+        callbacks: list[Callback] | None = None,
+        name: str | None = None,
     ) -> None:
         for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
@@ -240,14 +271,15 @@ class ModelSelection:
         if not isinstance(data_on_device, bool):
             raise TypeError(f"`data_on_device` is {data_on_device!r}, but must be True or False")
         self.data_on_device = data_on_device
-        if storage_path is None:
-            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-            storage_path = os.path.join("runs", f"run-{stamp}")
-        self.storage_path = os.path.abspath(storage_path)
+        self.callbacks = check_callbacks(callbacks)
+        if name is not None and (not isinstance(name, str) or not name or os.sep in name):
+            raise ValueError(f"`name` is {name!r}, but must be a non-empty folder name without {os.sep!r}")
+        self.storage = RunStorage(storage_path, name or run_name(type(self.procedure).__name__.lower()))
+        self.storage_path = self.storage.local
         self._resuming = False
-        if os.path.exists(os.path.join(self.storage_path, CATALOG_FILE)):
+        if os.path.exists(os.path.join(self.storage_path, CATALOG_FILE)) or self.storage.remote_exists():
             raise FileExistsError(
-                f"`storage_path` {self.storage_path!r} already holds a run; choose a new directory or use "
+                f"`storage_path` {self.storage.where!r} already holds a run; choose a new directory or use "
                 "ModelSelection.resume()"
             )
         self._driver: Driver | None = None
@@ -273,14 +305,17 @@ class ModelSelection:
         that were in flight at the crash, or whose checkpoint had not reached the disk, run again; the schedule log
         marks their lost attempts `lost`. A run made with `extract=` needs the same `extract` again. `overrides` may
         change `progress`, `unit_timeout_s`, `max_unit_retries`,
-        `max_worker_restarts`, `scheduler`, `faults`, `queue_depth`, `checkpoint`, and `worker_resources` (e.g. to
-        resume a GPU run on CPU workers, or the other way round; default: the run's).
+        `max_worker_restarts`, `scheduler`, `faults`, `queue_depth`, `checkpoint`, `callbacks`, and
+        `worker_resources` (e.g. to resume a GPU run on CPU workers, or the other way round; default: the run's).
+        A URI `storage_path` is fetched into its local working copy first.
         """
-        path = os.path.abspath(storage_path)
+        storage = RunStorage(storage_path, "resumed")
+        storage.pull()
+        path = storage.local
         if not os.path.exists(os.path.join(path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: nothing to resume")
         allowed = {"progress", "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "faults",
-                   "queue_depth", "checkpoint", "worker_resources"}
+                   "queue_depth", "checkpoint", "worker_resources", "callbacks"}
         unknown = set(overrides) - allowed
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)} for resume(); allowed: {sorted(allowed)}")
@@ -319,7 +354,7 @@ class ModelSelection:
             executor=meta["executor"], seed=meta["seed"],
             metric=meta["metric"], mode=meta["mode"], extract=extract, **options,
         )
-        self.storage_path, self._resuming = path, True
+        self.storage, self.storage_path, self._resuming = storage, path, True
         return self
 
     def run(self) -> Result:
@@ -349,21 +384,32 @@ class ModelSelection:
         for command, args in self._commands:
             backend.command(command, **args)
         run = driver.run_state
-        bar = tqdm(total=0, unit="unit", desc="model selection", disable=not self.progress, dynamic_ncols=True)
+        if self.progress:
+            print(f"Run directory: {describe(self.storage)}", file=sys.stderr, flush=True)
+        interactive = sys.stderr.isatty()
+        # in a job log (not a terminal) the bar is a status line every 30 s, not a line per refresh
+        bar = tqdm(total=0, unit="unit", desc="model selection", disable=not self.progress, dynamic_ncols=True,
+                   mininterval=0.1 if interactive else 30.0)
         run.bar, run.write = bar, tqdm.write
         run.on_unit = lambda: bar.update(1)
         t_round = [time.time()]
 
         def leaderboard() -> None:
-            bar.write(driver.leaderboard_line(time.time() - t_round[0]))
+            if self.progress:
+                bar.write(driver.leaderboard_line(time.time() - t_round[0]))
             t_round[0] = time.time()
 
         run.leaderboard = leaderboard
+        mirror = _Mirror(self.storage)
+        callbacks = CallbackList([*self.callbacks, mirror], on_error=run.event)
+        run.callbacks = callbacks
         try:
             driver.start_workers()
             info = run.workers.info
             catalog.add_event("workers_started", count=len(run.workers.holds))
             catalog.set_meta(data_bytes_per_worker=[info[w].get("data_bytes", 0) for w in sorted(info)])
+            callbacks.call("on_run_start", RunInfo(self.storage_path, self.metric, self.mode, catalog.meta(),
+                                                   self._resuming, os.path.basename(self.storage.where.rstrip("/"))))
             driver.run(resume_from=catalog if self._resuming else None)
         finally:
             bar.close()
@@ -373,8 +419,13 @@ class ModelSelection:
                 str(e): s / max(n, 1) for e, (s, n) in sorted(run.cpu_by_epoch.items())})
             catalog.close()
             backend.shutdown()
+            self.storage.push(force=True)  # what ran reaches the mirror, also when the run raised
         result = Result(self.storage_path, self.model_fn)
         result.write()
+        callbacks.call("on_run_end", result)
+        self.storage.push(force=True)
+        print(f"Results: {describe(self.storage)} ({len(result.configs)} configs, best {result.best_config_id}, "
+              f"{self.metric}={_best_value(result)})", file=sys.stderr, flush=True)
         return result
 
     @property
@@ -425,6 +476,7 @@ class ModelSelection:
             queue_depth=self.queue_depth, checkpoint=self.checkpoint, data_on_device=self.data_on_device,
             synchronous=self.deterministic or getattr(self.procedure, "synchronous", True),
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
+            code_digest=_code_digest(), storage_uri=self.storage.uri,
             functions={n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
                                                   ("eval_fn", self.eval_fn), ("input_fn", self.input_fn))},
         )
@@ -441,6 +493,23 @@ class ModelSelection:
                "data_on_device": self.data_on_device}
         return RayBackend(fns, self.worker_resources, self.num_threads, entries, put_entries=ds.in_memory,
                           queue_depth=self.queue_depth)
+
+
+class _Mirror(Callback):
+    """Mirrors a run with a URI `storage_path` after each committed decision (at most every `sync_every_s`)."""
+
+    def __init__(self, storage: RunStorage) -> None:
+        self.storage = storage
+
+    def on_decision(self, round: int, decision: Any) -> None:
+        self.storage.push()
+
+
+def _best_value(result: Result) -> str:
+    try:
+        return f"{result.get_best_result().metrics.get(result.metric, float('nan')):.4g}"
+    except LookupError:
+        return "none"
 
 
 def _scheduler_names() -> set[str]:

@@ -72,6 +72,7 @@ class RunState:
     _cpu_mark: float = field(default_factory=time.process_time)
     cpu_units: list[int] = field(default_factory=list)  # epochs of the units done since the last mark
     metric_seen: bool = False  # a report of the metric's kind (train or eval) held the metric
+    callbacks: Any = None  # a framework.callbacks.CallbackList, or None
 
     def event(self, kind: str, **detail: Any) -> None:
         """Log an event (the run's record of what happened) and show it to the fault plan's observer."""

@@ -120,6 +120,10 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     t3 = time.perf_counter()
     run.event("round_committed", round=run.round, decide_s=round(t1 - t0, 6), flush_s=round(t2 - t1, 6),
               commit_s=round(t3 - t2, 6))
+    if run.callbacks:  # what they see is committed: a resume never shows them an epoch twice
+        for c in ended:
+            run.callbacks.call("on_epoch_end", c.id, len(c.history) - 1, dict(c.history[-1]), dict(c.config))
+        run.callbacks.call("on_decision", run.round, decision)
     if run.faults.crash_after_commit(run.round):
         run.crash()
     run.round += 1

@@ -60,6 +60,9 @@ def on_unit_done(run: RunState, ev: UnitDone) -> None:
         if unit.kind == TRAIN and "skip_checkpoint" not in faults and checkpoint_due(run, c, unit, units):
             checkpoint(run, c, unit.epoch, units, handle, f.worker)
 
+    if run.callbacks:
+        run.callbacks.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
+                           report.end - report.start, dict(report.metrics))
     run.deferred.append(record)  # done once the next units are on their way
     c.open -= 1
     if c.open == 0:

@@ -1,0 +1,155 @@
+"""Where runs live: a default root outside the working directory, and remote storage mirrored from a local copy.
+
+A run directory is always local while the run goes on (SQLite needs a real file system). With a URI
+(`storage_path="s3://bucket/runs/x"`, `"gs://..."`, `"hdfs://..."`, `"file:///shared/runs/x"`: anything
+`pyarrow.fs.FileSystem.from_uri` opens), the run works in a local copy under `<root>/.working/` and is mirrored to the
+URI: the catalog as a consistent SQLite snapshot, checkpoints, data and result files, after each committed decision
+(at most every `sync_every_s`) and at the end. `Result.open(uri)` and `ModelSelection.resume(uri, ...)` fetch the
+mirror first.
+
+The default root is `~/modelhopper_runs`, or `$MODELHOPPER_STORAGE` when set: under `ray job submit`, the working
+directory is Ray's temporary copy of the uploaded code, which Ray may delete while the job runs.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import re
+import sqlite3
+import tempfile
+import time
+from typing import Any
+
+STORAGE_ENV = "MODELHOPPER_STORAGE"
+#: files under these folders are written once (a checkpoint's name carries its unit count): uploaded when missing
+IMMUTABLE = ("checkpoints/", "data/")
+_SKIP = re.compile(r"(^|/)run\.db(-wal|-shm|-journal)?$|\.tmp\.|(^|/)\.")
+
+
+def default_root() -> str:
+    """`$MODELHOPPER_STORAGE`, else `~/modelhopper_runs`."""
+    return os.path.abspath(os.path.expanduser(os.environ.get(STORAGE_ENV) or os.path.join("~", "modelhopper_runs")))
+
+
+def run_name(prefix: str) -> str:
+    """`<prefix>-<timestamp>`: a new run's folder name (microseconds keep two runs started together apart)."""
+    return f"{prefix}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
+
+
+def is_uri(path: str) -> bool:
+    return isinstance(path, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
+
+
+class RunStorage:
+    """A run's local directory, and the URI it is mirrored to (None: local only).
+
+    Args:
+        storage_path: a local path, a URI, or None (a new folder `name` under `default_root()`).
+        name: the folder name for a default or a URI's working copy.
+        sync_every_s: the least time between two mirrors while the run goes on.
+    """
+
+    def __init__(self, storage_path: str | None, name: str, sync_every_s: float = 30.0) -> None:
+        self.uri: str | None = None
+        self.sync_every_s = sync_every_s
+        self._last_push = 0.0
+        if storage_path is None:
+            self.local = os.path.join(default_root(), name)
+        elif is_uri(storage_path):
+            import pyarrow.fs
+
+            try:
+                self._fs, self._root = pyarrow.fs.FileSystem.from_uri(storage_path)
+            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for an unusable URI
+                raise ValueError(f"`storage_path` is {storage_path!r}, but pyarrow.fs cannot open it: {e}") from e
+            self.uri = storage_path
+            digest = hashlib.sha1(storage_path.encode()).hexdigest()[:10]
+            base = os.path.basename(self._root.rstrip("/")) or "run"
+            self.local = os.path.join(default_root(), ".working", f"{base}-{digest}")
+        elif not isinstance(storage_path, (str, os.PathLike)):
+            raise TypeError(f"`storage_path` is {storage_path!r}, but must be a path, a URI or None")
+        else:
+            self.local = os.path.abspath(os.fspath(storage_path))
+
+    def __repr__(self) -> str:
+        return f"RunStorage(local={self.local!r}, uri={self.uri!r})"
+
+    @property
+    def where(self) -> str:
+        """What users should be told: the URI when there is one, else the local directory."""
+        return self.uri or self.local
+
+    # ---- remote mirror ------------------------------------------------------------------------------------------
+    def _remote_files(self) -> dict[str, int]:
+        import pyarrow.fs
+
+        info = self._fs.get_file_info(pyarrow.fs.FileSelector(self._root, recursive=True, allow_not_found=True))
+        root = self._root.rstrip("/") + "/"
+        return {i.path[len(root):]: i.size for i in info if i.type == pyarrow.fs.FileType.File}
+
+    def remote_exists(self) -> bool:
+        return self.uri is not None and "run.db" in self._remote_files()
+
+    def pull(self) -> None:
+        """Copy the mirror into the local working copy (replacing what is there): before a resume or a read."""
+        if self.uri is None:
+            return
+        files = self._remote_files()
+        if "run.db" not in files:
+            raise FileNotFoundError(f"`storage_path` {self.uri!r} holds no run.db: not a run directory")
+        for rel in files:
+            dst = os.path.join(self.local, rel)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with self._fs.open_input_stream(f"{self._root.rstrip('/')}/{rel}") as src, open(dst + ".part", "wb") as f:
+                while chunk := src.read(1 << 22):
+                    f.write(chunk)
+            os.replace(dst + ".part", dst)
+
+    def push(self, force: bool = False) -> bool:
+        """Mirror the local copy to the URI (at most every `sync_every_s` unless `force`); True when it did."""
+        if self.uri is None or not os.path.isdir(self.local):
+            return False
+        if not force and time.monotonic() - self._last_push < self.sync_every_s:
+            return False
+        remote = self._remote_files()
+        local: dict[str, int] = {}
+        for dirpath, _, names in os.walk(self.local):
+            for n in names:
+                rel = os.path.relpath(os.path.join(dirpath, n), self.local).replace(os.sep, "/")
+                if not _SKIP.search(rel):
+                    local[rel] = os.path.getsize(os.path.join(dirpath, n))
+        root = self._root.rstrip("/")
+        for rel, size in local.items():
+            if rel.startswith(IMMUTABLE) and remote.get(rel) == size:
+                continue
+            self._upload(os.path.join(self.local, rel), f"{root}/{rel}")
+        for rel in set(remote) - set(local) - {"run.db"}:  # pruned checkpoints, files a rerun no longer writes
+            self._fs.delete_file(f"{root}/{rel}")
+        db = os.path.join(self.local, "run.db")
+        if os.path.exists(db):  # a consistent snapshot, never the live file and its WAL
+            with tempfile.TemporaryDirectory() as tmp:
+                snap = os.path.join(tmp, "run.db")
+                src, dst = sqlite3.connect(db), sqlite3.connect(snap)
+                try:
+                    src.backup(dst)
+                finally:
+                    src.close()
+                    dst.close()
+                self._upload(snap, f"{root}/run.db")
+        self._last_push = time.monotonic()
+        return True
+
+    def _upload(self, src: str, dst: str) -> None:
+        self._fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
+        with open(src, "rb") as f, self._fs.open_output_stream(dst) as out:
+            while chunk := f.read(1 << 22):
+                out.write(chunk)
+
+
+def describe(storage: Any) -> str:
+    """One line for the logs: where a run's results are."""
+    if storage.uri is None:
+        return storage.local
+    return f"{storage.uri} (working copy {storage.local})"

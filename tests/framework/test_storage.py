@@ -1,0 +1,79 @@
+"""Where runs live: the default root, URIs mirrored through pyarrow.fs (a local file-system URI here), run directories
+that move, and reads that never write."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from framework.engine.catalog import SQLiteCatalog
+from framework.engine.checkpoint import write_atomic
+from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
+from framework.storage import STORAGE_ENV, RunStorage, default_root, is_uri
+
+
+def _run_dir(path) -> str:
+    """A finished run of one config with two checkpoints, built by hand."""
+    os.makedirs(path / CHECKPOINT_DIR)
+    catalog = SQLiteCatalog(str(path / CATALOG_FILE))
+    catalog.set_meta(metric="valid_loss", mode="min", start_time=0.0)
+    catalog.add_config(0, {"lr": 0.1}, "stopped")
+    for units in (1, 2):
+        ckpt = str(path / CHECKPOINT_DIR / f"config_0_u{units}.pt")
+        digest, size = write_atomic({"model": {"w": torch.full((3,), float(units))}, "visited": {}}, ckpt)
+        catalog.add_checkpoint(0, 0, units, ckpt, digest, size)
+    catalog.add_epoch(0, 0, 0, {"valid_loss": 0.5})
+    catalog.close()
+    return str(path)
+
+
+def test_the_default_root_is_outside_the_working_directory_and_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(STORAGE_ENV, raising=False)
+    assert default_root() == os.path.join(os.path.expanduser("~"), "modelhopper_runs")
+    monkeypatch.setenv(STORAGE_ENV, str(tmp_path / "elsewhere"))
+    storage = RunStorage(None, "grid-1")
+    assert storage.local == str(tmp_path / "elsewhere" / "grid-1") and storage.uri is None
+    assert RunStorage("rel/run", "x").local == os.path.abspath("rel/run")
+
+
+def test_a_uri_is_checked_before_any_work():
+    assert is_uri("s3://bucket/x") and is_uri("file:///tmp/x") and not is_uri("./s3:/bucket/x")
+    with pytest.raises(ValueError, match=r"`storage_path` is 'nosuchscheme://x/y', but pyarrow.fs cannot open it"):
+        RunStorage("nosuchscheme://x/y", "run")
+
+
+def test_checkpoint_paths_are_relative_so_a_moved_run_loads(tmp_path):
+    run = _run_dir(tmp_path / "run")
+    catalog = SQLiteCatalog(os.path.join(run, CATALOG_FILE), readonly=True)
+    stored = catalog._read("SELECT path FROM checkpoints")
+    catalog.close()
+    assert sorted(p for (p,) in stored) == ["checkpoints/config_0_u1.pt", "checkpoints/config_0_u2.pt"]
+    moved = shutil.move(run, str(tmp_path / "moved"))
+    state = Result.open(moved).load_state(0)
+    assert torch.equal(state["model"]["w"], torch.full((3,), 2.0))
+
+
+def test_a_run_mirrored_to_a_uri_opens_from_the_uri(tmp_path, monkeypatch):
+    monkeypatch.setenv(STORAGE_ENV, str(tmp_path / "root"))
+    uri = f"file://{tmp_path}/remote/run"
+    storage = RunStorage(uri, "run")
+    assert storage.local.startswith(str(tmp_path / "root" / ".working"))
+    _run_dir(Path(storage.local))
+    (Path(storage.local) / "checkpoints" / "config_0_u3.pt.tmp.1.2").write_bytes(b"crash")
+    assert storage.push(force=True) and not storage.push()  # throttled: at most every sync_every_s
+    remote = tmp_path / "remote" / "run"
+    assert sorted(os.listdir(remote / "checkpoints")) == ["config_0_u1.pt", "config_0_u2.pt"]  # no temp files
+    assert (remote / "run.db").exists() and not (remote / "run.db-wal").exists()
+    os.remove(os.path.join(storage.local, CHECKPOINT_DIR, "config_0_u1.pt"))  # pruned locally: pruned remotely
+    storage.push(force=True)
+    assert sorted(os.listdir(remote / "checkpoints")) == ["config_0_u2.pt"]
+    shutil.rmtree(storage.local)  # the working copy is gone (another machine): open fetches the mirror
+    result = Result.open(uri)
+    assert result.best_config_id == 0
+    assert torch.equal(result.load_state(0)["model"]["w"], torch.full((3,), 2.0))
+    with pytest.raises(FileNotFoundError, match="holds no run.db"):
+        Result.open(f"file://{tmp_path}/remote/nothing")
