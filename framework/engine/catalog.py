@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import urllib.parse
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
