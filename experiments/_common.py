@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
+import re
 import subprocess
 from typing import Any, TypeVar
 
@@ -16,22 +18,42 @@ import pandas as pd
 T = TypeVar("T")
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default shown."""
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """The trailing `# comment` of each field in a dataclass's source: its help text on the command line."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    found = re.findall(r"^\s+(\w+)\s*:[^=\n]*=[^\n#]*#\s*(.+)$", source, flags=re.MULTILINE)
+    return {name: text.strip().replace("%", "%%") for name, text in found}  # argparse formats help with %
+
+
 def parse_config(defaults: type[T], argv: list[str] | None, doc: str | None, quick: dict[str, Any]) -> T:
-    """Build `defaults` from argv: one `--flag` per field (tuples take several values, bools --x/--no-x);
-    `--quick` swaps in `quick` for every field the command line left at its default."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    fields = dataclasses.fields(defaults)
+    """Build `defaults` from argv: one `--flag` per field, words joined by dashes (tuples take several values,
+    bools --x/--no-x), its help the field's comment and its default shown; `--quick` swaps in `quick` for every field
+    the command line left at its default."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=_Help)
+    fields = [f for f in dataclasses.fields(defaults) if f.name != "quick"]
+    helps = field_help(defaults)
     for f in fields:
         flag = f"--{f.name.replace('_', '-')}"
+        text = helps.get(f.name, f.name.replace("_", " "))
         if isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=text)
         elif isinstance(f.default, tuple):
-            parser.add_argument(flag, type=type(f.default[0]) if f.default else str, nargs="+", default=f.default)
+            parser.add_argument(flag, type=type(f.default[0]) if f.default else str, nargs="+", default=f.default,
+                                help=text)
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
+            parser.add_argument(flag, type=type(f.default), default=f.default, help=text)
     parser.add_argument("--quick", action="store_true", help=f"a small variant: {quick}")
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in fields}
+    if any(f.name == "quick" for f in dataclasses.fields(defaults)):
+        values["quick"] = args.quick
     if args.quick:
         values.update({k: v for k, v in quick.items() if values[k] == getattr(defaults, k)})
     return defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})

@@ -4,7 +4,7 @@ Prints, per procedure and executor: configs explored per rung (epochs reached), 
 time. ASHA runs under a time budget, so the executor that trains faster explores more configs.
 
     python experiments/automl_on_mop.py --quick
-    ray job submit --working-dir . -- python experiments/automl_on_mop.py --procedure asha
+    ray job submit --working-dir . -- python experiments/automl_on_mop.py --procedures asha
 """
 
 from __future__ import annotations

@@ -18,21 +18,25 @@ Pure PyTorch: nothing here needs Ray (the freezing package is algorithm code and
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
+import os
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-import torch
-import torch.nn.functional as F
-from torch import nn
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from experiments._common import parse_config  # noqa: E402
 from framework.freezing import FreezingController, FreezingPolicyConfig, split_by_size
 
 
@@ -174,24 +178,8 @@ def git_revision() -> str:
         return "unknown"
 
 
-def parse_args() -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Config):
-        default = field.default
-        if isinstance(default, bool):
-            parser.add_argument(f"--{field.name.replace('_', '-')}", action="store_true", default=default)
-        elif isinstance(default, tuple):
-            parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, nargs="+", default=None)
-        else:
-            parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(default), default=None)
-    args = vars(parser.parse_args())
-    overrides = {k: (tuple(v) if isinstance(v, list) else v) for k, v in args.items() if v is not None}
-    base = dataclasses.replace(Config(), **QUICK) if overrides.get("quick") else Config()
-    return dataclasses.replace(base, **overrides)
-
-
-def main() -> None:
-    cfg = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(Config, argv, __doc__, QUICK)
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     x, y, x_val, y_val = load_digits_tensors(cfg)

@@ -1,5 +1,7 @@
 """Cerebro Figure 6 on this machine: every scheduler on |S| in {16, 256} x p in {8, 16} x homo/hetero x 5 seeds.
 
+    python experiments/scheduler_comparison.py --quick
+
 Prints mean and max makespan / lower bound per scheduler and setting, and decision time per unit. Runs directly
 (`python experiments/scheduler_comparison.py`) or via `ray job submit --working-dir . -- python
 experiments/scheduler_comparison.py`; it needs no Ray (pure simulation), so it never starts one.
@@ -7,53 +9,40 @@ experiments/scheduler_comparison.py`; it needs no Ray (pure simulation), so it n
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
+from experiments._common import parse_config, record_run  # noqa: E402
 from simulators.compare import CompareConfig, compare_and_write  # noqa: E402
 
 
 @dataclass
 class Defaults:
-    configs: str = "16,256"
-    workers: str = "8,16"
-    kinds: str = "homogeneous,heterogeneous"
-    seeds: int = 5
-    schedulers: str = "randomized,mwr,lpt,lookahead,approx,cpsat,milp"
-    time_limit_s: float = 5.0
-    out: str = "results/scheduler_comparison"
+    configs: tuple = (16, 256)  # |S| values
+    workers: tuple = (8, 16)  # p values
+    kinds: tuple = ("homogeneous", "heterogeneous")  # workload kinds
+    seeds: int = 5  # seeds per setting
+    schedulers: tuple = ("randomized", "mwr", "lpt", "lookahead", "approx", "cpsat", "milp")  # policies compared
+    time_limit: float = 5.0  # seconds per exact (cpsat, milp) solve; the paper used 300
+    quiet: bool = False  # no progress bar
+    out: str = "results/scheduler_comparison"  # output folder
+
+
+QUICK = dict(configs=(16,), workers=(8,), seeds=2, time_limit=1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    d = Defaults()
-    ap = argparse.ArgumentParser(description=__doc__)
-    for f in fields(Defaults):
-        ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(d, f.name)), default=getattr(d, f.name))
-    ap.add_argument("--quiet", action="store_true")
-    a = ap.parse_args(argv)
-    cfg = CompareConfig(
-        configs=tuple(int(x) for x in a.configs.split(",")),
-        workers=tuple(int(x) for x in a.workers.split(",")),
-        kinds=tuple(a.kinds.split(",")),
-        seeds=tuple(range(a.seeds)),
-        schedulers=tuple(a.schedulers.split(",")),
-        time_limit_s=a.time_limit_s,
-    )
+    a = parse_config(Defaults, argv, __doc__, QUICK)
+    cfg = CompareConfig(configs=tuple(a.configs), workers=tuple(a.workers), kinds=tuple(a.kinds),
+                        seeds=tuple(range(a.seeds)), schedulers=tuple(a.schedulers), time_limit_s=a.time_limit)
     out = Path(a.out)
     df, summ = compare_and_write(cfg, out, progress=not a.quiet)
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
-    except OSError:
-        rev = ""
-    (out / "run.json").write_text(json.dumps({"args": vars(a), "config": asdict(cfg), "git": rev}, indent=2))
+    record_run(str(out), a)
     table = summ[["kind", "configs", "workers", "scheduler", "vs_lb_mean", "vs_lb_max", "ms_per_unit_mean"]]
     if "vs_randomized_mean" in summ:
         table = table.assign(vs_randomized_mean=summ["vs_randomized_mean"])

@@ -16,21 +16,25 @@ Runs in-process (the planner is pure torch + OR-Tools); the distributed path bel
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-import torch
-from torch import nn
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from framework.planner import METHODS, TransferSelection, measure_cost_model
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from experiments._common import parse_config  # noqa: E402
+from framework.planner import METHODS, TransferSelection, measure_cost_model  # noqa: E402
 
 
 @dataclass
@@ -59,7 +63,7 @@ class Defaults:
     initial_records: int = 256
     disk_budget_mb: float = 1024.0
     memory_budget_mb: float = 2048.0
-    out_dir: str = "runs/transfer_learning"
+    out: str = "results/transfer_learning"  # output folder (a new timestamped folder per run)
     quick: bool = False
 
 
@@ -148,19 +152,8 @@ def git_revision() -> str:
         return "unknown"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Defaults):
-        if f.name == "quick":
-            parser.add_argument("--quick", action="store_true", help="small run, under a minute")
-        elif isinstance(f.default, tuple):
-            parser.add_argument(f"--{f.name}", nargs="+", type=type(f.default[0]), default=list(f.default))
-        else:
-            parser.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
-    ns = vars(parser.parse_args())
-    if ns["quick"]:
-        ns.update(QUICK)
-    a = Defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in ns.items()})
+def main(argv: list[str] | None = None) -> None:
+    a = parse_config(Defaults, argv, __doc__, QUICK)
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     t0 = time.perf_counter()
@@ -182,7 +175,7 @@ def main() -> None:
     def model_fn(cfg: dict) -> nn.Module:
         return TransferModel(encoder, cfg["strategy"], a)
 
-    run_dir = Path(a.out_dir) / time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(a.out) / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     rows, metrics = [], []
     for method in a.methods:

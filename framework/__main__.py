@@ -36,11 +36,23 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    import json
+
     from framework import Result
 
     result = Result.open(args.storage_path)
+    board = result.get_dataframe(args.metric, args.mode, args.scope)
+    if args.top is not None:
+        board = board.head(args.top)
+    if args.json:
+        out = {"storage_path": result.storage_path, "metric": args.metric or result.metric,
+               "mode": args.mode or result.mode, "configs": len(result.configs),
+               "leaderboard": json.loads(board.to_json(orient="records")),
+               "failures": json.loads(result.failures.to_json(orient="records"))}
+        print(json.dumps(out, indent=1))
+        return 0
     print(result)
-    print(result.leaderboard().to_string(index=False))
+    print(board.drop(columns=["round"], errors="ignore").to_string(index=False))
     if not result.failures.empty:
         print("\nFailed configs:")
         for row in result.failures.itertuples():
@@ -53,31 +65,67 @@ def _replay(args: argparse.Namespace) -> int:
 
     result = framework.replay(args.storage_path, out_path=args.out, device=args.device)
     print(f"Replayed into {result.storage_path}")
-    print(result.leaderboard().to_string(index=False))
+    print(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m framework", description="Model hopper parallelism on Ray.")
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an int") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{s!r} must be >= 1")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="python -m framework", description="Model hopper parallelism on Ray.",
+                                     formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a small model selection on an embedded local Ray")
-    demo.add_argument("--workers", type=int, default=2, help="partitions and worker actors (default 2)")
-    demo.add_argument("--epochs", type=int, default=5)
-    demo.add_argument("--scheduler", default="randomized")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--storage-path", default=None, help="run directory (default: a new folder under ./runs)")
+    demo = sub.add_parser("demo", help="run a small model selection on an embedded local Ray", formatter_class=fmt)
+    demo.add_argument("--workers", type=_positive_int, default=2, help="partitions and worker actors")
+    demo.add_argument("--epochs", type=_positive_int, default=5, help="epochs per config")
+    demo.add_argument("--scheduler", default="randomized", help="a name from framework.scheduling.SCHEDULERS")
+    demo.add_argument("--seed", type=int, default=0, help="run seed")
+    demo.add_argument("--storage-path", default=None,
+                      help="run directory or URI (None: a new folder under $MODELHOPPER_STORAGE or ~/modelhopper_runs)")
     demo.set_defaults(func=_demo)
-    show = sub.add_parser("show", help="print the leaderboard and failures of a run directory")
-    show.add_argument("storage_path")
+    show = sub.add_parser("show", help="print a run's leaderboard and failures (reads only)", formatter_class=fmt)
+    show.add_argument("storage_path", help="run directory (or the URI it was mirrored to)")
+    show.add_argument("--top", type=_positive_int, default=None, help="show only the best N configs (None: all)")
+    show.add_argument("--metric", default=None, help="rank by this metric (None: the run's)")
+    show.add_argument("--mode", choices=("min", "max"), default=None, help="min or max (None: the run's)")
+    show.add_argument("--scope", choices=("last", "all"), default="last",
+                      help="rank each config by its last epoch or by its best epoch")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(func=_show)
-    rep = sub.add_parser("replay", help="re-run a finished run from its schedule log (bit-identical on CPU)")
-    rep.add_argument("storage_path")
-    rep.add_argument("--out", default=None, help="output directory (default: <storage_path>/replay)")
-    rep.add_argument("--device", default=None,
-                     help="where to train: cpu, cuda, cuda:1 (default: the run's device)")
+    rep = sub.add_parser("replay", help="re-run a finished run from its schedule log (bit-identical on CPU)",
+                         formatter_class=fmt)
+    rep.add_argument("storage_path", help="run directory (or the URI it was mirrored to)")
+    rep.add_argument("--out", default=None,
+                     help="a new output directory (None: <storage_path>/replay, or replay-2, replay-3, ... if taken)")
+    rep.add_argument("--device", default=None, help="where to train: cpu, cuda, cuda:1 (None: the run's device)")
     rep.set_defaults(func=_replay)
+    return parser
+
+
+#: what bad input raises: reported as one line and exit code 2, never a traceback
+USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, TypeError, KeyError, LookupError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from framework.engine.catalog import CatalogError
+
+    parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (*USER_ERRORS, CatalogError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"{parser.prog} {args.command}: error: {msg}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -152,7 +153,8 @@ class PartitionedDataset:
     def save(self, directory: str) -> dict[str, Any]:
         """Write in-memory partitions as .npy files under `directory`; return a JSON-able description."""
         if not self.in_memory:
-            return {"kind": "files", "train": [str(e) for e in self.train], "valid": [str(e) for e in self.valid]}
+            return {"kind": "files", "train": [encode_entry(e) for e in self.train],
+                    "valid": [encode_entry(e) for e in self.valid]}
         os.makedirs(directory, exist_ok=True)
         for split, parts in (("train", self.train), ("valid", self.valid)):
             for j, part in enumerate(parts):
@@ -164,7 +166,8 @@ class PartitionedDataset:
     def load(cls, directory: str, description: Mapping[str, Any]) -> PartitionedDataset:
         """Inverse of `save` (never unpickles)."""
         if description["kind"] == "files":
-            return cls.from_files(description["train"], description["valid"])
+            return cls.from_files([decode_entry(e) for e in description["train"]],
+                                  [decode_entry(e) for e in description["valid"]])
 
         def read(split: str, j: int) -> tuple[torch.Tensor, ...]:
             return tuple(
@@ -174,3 +177,38 @@ class PartitionedDataset:
 
         n = description["num_partitions"]
         return cls([read("train", j) for j in range(n)], [read("valid", j) for j in range(n)], in_memory=True)
+
+
+def encode_entry(entry: Any) -> Any:
+    """A `from_files` entry as JSON that keeps its type: `Path`, tuples and dicts come back as they were (replay and
+    resume hand `input_fn` what the run did). Strings, numbers, booleans and None stay as they are."""
+    if isinstance(entry, (str, int, float, bool)) or entry is None:
+        return entry
+    if isinstance(entry, os.PathLike):
+        return {"__type__": "path", "value": os.fspath(entry)}
+    if isinstance(entry, tuple):
+        return {"__type__": "tuple", "value": [encode_entry(v) for v in entry]}
+    if isinstance(entry, list):
+        return [encode_entry(v) for v in entry]
+    if isinstance(entry, dict):
+        if not all(isinstance(k, str) for k in entry):
+            raise TypeError(f"a dataset entry {entry!r} has non-string keys: JSON cannot keep them")
+        return {"__type__": "dict", "value": {k: encode_entry(v) for k, v in entry.items()}}
+    raise TypeError(f"a dataset entry is a {type(entry).__name__} ({entry!r}); entries must be paths, strings, "
+                    "numbers, or tuples, lists and dicts of them, so that replay and resume can store them")
+
+
+def decode_entry(obj: Any) -> Any:
+    """Inverse of `encode_entry` (a run from before type tags gets its strings back, as it stored them)."""
+    if isinstance(obj, list):
+        return [decode_entry(v) for v in obj]
+    if isinstance(obj, dict) and "__type__" in obj:
+        kind, value = obj["__type__"], obj["value"]
+        if kind == "path":
+            return Path(value)
+        if kind == "tuple":
+            return tuple(decode_entry(v) for v in value)
+        if kind == "dict":
+            return {k: decode_entry(v) for k, v in value.items()}
+        raise ValueError(f"unknown dataset entry type {kind!r} in the run's description")
+    return obj

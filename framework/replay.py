@@ -28,6 +28,7 @@ from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
+from framework.storage import RunStorage, is_uri
 
 REPLAY_WORKER = 0  # the one worker of a replay; the log keeps each unit's original worker
 
@@ -123,12 +124,19 @@ def replay(
     """Re-run every completed unit of the run in `storage_path` in the logged order; return the replay's `Result`.
 
     User functions default to the ones the run recorded (`module:qualname`); functions defined in `__main__` or
-    inside other functions must be passed explicitly. The replay is written to `out_path`
-    (default: `<storage_path>/replay`). A run made with `ModelSelection(extract=...)` needs the same `extract`.
+    inside other functions must be passed explicitly. The replay is written to `out_path`, which must not hold a run
+    yet (default: `<storage_path>/replay`, or `replay-2`, `replay-3`, ... when taken); `storage_path` may be the URI a
+    run was mirrored to. A run made with `ModelSelection(extract=...)` needs the same `extract`.
     `device`: where the replay trains ("cpu", "cuda", "cuda:1"); default: the run's device (a run whose workers
     asked for a GPU replays on "cuda"). Metrics match the run's within float tolerance on the run's device, and
     bit for bit on CPU.
     """
+    if is_uri(storage_path):
+        storage = RunStorage(storage_path, "replayed")
+        storage.pull()
+        storage_path = storage.local
+    if out_path is not None and os.path.exists(os.path.join(out_path, CATALOG_FILE)):
+        raise FileExistsError(f"`out_path` {out_path!r} already holds a run; choose a new directory")
     src = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
     try:
         meta, configs = src.meta(), src.configs()
@@ -169,10 +177,8 @@ def replay(
     order = [Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind) for r in rows]
     workers = {Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind): int(r.worker) for r in rows}
 
-    out_path = out_path or os.path.join(storage_path, "replay")
+    out_path = out_path or _free_folder(os.path.join(storage_path, "replay"))
     os.makedirs(os.path.join(out_path, CHECKPOINT_DIR), exist_ok=True)
-    if os.path.exists(os.path.join(out_path, CATALOG_FILE)):
-        os.remove(os.path.join(out_path, CATALOG_FILE))
     dst = SQLiteCatalog(os.path.join(out_path, CATALOG_FILE))
     ckpt = CheckpointStore(os.path.join(out_path, CHECKPOINT_DIR), dst)
     threads = torch.get_num_threads()
@@ -199,6 +205,15 @@ def replay(
     result = Result(out_path, model_fn)
     result.write()
     return result
+
+
+def _free_folder(path: str) -> str:
+    """`path`, or `path-2`, `path-3`, ...: the first that holds no run."""
+    candidate, n = path, 1
+    while os.path.exists(os.path.join(candidate, CATALOG_FILE)):
+        n += 1
+        candidate = f"{path}-{n}"
+    return candidate
 
 
 def _replay_device(meta: dict, device: str | None) -> str:

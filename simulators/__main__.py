@@ -10,7 +10,10 @@ import pandas as pd
 
 
 def _ints(s: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in s.split(",") if x)
+    try:
+        return tuple(int(x) for x in s.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a comma-separated list of ints, e.g. 8,16") from None
 
 
 def _strs(s: str) -> tuple[str, ...]:
@@ -59,12 +62,17 @@ def cmd_gantt(a: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
-def _pairs(items: list[str]) -> list[tuple[float, int]]:
-    out = []
-    for it in items or []:
-        t, w = it.split(":")
-        out.append((float(t), int(w)))
-    return out
+def _pair(item: str) -> tuple[float, int]:
+    """`TIME:WORKER` -> (time, worker)."""
+    try:
+        t, w = item.split(":")
+        return float(t), int(w)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{item!r} is not TIME:WORKER, e.g. 30:2 (worker 2 at t=30)") from None
+
+
+def _pairs(items: list[tuple[float, int]] | None) -> list[tuple[float, int]]:
+    return list(items or [])
 
 
 def cmd_comm_cost(a: argparse.Namespace) -> int:
@@ -82,51 +90,63 @@ def cmd_comm_cost(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m simulators", description=__doc__)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    ap = argparse.ArgumentParser(prog="python -m simulators", description=__doc__, formatter_class=fmt)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("compare", help="Cerebro Figure 6: makespans and runtimes of all schedulers on a grid")
-    c.add_argument("--configs", type=_ints, default=(16, 256), help="comma-separated |S| values (default 16,256)")
-    c.add_argument("--workers", type=_ints, default=(8, 16), help="comma-separated p values (default 8,16)")
-    c.add_argument("--kinds", type=_strs, default=("homogeneous", "heterogeneous"))
-    c.add_argument("--seeds", type=int, default=5, help="number of seeds (default 5)")
+    c = sub.add_parser("compare", help="Cerebro Figure 6: makespans and runtimes of all schedulers on a grid",
+                       formatter_class=fmt)
+    c.add_argument("--configs", type=_ints, default=(16, 256), help="comma-separated |S| values")
+    c.add_argument("--workers", type=_ints, default=(8, 16), help="comma-separated p values")
+    c.add_argument("--kinds", type=_strs, default=("homogeneous", "heterogeneous"),
+                   help="comma-separated workload kinds: homogeneous, heterogeneous")
+    c.add_argument("--seeds", type=int, default=5, help="number of seeds")
     c.add_argument(
-        "--schedulers", type=_strs, default=("randomized", "mwr", "lpt", "lookahead", "approx", "cpsat", "milp")
+        "--schedulers", type=_strs, default=("randomized", "mwr", "lpt", "lookahead", "approx", "cpsat", "milp"),
+        help="comma-separated names from framework.scheduling.SCHEDULERS",
     )
-    c.add_argument("--time-limit", type=float, default=5.0, help="seconds per exact solve (default 5; paper: 300)")
-    c.add_argument("--out", default="results/scheduler_comparison")
+    c.add_argument("--time-limit", type=float, default=5.0, help="seconds per exact solve (paper: 300)")
+    c.add_argument("--out", default="results/scheduler_comparison", help="output folder")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_compare)
 
-    g = sub.add_parser("gantt", help="Gantt chart PNG of a schedule CSV (e.g. a live schedule.csv) or a simulation")
-    g.add_argument("--schedule", help="CSV with config_id,epoch,partition,worker,kind,start,end; else simulate")
-    g.add_argument("--scheduler", default="randomized")
-    g.add_argument("--kind", default="heterogeneous", choices=("homogeneous", "heterogeneous"))
-    g.add_argument("--configs", type=int, default=16)
-    g.add_argument("--workers", type=int, default=8)
-    g.add_argument("--epochs", type=int, default=1)
-    g.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("gantt", help="Gantt chart PNG of a schedule CSV (e.g. a live schedule.csv) or a simulation",
+                       formatter_class=fmt)
+    g.add_argument("--schedule", help="CSV with config_id,epoch,partition,worker,kind,start,end; None: simulate")
+    g.add_argument("--scheduler", default="randomized", help="a name from framework.scheduling.SCHEDULERS")
+    g.add_argument("--kind", default="heterogeneous", choices=("homogeneous", "heterogeneous"), help="workload kind")
+    g.add_argument("--configs", type=int, default=16, help="|S|, configs simulated")
+    g.add_argument("--workers", type=int, default=8, help="p, workers simulated")
+    g.add_argument("--epochs", type=int, default=1, help="epochs simulated")
+    g.add_argument("--seed", type=int, default=0, help="workload and policy seed")
     g.add_argument("--noise", type=float, default=0.0, help="lognormal sigma of unit times")
-    g.add_argument("--fail", nargs="*", help="failures as TIME:WORKER")
-    g.add_argument("--ret", nargs="*", help="returns as TIME:WORKER")
-    g.add_argument("--out", default="results/gantt")
+    g.add_argument("--fail", nargs="*", type=_pair, help="worker failures as TIME:WORKER")
+    g.add_argument("--ret", nargs="*", type=_pair, help="worker returns as TIME:WORKER")
+    g.add_argument("--out", default="results/gantt", help="output folder")
     g.set_defaults(func=cmd_gantt)
 
-    m = sub.add_parser("comm-cost", help="Cerebro Table 2: communication cost of MOP vs other approaches")
-    m.add_argument("--epochs", type=int, default=20, help="k (default 20)")
-    m.add_argument("--configs", type=int, default=20, help="|S| (default 20)")
-    m.add_argument("--workers", type=int, default=10, help="p (default 10)")
-    m.add_argument("--model-gb", type=float, default=1.0, help="m in GB (default 1)")
-    m.add_argument("--data-tb", type=float, default=1.0, help="<D> in TB (default 1)")
-    m.add_argument("--minibatches", type=int, default=100_000, help="|D|/b (default 100000)")
-    m.add_argument("--out", default="results/comm_cost")
+    m = sub.add_parser("comm-cost", help="Cerebro Table 2: communication cost of MOP vs other approaches",
+                       formatter_class=fmt)
+    m.add_argument("--epochs", type=int, default=20, help="k, epochs")
+    m.add_argument("--configs", type=int, default=20, help="|S|, configs")
+    m.add_argument("--workers", type=int, default=10, help="p, workers")
+    m.add_argument("--model-gb", type=float, default=1.0, help="m, model size in GB")
+    m.add_argument("--data-tb", type=float, default=1.0, help="<D>, data size in TB")
+    m.add_argument("--minibatches", type=int, default=100_000, help="|D|/b, minibatches per epoch")
+    m.add_argument("--out", default="results/comm_cost", help="output folder")
     m.set_defaults(func=cmd_comm_cost)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    return a.func(a)
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    try:
+        return a.func(a)
+    except (FileNotFoundError, ValueError, TypeError, KeyError) as e:  # bad input: one line, never a traceback
+        print(f"{ap.prog} {a.command}: error: {e.args[0] if isinstance(e, KeyError) and e.args else e}",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -80,7 +80,14 @@ class SQLiteCatalog:
             raise CatalogError(f"{path} is not a readable run catalog: {e}") from e
 
     def close(self) -> None:
+        """Close; a writer leaves one self-contained file behind (no `-wal`/`-shm`), so a reader of the finished
+        run (`Result`, `show`) creates no file next to it."""
         with self._lock:
+            if not self.readonly:
+                try:
+                    self._db.execute("PRAGMA journal_mode=DELETE")
+                except sqlite3.OperationalError:
+                    pass  # another connection still has it open: it stays in WAL mode until that one closes
             self._db.close()
 
     def _write(self, sql: str, rows: Iterable[tuple] | tuple = ()) -> None:

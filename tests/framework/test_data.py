@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -43,3 +45,16 @@ def test_concat_data_rejects_unknown_types():
     assert concat_data([[1], [2, 3]]) == [1, 2, 3]
     with pytest.raises(TypeError, match="cannot concatenate"):
         concat_data([{"a": 1}, {"a": 2}])
+
+
+def test_file_entries_round_trip_with_their_types(tmp_path):
+    from pathlib import Path
+
+    train = [Path("/data/a.npz"), {"uri": "s3://b/1", "rows": (0, 100)}, ("shard", 3), "plain.csv"]
+    ds = PartitionedDataset.from_files(train, [Path("/data/v.npz")] * 4)
+    desc = json.loads(json.dumps(ds.save(str(tmp_path))))  # what run.db stores
+    again = PartitionedDataset.load(str(tmp_path), desc)
+    assert again.train == train and again.valid == ds.valid
+    assert isinstance(again.train[0], Path) and isinstance(again.train[1]["rows"], tuple)
+    with pytest.raises(TypeError, match="entries must be paths, strings, numbers"):
+        PartitionedDataset.from_files([object()], [object()]).save(str(tmp_path))

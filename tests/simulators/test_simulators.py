@@ -164,3 +164,21 @@ def test_simulate_selection_runs_a_procedure_through_the_driver_with_failures():
         assert len(mine) == row.epochs * len(w.train_partitions)
         assert not mine.duplicated(["epoch", "partition"]).any()
     assert sorted(r.configs.epochs.unique()) == [1, 3]  # rungs at 1 and 3 epochs
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["gantt", "--fail", "bad"], "argument --fail: 'bad' is not TIME:WORKER"),
+    (["compare", "--configs", "a,b"], "'a,b' is not a comma-separated list of ints"),
+])
+def test_cli_rejects_malformed_flags_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_reports_bad_input_in_one_line_without_a_traceback(tmp_path, capsys):
+    assert cli(["gantt", "--scheduler", "nope", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m simulators gantt: error: `scheduler` is 'nope'") and "Traceback" not in err
+    assert cli(["gantt", "--schedule", str(tmp_path / "missing.csv"), "--out", str(tmp_path)]) == 2
+    assert "missing.csv" in capsys.readouterr().err

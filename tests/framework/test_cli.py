@@ -1,0 +1,75 @@
+"""`python -m framework`: show reads a run without writing to it, bad input is one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from framework.__main__ import main as cli
+from framework.engine.catalog import SQLiteCatalog
+from framework.result import CATALOG_FILE
+
+
+def _run_dir(path) -> str:
+    os.makedirs(path)
+    catalog = SQLiteCatalog(str(path / CATALOG_FILE))
+    catalog.set_meta(metric="valid_loss", mode="min", start_time=0.0)
+    for cid, losses in ((0, [0.5, 0.4]), (1, [0.3, 0.2]), (2, [0.9])):
+        catalog.add_config(cid, {"lr": 0.1 * (cid + 1)}, "stopped")
+        for e, v in enumerate(losses):
+            catalog.add_epoch(cid, e, e, {"valid_loss": v, "valid_accuracy": 1 - v})
+        catalog.update_config(cid, epochs=len(losses))
+    catalog.update_config(2, status="failed", error="Traceback (most recent call last):\nRuntimeError: boom")
+    catalog.close()
+    return str(path)
+
+
+def test_show_prints_the_leaderboard_and_failures_and_writes_nothing(tmp_path, capsys):
+    run = _run_dir(tmp_path / "run")
+    db = os.path.join(run, CATALOG_FILE)
+    before = (os.stat(db).st_mtime_ns, os.stat(db).st_size, sorted(os.listdir(run)))
+    assert cli(["show", run, "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "config/lr" in out and "RuntimeError: boom" in out
+    board = out.split("Failed configs:")[0]
+    assert board.count("completed") == 1  # --top 1: only the best config's row
+    assert cli(["show", run, "--metric", "valid_accuracy", "--mode", "max", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [r["config_id"] for r in shown["leaderboard"]] == [1, 0, 2] and shown["failures"][0]["config_id"] == 2
+    assert (os.stat(db).st_mtime_ns, os.stat(db).st_size, sorted(os.listdir(run))) == before
+
+
+@pytest.mark.parametrize("make, argv, message", [
+    (lambda p: None, ["show", "{p}"], "holds no run.db: not a run directory"),
+    (lambda p: (os.makedirs(p), open(os.path.join(p, CATALOG_FILE), "w").close()), ["show", "{p}"],
+     "is not a run catalog"),
+    (lambda p: (os.makedirs(p), open(os.path.join(p, CATALOG_FILE), "w").write("x" * 200)), ["show", "{p}"],
+     "is not a readable run catalog"),
+    (_run_dir, ["show", "{p}", "--metric", "valid_acc"], "`metric` is 'valid_acc', but the run reported only"),
+    (lambda p: None, ["replay", "{p}"], "does not exist: not a run directory's catalog"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, make, argv, message):
+    path = tmp_path / "run"
+    make(path)
+    listing = sorted(os.listdir(path)) if os.path.isdir(path) else None
+    assert cli([a.format(p=path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert (sorted(os.listdir(path)) if os.path.isdir(path) else None) == listing  # nothing written
+
+
+@pytest.mark.parametrize("argv", [["demo", "--workers", "0"], ["show", "x", "--top", "-1"], ["show", "x", "--mode", "up"]])
+def test_malformed_flags_are_refused_by_the_parser(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_every_command_shows_its_defaults_in_help(capsys):
+    for command in ("demo", "show", "replay"):
+        with pytest.raises(SystemExit):
+            cli([command, "--help"])
+        out = capsys.readouterr().out
+        assert "(default:" in out, command
