@@ -278,3 +278,14 @@ def test_a_queued_unit_starts_when_the_one_ahead_of_it_ends():
         starts, ends = g.start.to_numpy(), g.end.to_numpy()
         assert (starts[1:] >= ends[:-1] - 1e-9).all()
     assert done.start.min() == 0.0
+
+
+@pytest.mark.parametrize("metric, fn, kind", [("valid_acc", "eval_fn", "eval"), ("train_acc", "train_fn", "train")])
+def test_a_metric_no_fn_returns_stops_the_run_at_its_first_report(metric, fn, kind):
+    from framework.driver.units import MetricNotReportedError
+
+    match = rf"`metric` is '{metric}', but {fn} returned no 'acc' \(config \d+, {kind} unit of epoch 0\); {fn} reported \["
+    with pytest.raises(MetricNotReportedError, match=match):
+        _run(_grid(epochs=20), metric=metric, mode="max", check_metric=True)
+    driver, _ = _run(_grid(epochs=1), metric=metric, mode="max")  # simulations and replays do not check
+    assert all(c.status == STOPPED for c in driver.run_state.configs)
