@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench lint clean mutate
+.PHONY: install demo test test-cluster bench lint clean mutate
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q tests
+
+# a user's cluster workflow end to end (ray start, ray job submit, a node joining); about a minute, not in `test`
+test-cluster: install
+	$(BIN)/python -m pytest -q -m cluster tests/cluster
 
 bench: install
 	$(BIN)/python -m pytest -q benchmarks --benchmark-only
