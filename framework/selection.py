@@ -197,9 +197,9 @@ class ModelSelection:
         callbacks: list[Callback] | None = None,
         name: str | None = None,
     ) -> None:
-        for name, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
+        for arg, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
             if not callable(fn):
-                raise TypeError(f"`{name}` is {fn!r}, but must be callable")
+                raise TypeError(f"`{arg}` is {fn!r}, but must be callable")
         if input_fn is not None and not callable(input_fn):
             raise TypeError(f"`input_fn` is {input_fn!r}, but must be callable or None")
         if extract is not None and not callable(extract):
@@ -216,9 +216,9 @@ class ModelSelection:
             raise TypeError(f"`seed` is {seed!r}, but must be an int")
         if unit_timeout_s is not None and not (isinstance(unit_timeout_s, (int, float)) and unit_timeout_s > 0):
             raise ValueError(f"`unit_timeout_s` is {unit_timeout_s!r}, but must be a number > 0 or None")
-        for name, v in (("max_unit_retries", max_unit_retries), ("max_worker_restarts", max_worker_restarts)):
+        for arg, v in (("max_unit_retries", max_unit_retries), ("max_worker_restarts", max_worker_restarts)):
             if not isinstance(v, int) or v < 0:
-                raise ValueError(f"`{name}` is {v!r}, but must be an int >= 0")
+                raise ValueError(f"`{arg}` is {v!r}, but must be an int >= 0")
         p = dataset.num_partitions
         if num_workers is None:
             num_workers = 1 if executor == "sequential" else p

@@ -45,7 +45,7 @@ def test_a_submitted_job_keeps_its_results_when_a_node_joins(head, tmp_path):
     storage = tmp_path / "results"
     client = JobSubmissionClient(dashboard)
     job = client.submit_job(
-        entrypoint="python -m framework demo --workers 2 --epochs 4",
+        entrypoint=f"{sys.executable} -m framework demo --workers 2 --epochs 4",  # the venv: what `python` is to a user
         runtime_env={"working_dir": ROOT, "excludes": [".venv", ".git", "results", "runs", "mutants", "*.pt"],
                      "env_vars": {"MODELHOPPER_STORAGE": str(storage), "RAY_AUTH_MODE": "disabled"}},
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,14 @@ def test_validation_rejects_an_unknown_checkpoint_policy(bad):
 def test_validation_rejects_a_data_on_device_that_is_not_a_bool():
     with pytest.raises(TypeError, match=r"`data_on_device` is 'yes', but must be True or False"):
         _make(data_on_device="yes")
+
+
+def test_a_run_without_storage_path_gets_a_named_folder_under_the_storage_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("MODELHOPPER_STORAGE", str(tmp_path))
+    sel = _make()
+    folder = os.path.basename(sel.storage_path)
+    assert os.path.dirname(sel.storage_path) == str(tmp_path)
+    assert folder.startswith(type(sel.procedure).__name__.lower() + "-")
+    assert _make(name="my-run").storage_path == str(tmp_path / "my-run")
+    with pytest.raises(ValueError, match=r"`name` is 'a/b', but must be a non-empty folder name"):
+        _make(name="a/b")
