@@ -125,6 +125,11 @@ class Procedure(abc.ABC):
     def step(self, states: list[ConfigState]) -> Decision:
         """Decide which configs to add, stop or clone after a round (see the class docstring)."""
 
+    def planned_epochs(self) -> int | None:
+        """Config-epochs the procedure will train when nothing fails (the progress bar's total), or None when it
+        depends on results or time (ASHA). Only a hint: nothing relies on it being exact."""
+        return None
+
     #: The run's storage directory (Optuna studies live there) and the engine's concurrency hint, set by `bind`.
     storage_path: str | None = None
     num_workers: int | None = None
@@ -198,6 +203,9 @@ class FixedEpochsProcedure(Procedure):
     @abc.abstractmethod
     def configs(self) -> list[dict[str, Any]]:
         """Every config to train."""
+
+    def planned_epochs(self) -> int:
+        return len(self.configs()) * self.epochs
 
     def step(self, states: list[ConfigState]) -> Decision:
         if not self._started:

@@ -82,6 +82,16 @@ class HyperBand(Procedure):
         self._members: list[list[int]] = []  # per bracket: ids of its configs
         self._rung: list[int] = []  # per bracket: index of the rung its configs are training towards
 
+    def planned_epochs(self) -> int:
+        """Each rung's configs train up to its epoch budget: sum over brackets and rungs of n_i * (r_i - r_{i-1})."""
+        total = 0
+        for bracket in self.brackets:
+            before = 0
+            for rung in bracket.rungs:
+                total += rung.n * (rung.r - before)
+                before = rung.r
+        return total
+
     def step(self, states: list[ConfigState]) -> Decision:
         if not states and self._issued == 0:
             rng = np.random.default_rng(self.seed)

@@ -90,6 +90,10 @@ class PBT(Procedure):
         """Epochs of `state`'s lineage: inherited ones plus its own."""
         return self.offsets[state.id] + state.epochs
 
+    def planned_epochs(self) -> int:
+        """Every lineage trains `epochs` epochs (a clone continues its donor's count)."""
+        return self.population * self.epochs
+
     def step(self, states: list[ConfigState]) -> Decision:
         if self._issued == 0:
             add = [self.space.sample(self._rng) for _ in range(self.population)]

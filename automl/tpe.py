@@ -50,6 +50,9 @@ class TPE(OptunaProcedure):
     def concurrency(self) -> int:
         return self._concurrency or self.num_workers or 4
 
+    def planned_epochs(self) -> int:
+        return self.num_samples * self.epochs
+
     def step(self, states: list[ConfigState]) -> Decision:
         check_states(states, self._issued)
         self._report(states)

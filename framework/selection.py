@@ -391,6 +391,10 @@ class ModelSelection:
         bar = tqdm(total=0, unit="unit", desc="model selection", disable=not self.progress, dynamic_ncols=True,
                    mininterval=0.1 if interactive else 30.0)
         run.bar, run.write = bar, tqdm.write
+        planned = None if self._resuming else self.procedure.planned_epochs()
+        if planned:  # a bar over the whole run's known work, not one that fills up and falls back every round
+            bar.total = planned * len(driver.run_state.workers.partitions + driver.run_state.workers.eval_partitions)
+            run.bar_planned = True
         run.on_unit = lambda: bar.update(1)
         t_round = [time.time()]
 
@@ -412,6 +416,9 @@ class ModelSelection:
                                                    self._resuming, os.path.basename(self.storage.where.rstrip("/"))))
             driver.run(resume_from=catalog if self._resuming else None)
         finally:
+            if run.bar_planned and bar.n < bar.total:  # configs that failed or stopped early: their work is done
+                bar.total = bar.n
+                bar.refresh()
             bar.close()
             errors = ckpt.flush()
             ckpt.close()

@@ -63,6 +63,7 @@ class RunState:
     live_workers: int | None = None  # what the procedure was last told
     round_open: bool = False  # a barrier round is open (its units are dispatched or done)
     bar: Any = None  # a tqdm progress bar over units, or None
+    bar_planned: bool = False  # the bar's total is the run's planned work (else it grows as epochs open)
     leaderboard: Callable[[], None] = lambda: None  # called at every barrier, before the procedure decides
     on_decision: Callable[[Any], None] | None = None  # sees every Decision the procedure returns
     on_unit: Callable[[], None] | None = None  # progress callback, once per completed unit

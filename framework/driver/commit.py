@@ -42,7 +42,7 @@ def open_epochs(run: RunState, configs: list[ConfigRecord], units: list[Unit] | 
         if c.open == 0:  # nothing left to run (a resume after its last unit): it ends at once
             run.ended.append(c.id)
     run.dispatch.open(units, run.workers.availability(), wave=run.round)
-    if run.bar is not None:
+    if run.bar is not None and not run.bar_planned:
         run.bar.total += len(units)
         run.bar.refresh()
 

@@ -102,6 +102,7 @@ def test_hyperband_offline_run_trains_each_rung_its_epochs(space, objective):
     # bracket 2: 6 stop at 3, 2 at 8, 1 at 25; bracket 1: 4 at 8, 1 at 25; bracket 0: 3 at 25
     assert epochs == [3] * 6 + [8] * 6 + [25] * 5
     assert run.rounds == 25
+    assert automl.HyperBand(space, max_epochs=25, eta=3).planned_epochs() == sum(epochs)  # the progress bar's total
 
 
 @pytest.mark.parametrize(

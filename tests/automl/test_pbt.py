@@ -75,6 +75,7 @@ def test_pbt_every_lineage_trains_exactly_epochs(space, objective):
     replaced = [i for d in run.decisions[:-1] for i in d.stop]
     assert replaced and all(run.weight_epochs[i] in (2, 4) for i in replaced)
     assert run.rounds == 5
+    assert pbt.planned_epochs() == sum(s.epochs for s in run.states) == 30  # the progress bar's total
 
 
 def test_pbt_replaces_failed_members_at_the_next_perturbation(space):
