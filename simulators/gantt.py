@@ -11,8 +11,11 @@ def plot_gantt(schedule, path, title: str = "", failed=None) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     df = as_frame(schedule)
+    t0 = float(df["start"].min()) if len(df) else 0.0  # the axis starts at the first unit, as the makespan does
+    df = df.assign(start=df["start"] - t0, end=df["end"] - t0)
     workers = sorted(df["worker"].unique())
     row = {w: i for i, w in enumerate(workers)}
     cmap = plt.get_cmap("tab20")
@@ -24,13 +27,20 @@ def plot_gantt(schedule, path, title: str = "", failed=None) -> None:
         )  # fmt: skip
         if len(df) <= 400:
             ax.text((r.start + r.end) / 2, row[r.worker], str(r.config_id), ha="center", va="center", fontsize=6)
+    handles = [Patch(facecolor="white", edgecolor="black", label="train unit (colour: config, label: its id)")]
+    if (df["kind"] != "train").any():
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="eval unit"))
     if failed is not None and len(failed):
         for r in as_frame(failed).itertuples(index=False):
             if r.worker in row:
-                ax.barh(row[r.worker], r.end - r.start, left=r.start, color="lightgrey", edgecolor="red", hatch="xx")
+                ax.barh(row[r.worker], r.end - r.start, left=r.start - t0, color="lightgrey", edgecolor="red",
+                        hatch="xx")
+        handles.append(Patch(facecolor="lightgrey", edgecolor="red", hatch="xx", label="failed or lost attempt"))
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 if len(workers) > 3 else -0.3),
+              ncol=len(handles), frameon=False)
     ax.set_yticks(range(len(workers)), [f"worker {w}" for w in workers])
     ax.invert_yaxis()
-    ax.set_xlabel("time")
+    ax.set_xlabel("time since the first unit started (s)")
     span = float(df["end"].max() - df["start"].min()) if len(df) else 0.0
     ax.set_title(title or f"makespan {span:.4g}")
     fig.tight_layout()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -230,6 +231,15 @@ def ray_cluster_address():
     return ray.get_runtime_context().gcs_address
 
 
+def _checkpoint_paths(storage):
+    """Each config's latest checkpoint, as the catalog resolves it."""
+    catalog = SQLiteCatalog(os.path.join(storage, "run.db"), readonly=True)
+    try:
+        return [catalog.checkpoints(int(cid))[0][2] for cid in catalog.configs().config_id]
+    finally:
+        catalog.close()
+
+
 def _resume(storage):
     return framework.ModelSelection.resume(
         storage, mlp_model_fn, classifier_train_fn, classifier_eval_fn, progress=False).run()
@@ -298,13 +308,16 @@ def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tm
         catalog.close()
     assert set(before["round"]) == {0} and len(before) == 4 * 4  # 4 configs x (2 train + 2 eval)
 
-    resumed = _resume(storage)
+    moved = shutil.move(storage, str(tmp_path / "moved"))  # a crashed run copied elsewhere resumes there
+    resumed = _resume(moved)
+    assert resumed.storage_path == moved
     [plan] = _events(resumed, "resume_plan")
     assert (plan["round"], plan["lost_units"], plan["rerun"]) == (1, 0, 16)
     log = _units_log(resumed)
     assert (log.status == "done").all()
     assert (log[log["round"] == 0].seq.tolist()) == before.seq.tolist()  # round 0 was not run again
     _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3)
+    assert not os.path.exists(storage) and all(os.path.exists(p) for p in _checkpoint_paths(moved))
 
 
 # ---- elasticity -------------------------------------------------------------------------------------------------
