@@ -33,6 +33,8 @@ def on_joined(run: RunState, ev: WorkerJoined) -> None:
     if state is not None:
         state.add_worker(ev.worker, ev.partitions)
     run.event("worker_joined", worker=ev.worker, partitions=sorted(ev.partitions))
+    if run.live_workers is not None:  # after start-up: a restart, a scale-out or a re-load (one line each)
+        run.write(f"worker {ev.worker} joined with partitions {sorted(ev.partitions)}")
     count_workers(run)
 
 
@@ -52,6 +54,7 @@ def restart_or_reassign(run: RunState, worker: int, partitions: set[int]) -> Non
         run.workers.restarts[worker] = restarts + 1
         start_worker(run, worker, partitions)
         run.event("worker_restarting", worker=worker, partitions=sorted(partitions), attempt=restarts + 1)
+        run.write(f"worker {worker}: restart {restarts + 1} of {run.options.max_worker_restarts}")
     elif run.options.reassign_partitions:
         ensure_holders(run)
 
@@ -79,6 +82,7 @@ def finish_drain(run: RunState, worker: int) -> None:
         run.workers.remove(worker)
         run.backend.stop_worker(worker)
         run.event("worker_drained", worker=worker)
+        run.write(f"worker {worker} drained and left")
         count_workers(run)
 
 
@@ -125,4 +129,6 @@ def grow_into_free_resources(run: RunState) -> None:
             free[k] = free.get(k, 0.0) - v
         add_workers(run, 1)
         run.event("autoscale", free={k: free.get(k, 0.0) for k in need})
+        run.write(f"scale-out: the cluster has room for another worker ({len(run.workers.holds)} live, "
+                  f"max_workers={run.options.max_workers})")
         room -= 1

@@ -107,4 +107,6 @@ def on_state_lost(run: RunState, ev: StateLost) -> None:
     c.state = run.backend.put(ckpt) if ckpt is not None else None
     c.units, c.visited = units, visited
     run.event("state_restored", config_id=c.id, units=units, rerun=redo)
+    run.write(f"config {c.id}: its state was lost; restored from its checkpoint after {units} units, re-running "
+              f"partitions {sorted(redo)} of epoch {epoch}")
 
