@@ -319,7 +319,7 @@ class ModelSelection:
         unknown = set(overrides) - allowed
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)} for resume(); allowed: {sorted(allowed)}")
-        catalog = SQLiteCatalog(os.path.join(path, CATALOG_FILE))
+        catalog = SQLiteCatalog(os.path.join(path, CATALOG_FILE), readonly=True)
         try:
             meta = catalog.meta()
             _, blob, signature = catalog.last_round()
@@ -355,10 +355,17 @@ class ModelSelection:
             metric=meta["metric"], mode=meta["mode"], extract=extract, **options,
         )
         self.storage, self.storage_path, self._resuming = storage, path, True
+        self._partial_removed = 0
         return self
 
     def run(self) -> Result:
-        """Run the selection to completion and return its `Result` (also written under `storage_path`)."""
+        """Run the selection to completion and return its `Result` (also written under `storage_path`). A resumed
+        run that had already finished returns its result without starting Ray or any worker."""
+        if self._resuming:
+            if self._finished():
+                print(f"Run {self.storage.where} had finished: nothing to resume", file=sys.stderr, flush=True)
+                return Result(self.storage_path, self.model_fn)
+            self._remove_partial_writes()
         ensure_ray(min_cpus=self.num_workers * self.worker_resources.get("CPU", 1))
         check_resources(self.worker_resources)  # a request no node can ever meet fails now, not after a hang
         os.makedirs(self.storage_path, exist_ok=True)
@@ -366,7 +373,7 @@ class ModelSelection:
         ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), catalog)
         self._t0 = time.time()
         if self._resuming:
-            catalog.add_event("resumed", pid=os.getpid())
+            catalog.add_event("resumed", pid=os.getpid(), partial_checkpoints_removed=self._partial_removed)
         else:
             self._record_meta(catalog)
         backend = self._backend()
@@ -471,6 +478,24 @@ class ModelSelection:
             self._commands.append((command, args))
         else:
             self._driver.run_state.backend.command(command, **args)
+
+    # ---- resume -------------------------------------------------------------------------------------------------
+    def _finished(self) -> bool:
+        """Whether the run committed its last decision: no config is active after it (the procedure adds configs in
+        the same commit that stops the others, so none active means it had nothing more to train)."""
+        catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE), readonly=True)
+        try:
+            return catalog.last_round()[0] >= 0 and not (catalog.configs().status == "active").any()
+        finally:
+            catalog.close()
+
+    def _remove_partial_writes(self) -> None:
+        """Temporary checkpoint files a crashed driver or worker left half written: never part of the run."""
+        directory = os.path.join(self.storage_path, CHECKPOINT_DIR)
+        partial = [f for f in os.listdir(directory) if ".tmp." in f] if os.path.isdir(directory) else []
+        for f in partial:
+            os.remove(os.path.join(directory, f))
+        self._partial_removed = len(partial)
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     def _record_meta(self, catalog: SQLiteCatalog) -> None:

@@ -131,6 +131,27 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     return new
 
 
+def first_gap(visited: dict[int, list[int]], epochs: int, partitions: list[int]) -> tuple[int, list[int]] | None:
+    """The first of `epochs` finished epochs whose visit record misses partitions: (epoch, missing), or None."""
+    for e in range(epochs):
+        missing = sorted(set(partitions) - set(visited.get(e, [])))
+        if missing:
+            return e, missing
+    return None
+
+
+def check_complete(run: RunState) -> None:
+    """The completeness proof at the end of a run: every finished epoch of every config that did not fail trained
+    on every partition exactly as its visit record says. A violation is an error, never a silent gap."""
+    for c in run.configs:
+        if c.status == FAILED:
+            continue
+        gap = first_gap(c.visited, len(c.history), run.workers.partitions)
+        if gap is not None:
+            raise RuntimeError(f"config {c.id} finished epoch {gap[0]} without training on partitions {gap[1]}: "
+                               "the run's completeness check failed")
+
+
 def restore(run: RunState, catalog) -> list[Unit]:
     """Rebuild the run's state from the catalog and checkpoints after a crash; returns the units still to run.
 
@@ -155,8 +176,18 @@ def restore(run: RunState, catalog) -> list[Unit]:
             continue
         try:
             state, _, c.units = run.log.load_latest(c.id)
+            visited = {int(e): list(ps) for e, ps in state["visited"].items()}
+            gap = first_gap(visited, len(c.history), run.workers.partitions)
+            if gap is not None:  # an older checkpoint than the commits count on (the latest was corrupt or missing)
+                why = (f"cannot resume: its newest readable checkpoint ({c.units} units) lacks partitions {gap[1]} "
+                       f"of epoch {gap[0]}, which the run committed; re-running them would change committed metrics")
+                c.status = FAILED
+                run.log.fail_config(c.id, why)
+                run.event("resume_gap", config_id=c.id, epoch=gap[0], missing=gap[1], units=c.units)
+                run.write(f"config {c.id} failed: {why}")
+                continue
             c.state = c.epoch_state = run.backend.put(state)
-            c.visited = {int(e): list(ps) for e, ps in state["visited"].items()}
+            c.visited = visited
         except CorruptCheckpointError as e:
             if c.history or parent is not None:  # it had trained weights: they cannot be recovered
                 c.status = FAILED

@@ -150,6 +150,7 @@ class Driver:
             commit.settle(run)
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
                 run.run_deferred()
+                commit.check_complete(run)
                 return True  # nothing open: every config has stopped or failed (an active config always has units)
             if stop_at is not None and run.round >= stop_at:
                 run.run_deferred()

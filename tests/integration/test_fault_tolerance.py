@@ -309,15 +309,34 @@ def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tm
     assert set(before["round"]) == {0} and len(before) == 4 * 4  # 4 configs x (2 train + 2 eval)
 
     moved = shutil.move(storage, str(tmp_path / "moved"))  # a crashed run copied elsewhere resumes there
+    # config 3's newest checkpoint is corrupt: the one before it lacks half of epoch 0, which round 0 committed
+    with open(_checkpoint_paths(moved)[3], "r+b") as f:
+        f.seek(64)
+        f.write(b"\xff" * 16)
+    partial = os.path.join(moved, "checkpoints", "config_0_u3.pt.tmp.123.456")  # what a crash mid-write leaves
+    with open(partial, "wb") as f:
+        f.write(b"half a checkpoint")
     resumed = _resume(moved)
-    assert resumed.storage_path == moved
+    assert resumed.storage_path == moved and not os.path.exists(partial)
+    assert _events(resumed, "resumed")[-1]["partial_checkpoints_removed"] == 1
     [plan] = _events(resumed, "resume_plan")
-    assert (plan["round"], plan["lost_units"], plan["rerun"]) == (1, 0, 16)
+    assert (plan["round"], plan["lost_units"], plan["rerun"]) == (1, 0, 12)  # epoch 1 of configs 0-2: 4 units each
+    status = resumed.status.set_index("config_id")
+    assert status.status[3] == "failed" and "lacks partitions" in status.error[3] and "of epoch 0" in status.error[3]
+    [gap] = _events(resumed, "resume_gap")
+    assert gap["config_id"] == 3 and gap["epoch"] == 0
     log = _units_log(resumed)
     assert (log.status == "done").all()
     assert (log[log["round"] == 0].seq.tolist()) == before.seq.tolist()  # round 0 was not run again
-    _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3)
+    assert not (log[log["round"] > 0].config_id == 3).any()  # nothing trained on top of the gap
+    _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3, configs=[0, 1, 2])
     assert not os.path.exists(storage) and all(os.path.exists(p) for p in _checkpoint_paths(moved))
+    # resuming the finished run returns its result without Ray or workers, and writes nothing
+    db = os.path.join(moved, "run.db")
+    before_db = (os.stat(db).st_mtime_ns, os.stat(db).st_size)
+    again = _resume(moved)
+    assert (os.stat(db).st_mtime_ns, os.stat(db).st_size) == before_db  # no event, no worker: nothing ran
+    assert again.metrics.equals(resumed.metrics)
 
 
 # ---- elasticity -------------------------------------------------------------------------------------------------
