@@ -117,12 +117,13 @@ USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueErro
 
 def main(argv: list[str] | None = None) -> int:
     from framework.engine.catalog import CatalogError
+    from framework.engine.signing import SignatureError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (*USER_ERRORS, CatalogError) as e:
+    except (*USER_ERRORS, CatalogError, SignatureError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"{parser.prog} {args.command}: error: {msg}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
+from framework.engine.signing import SignatureError, verify_json
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
 from framework.storage import RunStorage, is_uri
@@ -145,6 +146,13 @@ def replay(
         src.close()
     fns = meta["functions"]
     device = _replay_device(meta, device)
+    missing = [n for n, f in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn),
+                              ("input_fn", input_fn)) if f is None and fns.get(n) is not None]
+    if missing and not verify_json(fns, meta.get("functions_signature")):
+        raise SignatureError(
+            f"the function names in {storage_path!r} ({', '.join(f'{n}={fns[n]}' for n in missing)}) are not signed "
+            "with this machine's key (the run came from elsewhere, or run.db was edited); replay imports nothing it "
+            f"cannot verify: pass {', '.join(f'{n}=' for n in missing)} to replay()")
     if meta.get("extract") is not None and extract is None:
         raise ValueError(
             f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "

@@ -28,7 +28,7 @@ from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import FaultPlan
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
-from framework.engine.signing import loads_signed
+from framework.engine.signing import loads_signed, sign_json
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Scheduler, make_scheduler
 from framework.storage import RunStorage, describe, run_name
@@ -500,6 +500,9 @@ class ModelSelection:
     # ---- set-up -------------------------------------------------------------------------------------------------
     def _record_meta(self, catalog: SQLiteCatalog) -> None:
         data_desc = self.dataset.save(os.path.join(self.storage_path, "data"))
+        # the names replay imports, signed with this machine's key: a run directory cannot make replay call others
+        functions = {n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
+                                                ("eval_fn", self.eval_fn), ("input_fn", self.input_fn))}
         catalog.set_meta(
             start_time=self._t0, seed=self.seed, executor=self.executor, scheduler=self.scheduler_name,
             num_workers=self.num_workers, worker_resources=self.worker_resources, num_threads=self.num_threads,
@@ -509,8 +512,7 @@ class ModelSelection:
             synchronous=self.deterministic or getattr(self.procedure, "synchronous", True),
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
             code_digest=_code_digest(), storage_uri=self.storage.uri,
-            functions={n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
-                                                  ("eval_fn", self.eval_fn), ("input_fn", self.input_fn))},
+            functions=functions, functions_signature=sign_json(functions),
         )
 
     def _backend(self) -> RayBackend:

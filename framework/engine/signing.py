@@ -1,4 +1,5 @@
-"""HMAC signatures for the few pickles a run keeps (the procedure's state), so resume never unpickles blindly.
+"""HMAC signatures for what a run keeps that could run code: the procedure's pickled state (resume never unpickles
+blindly) and the names of the user functions replay imports (`sign_json`), so a run directory cannot name `os:system`.
 
 The key lives outside the storage directory: `$MODELHOPPER_SECRET`, else `~/.config/modelhopper/secret.key`
 (created with mode 0600 on first use). A pickle whose signature does not verify is refused.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import pickle
 import secrets
@@ -25,11 +27,26 @@ def _key() -> bytes:
     path = os.path.join(os.path.expanduser("~"), ".config", "modelhopper", "secret.key")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process created it a moment ago: use theirs
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
     with open(path) as f:
         return f.read().strip().encode()
+
+
+def sign_json(obj: Any) -> str:
+    """The signature of a JSON-able value (canonical form: sorted keys)."""
+    data = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hmac.new(_key(), data, hashlib.sha256).hexdigest()
+
+
+def verify_json(obj: Any, signature: str | None) -> bool:
+    """Whether `signature` is this machine's signature of `obj`."""
+    return isinstance(signature, str) and hmac.compare_digest(sign_json(obj), signature)
 
 
 def dumps_signed(obj: Any) -> tuple[bytes, str]:

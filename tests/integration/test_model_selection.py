@@ -10,8 +10,10 @@ import torch
 
 import automl
 import framework
+import framework.__main__
 from framework.driver.units import MetricNotReportedError
 from framework.engine.catalog import SQLiteCatalog
+from framework.engine.signing import SignatureError
 from framework.examples import (
     classifier_eval_fn,
     classifier_train_fn,
@@ -101,6 +103,16 @@ def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path):
     on_cpu = framework.replay(result.storage_path, device="cpu")
     assert on_cpu.storage_path.endswith("replay-2") and on_cpu.meta["replay_device"] == "cpu"  # never overwritten
     assert (on_cpu.metrics.valid_loss.to_numpy() == again.metrics.valid_loss.to_numpy()).all()
+    # a run directory cannot make replay import and call what it names: function names are signed
+    catalog = SQLiteCatalog(os.path.join(result.storage_path, "run.db"))
+    catalog.set_meta(functions={**catalog.meta()["functions"], "train_fn": "os:system"})
+    catalog.close()
+    with pytest.raises(SignatureError, match=r"train_fn=os:system.*not signed with this machine's key"):
+        framework.replay(result.storage_path, device="cpu")
+    assert framework.__main__.main(["replay", result.storage_path, "--device", "cpu"]) == 2
+    passed = framework.replay(result.storage_path, device="cpu", model_fn=mlp_model_fn, train_fn=classifier_train_fn,
+                              eval_fn=classifier_eval_fn)  # what the caller passes is trusted
+    assert (passed.metrics.valid_loss.to_numpy() == again.metrics.valid_loss.to_numpy()).all()
 
 
 def test_a_metric_no_fn_returns_stops_the_run_at_its_first_report(ray_cluster, digits, tmp_path):
