@@ -10,8 +10,6 @@ import os
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
 import automl  # noqa: E402
 import framework  # noqa: E402
 from framework.examples import (  # noqa: E402

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def _demo(args: argparse.Namespace) -> int:
