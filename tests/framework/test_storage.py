@@ -55,6 +55,8 @@ def test_checkpoint_paths_are_relative_so_a_moved_run_loads(tmp_path):
     moved = shutil.move(run, str(tmp_path / "moved"))
     state = Result.open(moved).load_state(0)
     assert torch.equal(state["model"]["w"], torch.full((3,), 2.0))
+    assert state["checkpoint"] == {"path": os.path.join(moved, "checkpoints", "config_0_u2.pt"), "epoch": 0,
+                                   "units": 2, "latest": True}
 
 
 def test_a_run_mirrored_to_a_uri_opens_from_the_uri(tmp_path, monkeypatch):

@@ -185,6 +185,8 @@ def test_result_load_state_falls_back_past_a_crafted_checkpoint(tmp_path):
     with pytest.warns(UserWarning, match=r"config 0: loaded its checkpoint after 1 training units .*config_0_u2.pt"):
         state = Result(run).load_state(0)
     assert torch.equal(state["model"]["w"], torch.ones(3))
+    assert state["checkpoint"]["units"] == 1 and state["checkpoint"]["latest"] is False
+    assert state["checkpoint"]["path"].endswith("config_0_u1.pt")
     assert not os.path.exists(marker)
     # a read never writes into the run: no event, the catalog untouched
     assert Result(run).events.empty and os.path.getmtime(os.path.join(run, "run.db")) == before
