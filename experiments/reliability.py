@@ -57,11 +57,14 @@ QUICK = dict(seeds=1, epochs=3)
 def _faults(seed: int, cfg: Defaults, crash: bool) -> list[Fault]:
     rng = np.random.default_rng(seed)
     n = len(automl.GridSearch(SPACE, epochs=1).configs())
-    faults = [Fault("kill_worker", config_id=c, epoch=e, partition=p, kind="train")
-              for c in range(n) for e in range(cfg.epochs) for p in range(cfg.workers) if rng.random() < cfg.kill_rate]
     failing, hung = (int(c) for c in rng.choice(n, size=2, replace=False))
-    # the hang is in epoch 0, before any crash can come, on a config that does not fail: it always happens
-    faults.append(Fault("hang", config_id=hung, epoch=0, partition=int(rng.integers(cfg.workers)), kind="train"))
+    # the hang is in epoch 0, before any crash can come, on a config that does not fail, and on a unit no kill
+    # takes first: it always happens
+    hang = (hung, 0, int(rng.integers(cfg.workers)))
+    faults = [Fault("kill_worker", config_id=c, epoch=e, partition=p, kind="train")
+              for c in range(n) for e in range(cfg.epochs) for p in range(cfg.workers)
+              if rng.random() < cfg.kill_rate and (c, e, p) != hang]
+    faults.append(Fault("hang", config_id=hang[0], epoch=hang[1], partition=hang[2], kind="train"))
     faults.append(Fault("raise", config_id=failing, epoch=1))
     if crash:
         faults.append(Fault("crash_driver", after_commit=int(rng.integers(0, cfg.epochs - 1))))
