@@ -108,20 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: what bad input raises: reported as one line and exit code 2, never a traceback
-USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, TypeError, KeyError, LookupError)
+#: what bad input raises: reported as one line and exit code 2, never a traceback (anything else is a bug: traceback)
+USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError)
 
 
 def main(argv: list[str] | None = None) -> int:
     from framework.engine.catalog import CatalogError
     from framework.engine.signing import SignatureError
+    from framework.result import NoResultError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (*USER_ERRORS, CatalogError, SignatureError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+    except (*USER_ERRORS, CatalogError, SignatureError, NoResultError) as e:
+        msg = e
         print(f"{parser.prog} {args.command}: error: {msg}", file=sys.stderr)
         return 2
 

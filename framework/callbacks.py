@@ -137,13 +137,14 @@ class TensorBoardCallback(Callback):
             raise ImportError("TensorBoardCallback needs the tensorboard package: "
                               "pip install 'modelhopper[tensorboard]'") from e
         self._writer_cls = SummaryWriter
-        self.log_dir = log_dir
+        self._log_dir_arg = self.log_dir = log_dir
         self._writers: dict[int, Any] = {}
         self._configs: dict[int, dict[str, Any]] = {}
         self._last: dict[int, dict[str, float]] = {}
 
     def on_run_start(self, run: RunInfo) -> None:
-        self.log_dir = self.log_dir or os.path.join(run.storage_path, "tensorboard")
+        self.log_dir = self._log_dir_arg or os.path.join(run.storage_path, "tensorboard")
+        self._writers, self._configs, self._last = {}, {}, {}  # an instance may serve several runs
 
     def _writer(self, config_id: int) -> Any:
         if config_id not in self._writers:
@@ -187,13 +188,15 @@ class MLflowCallback(Callback):
         except ImportError as e:
             raise ImportError("MLflowCallback needs MLflow: pip install 'modelhopper[mlflow]'") from e
         self._client_cls = MlflowClient
-        self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
+        self._tracking_uri_arg = self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
         self.client: Any = None
         self.parent_run_id: str | None = None
         self.run_ids: dict[int, str] = {}  # config_id -> its nested run
 
     def on_run_start(self, run: RunInfo) -> None:
-        self.tracking_uri = self.tracking_uri or f"sqlite:///{os.path.join(run.storage_path, 'mlflow.db')}"
+        self.tracking_uri = self._tracking_uri_arg or f"sqlite:///{os.path.join(run.storage_path, 'mlflow.db')}"
+        self.run_ids = {}  # an instance may serve several runs
         self.client = self._client_cls(tracking_uri=self.tracking_uri)
         name = self.experiment_name or run.name or os.path.basename(run.storage_path.rstrip(os.sep))
         exp = self.client.get_experiment_by_name(name)

@@ -133,9 +133,7 @@ def replay(
     bit for bit on CPU.
     """
     if is_uri(storage_path):
-        storage = RunStorage(storage_path, "replayed")
-        storage.pull()
-        storage_path = storage.local
+        storage_path = RunStorage(storage_path, "replayed").fetch()
     if out_path is not None and os.path.exists(os.path.join(out_path, CATALOG_FILE)):
         raise FileExistsError(f"`out_path` {out_path!r} already holds a run; choose a new directory")
     src = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)

@@ -103,9 +103,7 @@ class Result:
         from framework.storage import RunStorage, is_uri
 
         if is_uri(storage_path):
-            storage = RunStorage(storage_path, "opened")
-            storage.pull()
-            storage_path = storage.local
+            storage_path = RunStorage(storage_path, "opened").fetch()  # a fresh copy: never a working copy in use
         if not os.path.exists(os.path.join(storage_path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: not a run directory")
         return cls(storage_path, model_fn)

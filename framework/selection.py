@@ -15,6 +15,7 @@ import random
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ from tqdm.auto import tqdm
 
 from automl import Procedure
 from framework.callbacks import Callback, CallbackList, RunInfo, check_callbacks
-from framework.data import PartitionedDataset
+from framework.data import PartitionedDataset, encode_entry
 from framework.driver import Driver, DriverOptions, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
@@ -206,6 +207,9 @@ class ModelSelection:
             raise TypeError(f"`extract` is {extract!r}, but must be callable (e.g. a torch.nn.Module) or None")
         if not isinstance(dataset, PartitionedDataset):
             raise TypeError(f"`dataset` is a {type(dataset).__name__}, but must be a framework.PartitionedDataset")
+        if not dataset.in_memory:  # file entries are stored in run.db for replay and resume: JSON must hold them
+            for entry in (*dataset.train, *dataset.valid):
+                encode_entry(entry)
         if executor not in EXECUTORS:
             raise ValueError(f"`executor` is {executor!r}, but must be one of {list(EXECUTORS)}")
         if mode not in MODES:
@@ -272,7 +276,7 @@ class ModelSelection:
             raise TypeError(f"`data_on_device` is {data_on_device!r}, but must be True or False")
         self.data_on_device = data_on_device
         self.callbacks = check_callbacks(callbacks)
-        if name is not None and (not isinstance(name, str) or not name or os.sep in name):
+        if name is not None and (not isinstance(name, str) or name in ("", ".", "..") or os.sep in name):
             raise ValueError(f"`name` is {name!r}, but must be a non-empty folder name without {os.sep!r}")
         self.storage = RunStorage(storage_path, name or run_name(type(self.procedure).__name__.lower()))
         self.storage_path = self.storage.local
@@ -310,7 +314,8 @@ class ModelSelection:
         A URI `storage_path` is fetched into its local working copy first.
         """
         storage = RunStorage(storage_path, "resumed")
-        storage.pull()
+        if storage.uri is not None and not os.path.exists(os.path.join(storage.local, CATALOG_FILE)):
+            storage.pull()  # another machine's run: its mirror (a local working copy is never older than it)
         path = storage.local
         if not os.path.exists(os.path.join(path, CATALOG_FILE)):
             raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: nothing to resume")
@@ -411,8 +416,8 @@ class ModelSelection:
             t_round[0] = time.time()
 
         run.leaderboard = leaderboard
-        mirror = _Mirror(self.storage)
-        callbacks = CallbackList([*self.callbacks, mirror], on_error=run.event)
+        mirror = [_Mirror(self.storage)] if self.storage.uri is not None else []
+        callbacks = CallbackList([*self.callbacks, *mirror], on_error=run.event)
         run.callbacks = callbacks
         try:
             driver.start_workers()
@@ -422,6 +427,11 @@ class ModelSelection:
             callbacks.call("on_run_start", RunInfo(self.storage_path, self.metric, self.mode, catalog.meta(),
                                                    self._resuming, os.path.basename(self.storage.where.rstrip("/"))))
             driver.run(resume_from=catalog if self._resuming else None)
+        except BaseException:
+            failed = True
+            raise
+        else:
+            failed = False
         finally:
             if run.bar_planned and bar.n < bar.total:  # configs that failed or stopped early: their work is done
                 bar.total = bar.n
@@ -433,7 +443,11 @@ class ModelSelection:
                 str(e): s / max(n, 1) for e, (s, n) in sorted(run.cpu_by_epoch.items())})
             catalog.close()
             backend.shutdown()
-            self.storage.push(force=True)  # what ran reaches the mirror, also when the run raised
+            if failed:  # what ran reaches the mirror, also when the run raised (and its error is the one raised)
+                try:
+                    self.storage.push(force=True)
+                except Exception as e:  # noqa: BLE001
+                    warnings.warn(f"could not mirror the run to {self.storage.uri}: {e}", stacklevel=2)
         result = Result(self.storage_path, self.model_fn)
         result.write()
         callbacks.call("on_run_end", result)

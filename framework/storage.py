@@ -92,20 +92,32 @@ class RunStorage:
     def remote_exists(self) -> bool:
         return self.uri is not None and "run.db" in self._remote_files()
 
-    def pull(self) -> None:
-        """Copy the mirror into the local working copy (replacing what is there): before a resume or a read."""
+    def pull(self, into: str | None = None) -> str:
+        """Copy the mirror into `into` (default: the local working copy, replacing what is there); returns the
+        folder. Reads (`Result.open`, replay) pass a fresh folder, so they never touch a working copy in use."""
         if self.uri is None:
-            return
+            return self.local
         files = self._remote_files()
         if "run.db" not in files:
             raise FileNotFoundError(f"`storage_path` {self.uri!r} holds no run.db: not a run directory")
+        into = into or self.local
+        for stale in ("run.db-wal", "run.db-shm", "run.db-journal"):  # they belong to the copy being replaced
+            if os.path.exists(os.path.join(into, stale)):
+                os.remove(os.path.join(into, stale))
         for rel in files:
-            dst = os.path.join(self.local, rel)
+            dst = os.path.join(into, rel)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             with self._fs.open_input_stream(f"{self._root.rstrip('/')}/{rel}") as src, open(dst + ".part", "wb") as f:
                 while chunk := src.read(1 << 22):
                     f.write(chunk)
             os.replace(dst + ".part", dst)
+        return into
+
+    def fetch(self) -> str:
+        """A local folder to read the run from: the run directory itself, or a fresh copy of the mirror."""
+        if self.uri is None:
+            return self.local
+        return self.pull(tempfile.mkdtemp(prefix="modelhopper-read-"))
 
     def push(self, force: bool = False) -> bool:
         """Mirror the local copy to the URI (at most every `sync_every_s` unless `force`); True when it did."""
@@ -119,25 +131,35 @@ class RunStorage:
             for n in names:
                 rel = os.path.relpath(os.path.join(dirpath, n), self.local).replace(os.sep, "/")
                 if not _SKIP.search(rel):
-                    local[rel] = os.path.getsize(os.path.join(dirpath, n))
+                    try:
+                        local[rel] = os.path.getsize(os.path.join(dirpath, n))
+                    except FileNotFoundError:
+                        continue  # pruned while we walked
         root = self._root.rstrip("/")
-        for rel, size in local.items():
-            if rel.startswith(IMMUTABLE) and remote.get(rel) == size:
-                continue
-            self._upload(os.path.join(self.local, rel), f"{root}/{rel}")
-        for rel in set(remote) - set(local) - {"run.db"}:  # pruned checkpoints, files a rerun no longer writes
-            self._fs.delete_file(f"{root}/{rel}")
-        db = os.path.join(self.local, "run.db")
-        if os.path.exists(db):  # a consistent snapshot, never the live file and its WAL
-            with tempfile.TemporaryDirectory() as tmp:
-                snap = os.path.join(tmp, "run.db")
+        # the catalog's snapshot first: every file it names exists locally now and is uploaded below, before it
+        with tempfile.TemporaryDirectory() as tmp:
+            snap = os.path.join(tmp, "run.db")
+            db = os.path.join(self.local, "run.db")
+            if os.path.exists(db):  # a consistent snapshot, never the live file and its WAL
                 src, dst = sqlite3.connect(db), sqlite3.connect(snap)
                 try:
                     src.backup(dst)
                 finally:
                     src.close()
                     dst.close()
+            for rel, size in local.items():
+                if rel.startswith(IMMUTABLE) and remote.get(rel) == size:
+                    continue
+                try:
+                    self._upload(os.path.join(self.local, rel), f"{root}/{rel}")
+                except FileNotFoundError:
+                    continue  # a checkpoint superseded and pruned meanwhile
+            if os.path.exists(snap):
                 self._upload(snap, f"{root}/run.db")
+        # only this run's own pruned checkpoints go: nothing else under the URI is ever deleted
+        for rel in set(remote) - set(local):
+            if rel.startswith("checkpoints/"):
+                self._fs.delete_file(f"{root}/{rel}")
         self._last_push = time.monotonic()
         return True
 

@@ -172,7 +172,8 @@ def restore(run: RunState, catalog) -> list[Unit]:
         c = ConfigRecord(int(row.config_id), row.config, parent=parent, status=row.status,
                          history=history.get(int(row.config_id), []), outcome=row.outcome or None)
         run.configs.add(c)
-        if c.status != ACTIVE:
+        if c.status != ACTIVE:  # it ended before the crash: its committed epochs were checked when they ended
+            c.visited = {e: list(run.workers.partitions) for e in range(len(c.history))}
             continue
         try:
             state, _, c.units = run.log.load_latest(c.id)

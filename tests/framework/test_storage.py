@@ -66,14 +66,19 @@ def test_a_run_mirrored_to_a_uri_opens_from_the_uri(tmp_path, monkeypatch):
     assert storage.local.startswith(str(tmp_path / "root" / ".working"))
     _run_dir(Path(storage.local))
     (Path(storage.local) / "checkpoints" / "config_0_u3.pt.tmp.1.2").write_bytes(b"crash")
-    assert storage.push(force=True) and not storage.push()  # throttled: at most every sync_every_s
     remote = tmp_path / "remote" / "run"
+    (remote / "elsewhere").mkdir(parents=True)
+    (remote / "elsewhere" / "run.db").write_bytes(b"another run under the same prefix")
+    assert storage.push(force=True) and not storage.push()  # throttled: at most every sync_every_s
+    assert (remote / "elsewhere" / "run.db").read_bytes() == b"another run under the same prefix"  # never deleted
     assert sorted(os.listdir(remote / "checkpoints")) == ["config_0_u1.pt", "config_0_u2.pt"]  # no temp files
     assert (remote / "run.db").exists() and not (remote / "run.db-wal").exists()
     os.remove(os.path.join(storage.local, CHECKPOINT_DIR, "config_0_u1.pt"))  # pruned locally: pruned remotely
     storage.push(force=True)
     assert sorted(os.listdir(remote / "checkpoints")) == ["config_0_u2.pt"]
-    shutil.rmtree(storage.local)  # the working copy is gone (another machine): open fetches the mirror
+    result = Result.open(uri)  # a read fetches a fresh copy: the working copy (maybe in use) is left alone
+    assert result.storage_path != storage.local and os.path.exists(os.path.join(storage.local, "run.db"))
+    shutil.rmtree(storage.local)  # the working copy is gone (another machine): open still fetches the mirror
     result = Result.open(uri)
     assert result.best_config_id == 0
     assert torch.equal(result.load_state(0)["model"]["w"], torch.full((3,), 2.0))

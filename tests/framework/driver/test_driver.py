@@ -289,3 +289,37 @@ def test_a_metric_no_fn_returns_stops_the_run_at_its_first_report(metric, fn, ki
         _run(_grid(epochs=20), metric=metric, mode="max", check_metric=True)
     driver, _ = _run(_grid(epochs=1), metric=metric, mode="max")  # simulations and replays do not check
     assert all(c.status == STOPPED for c in driver.run_state.configs)
+
+
+class _StopsOneEarly(automl.GridSearch):
+    """Grid search whose config 0 stops after its first epoch (the rest train `epochs`)."""
+
+    def step(self, states):
+        d = super().step(states)
+        early = [s.id for s in states if s.id == 0 and s.status == ACTIVE and s.epochs >= 1]
+        return Decision(add=d.add, stop=sorted(set(d.stop) | set(early)), pruned=early)
+
+
+def test_a_resume_after_some_configs_stopped_finishes_its_completeness_check(tmp_path):
+    from framework.driver import SQLiteRunLog
+    from framework.engine.catalog import SQLiteCatalog
+    from framework.engine.checkpoint import CheckpointStore
+    from framework.engine.signing import loads_signed
+
+    def driver(catalog, ckpt, procedure):
+        backend = LocalBackend(FNS, _entries(), num_threads=1)
+        return Driver(backend, procedure, SQLiteRunLog(catalog, ckpt), {w: [w] for w in range(P)}, list(range(P)),
+                      DriverOptions(checkpoint="unit"))
+
+    catalog = SQLiteCatalog(str(tmp_path / "run.db"))
+    ckpt = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
+    first = driver(catalog, ckpt, _StopsOneEarly(SPACE, epochs=3))
+    assert first.run(max_commits=2) is False  # stopped (as by a crash) after round 1: config 0 has ended
+    ckpt.flush()
+    assert first.run_state.configs[0].status == STOPPED
+    _, blob, signature = catalog.last_round()
+    resumed = driver(catalog, ckpt, loads_signed(blob, signature))  # the procedure as the last commit left it
+    assert resumed.run(resume_from=catalog) is True  # the completeness check passes for config 0 too
+    assert [len(c.history) for c in resumed.run_state.configs] == [1, 3, 3]
+    ckpt.close()
+    catalog.close()
