@@ -201,20 +201,11 @@ class Result:
             state, epoch, units, skipped = load_latest_verified(catalog, config_id)
         finally:
             catalog.close()
-        path = next(p for e, u, p, _ in self._checkpoint_rows(config_id) if u == units)
-        state["checkpoint"] = {"path": path, "epoch": epoch, "units": units, "latest": not skipped}
         if skipped:
             warnings.warn(
                 f"config {config_id}: loaded its checkpoint after {units} training units (epoch {epoch}), not its "
                 f"latest: {'; '.join(reason for _, reason in skipped)}", stacklevel=2)
         return state
-
-    def _checkpoint_rows(self, config_id: int) -> list[tuple[int, int, str, str]]:
-        catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE), readonly=True)
-        try:
-            return catalog.checkpoints(config_id)
-        finally:
-            catalog.close()
 
     def load_model(self, config_id: int | None = None, model_fn: Callable | None = None) -> torch.nn.Module:
         """A config's model (default: the best) with its latest weights, built by `model_fn(config)`."""

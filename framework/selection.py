@@ -311,6 +311,7 @@ class ModelSelection:
         change `progress`, `unit_timeout_s`, `max_unit_retries`,
         `max_worker_restarts`, `scheduler`, `faults`, `queue_depth`, `checkpoint`, `callbacks`, and
         `worker_resources` (e.g. to resume a GPU run on CPU workers, or the other way round; default: the run's).
+        Unless overridden, the run's own `unit_timeout_s`, `max_unit_retries` and `max_worker_restarts` apply.
         A URI `storage_path` is fetched into its local working copy first.
         """
         storage = RunStorage(storage_path, "resumed")
@@ -353,7 +354,10 @@ class ModelSelection:
                    "queue_depth": int(meta.get("queue_depth", 1)), "checkpoint": meta.get("checkpoint", "unit"),
                    "deterministic": bool(meta.get("deterministic", False)),
                    "worker_resources": meta["worker_resources"],
-                   "data_on_device": bool(meta.get("data_on_device", False)), **overrides}
+                   "data_on_device": bool(meta.get("data_on_device", False)),
+                   # the run's failure handling, where it recorded it (runs from before keep the defaults)
+                   **{k: meta[k] for k in ("unit_timeout_s", "max_unit_retries", "max_worker_restarts") if k in meta},
+                   **overrides}
         self = cls(
             model_fn, train_fn, eval_fn, dataset, procedure, input_fn=input_fn, num_workers=meta["num_workers"],
             executor=meta["executor"], seed=meta["seed"],
@@ -523,6 +527,8 @@ class ModelSelection:
             metric=self.metric, mode=self.mode, placement={str(k): v for k, v in self.placement.items()},
             freezing=self.freezing, extract=_extract_ref(self.extract), deterministic=self.deterministic,
             queue_depth=self.queue_depth, checkpoint=self.checkpoint, data_on_device=self.data_on_device,
+            unit_timeout_s=self.unit_timeout_s, max_unit_retries=self.max_unit_retries,
+            max_worker_restarts=self.max_worker_restarts,
             synchronous=self.deterministic or getattr(self.procedure, "synchronous", True),
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
             code_digest=_code_digest(), storage_uri=self.storage.uri,

@@ -42,11 +42,14 @@ def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
 
 def load_latest_verified(catalog: Any, config_id: int) -> tuple[dict[str, Any], int, int, list[tuple[str, str]]]:
     """The newest checkpoint of a config that verifies, read only: (state, epoch, units, skipped), where `skipped`
-    lists the newer checkpoints that failed as (path, reason). Raises `CorruptCheckpointError` when none verifies."""
+    lists the newer checkpoints that failed as (path, reason) and `state["checkpoint"]` says which file was loaded
+    ({"path", "epoch", "units", "latest"}). Raises `CorruptCheckpointError` when none verifies."""
     skipped: list[tuple[str, str]] = []
     for epoch, units, path, digest in catalog.checkpoints(config_id):
         try:
-            return load_verified(path, digest), epoch, units, skipped
+            state = load_verified(path, digest)
+            state["checkpoint"] = {"path": path, "epoch": epoch, "units": units, "latest": not skipped}
+            return state, epoch, units, skipped
         except CorruptCheckpointError as e:
             skipped.append((path, str(e)))
     reasons = "; ".join(r for _, r in skipped) or "none written"
@@ -196,6 +199,7 @@ class CheckpointStore:
         """Newest verified checkpoint of a config as (state, epoch, units); falls back to older ones if corrupt,
         logging a `corrupt_checkpoint` event for each one skipped."""
         state, epoch, units, skipped = load_latest_verified(self.catalog, config_id)
+        state.pop("checkpoint")  # what resumes: the state exactly as it was saved
         for path, error in skipped:
             self.catalog.add_event("corrupt_checkpoint", config_id=config_id, path=path, error=error)
         return state, epoch, units

@@ -313,6 +313,12 @@ def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tm
     with open(_checkpoint_paths(moved)[3], "r+b") as f:
         f.seek(64)
         f.write(b"\xff" * 16)
+    catalog = SQLiteCatalog(os.path.join(moved, "run.db"))
+    assert catalog.meta()["max_worker_restarts"] == 3
+    catalog.set_meta(max_worker_restarts=7)  # as if the run had been made with 7: resume keeps the run's setting
+    catalog.close()
+    sel = framework.ModelSelection.resume(moved, mlp_model_fn, classifier_train_fn, classifier_eval_fn)
+    assert sel.max_worker_restarts == 7 and sel.unit_timeout_s is None and sel.max_unit_retries == 0
     partial = os.path.join(moved, "checkpoints", "config_0_u3.pt.tmp.123.456")  # what a crash mid-write leaves
     with open(partial, "wb") as f:
         f.write(b"half a checkpoint")
