@@ -9,11 +9,12 @@ import inspect
 import json
 import os
 import re
-import subprocess
 from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
+
+from framework.storage import git_revision
 
 T = TypeVar("T")
 
@@ -57,14 +58,6 @@ def parse_config(defaults: type[T], argv: list[str] | None, doc: str | None, qui
     if args.quick:
         values.update({k: v for k, v in quick.items() if values[k] == getattr(defaults, k)})
     return defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
-
-
-def git_revision() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def record_run(out: str, cfg: Any, **extra: Any) -> str:

@@ -22,7 +22,6 @@ import copy
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from experiments._common import parse_config  # noqa: E402
+from experiments._common import git_revision, parse_config  # noqa: E402
 from framework.freezing import FreezingController, FreezingPolicyConfig, split_by_size
 
 
@@ -171,13 +170,6 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((model(x).argmax(1) == y).float().mean())
 
 
-def git_revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(Config, argv, __doc__, QUICK)
     torch.set_num_threads(cfg.torch_threads)
@@ -278,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"freeze events (step, kind, module): {controller.events}")
 
     (run_dir / "config.json").write_text(
-        json.dumps({"config": dataclasses.asdict(cfg), "seed": cfg.seed, "git_revision": git_revision()}, indent=2)
+        json.dumps({"config": dataclasses.asdict(cfg), "seed": cfg.seed, "git_revision": git_revision() or "unknown"}, indent=2)
     )
     curves.to_csv(run_dir / "curves.csv", index=False)
     pd.DataFrame(controller.readings, columns=["step", "module", "plasticity"]).to_csv(

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from experiments._common import parse_config  # noqa: E402
+from experiments._common import git_revision, parse_config  # noqa: E402
 from framework.planner import METHODS, TransferSelection, measure_cost_model  # noqa: E402
 
 
@@ -145,13 +144,6 @@ def pretrain(a: Defaults) -> Encoder:
     return enc.eval()
 
 
-def git_revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     a = parse_config(Defaults, argv, __doc__, QUICK)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -225,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {
         "config": dataclasses.asdict(a),
         "seed": a.seed,
-        "git_revision": git_revision(),
+        "git_revision": git_revision() or "unknown",
         "pretrain_s": pretrain_s,
         "cost_model": dataclasses.asdict(cost_model),
         "torch_threads": torch.get_num_threads(),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import subprocess
 import sys
 import time
 import warnings
@@ -32,7 +31,7 @@ from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.engine.signing import loads_signed, sign_json
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Scheduler, make_scheduler
-from framework.storage import RunStorage, describe, run_name
+from framework.storage import RunStorage, describe, git_revision, run_name
 
 EXECUTORS = ("mop", "task_parallel", "sequential")
 MODES = ("min", "max")
@@ -51,16 +50,6 @@ def _extract_ref(extract: Callable | None) -> str | None:
     if hasattr(extract, "__qualname__"):
         return _fn_ref(extract)
     return _fn_ref(type(extract))
-
-
-def _git_revision() -> str | None:
-    """HEAD of the working directory's repository; `$MODELHOPPER_GIT_REVISION` where the code came without its
-    `.git` (e.g. uploaded by `ray job submit`); else None."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("MODELHOPPER_GIT_REVISION")
 
 
 def _code_digest() -> str:
@@ -530,7 +519,7 @@ class ModelSelection:
             unit_timeout_s=self.unit_timeout_s, max_unit_retries=self.max_unit_retries,
             max_worker_restarts=self.max_worker_restarts,
             synchronous=self.deterministic or getattr(self.procedure, "synchronous", True),
-            procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=_git_revision(),
+            procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=git_revision(),
             code_digest=_code_digest(), storage_uri=self.storage.uri,
             functions=functions, functions_signature=sign_json(functions),
         )

@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import sqlite3
+import subprocess
 import tempfile
 import time
 from typing import Any
@@ -36,6 +37,16 @@ def default_root() -> str:
 def run_name(prefix: str) -> str:
     """`<prefix>-<timestamp>`: a new run's folder name (microseconds keep two runs started together apart)."""
     return f"{prefix}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
+
+
+def git_revision() -> str | None:
+    """HEAD of the working directory's repository; `$MODELHOPPER_GIT_REVISION` where the code came without its
+    `.git` (e.g. uploaded by `ray job submit`); else None. What a run (or an experiment's results) records."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("MODELHOPPER_GIT_REVISION")
 
 
 def is_uri(path: str) -> bool:
