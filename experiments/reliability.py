@@ -43,7 +43,7 @@ SPACE = {"hidden": [16, 32], "lr": [0.05, 0.1, 0.2], "batch_size": [64]}  # 6 co
 
 @dataclass
 class Defaults:
-    seeds: int = 3  # seeds run and reported
+    seeds: int = 5  # seeds run and reported
     workers: int = 3  # workers (and partitions)
     epochs: int = 4  # epochs per config
     kill_rate: float = 0.04  # probability that a training unit's dispatch kills its worker

@@ -26,10 +26,11 @@ from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
-from framework.engine.signing import SignatureError, verify_json
+from framework.engine.signing import SignatureError
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
 from framework.storage import RunStorage, is_uri
+from framework.trainable import function_ref
 
 REPLAY_WORKER = 0  # the one worker of a replay; the log keeps each unit's original worker
 
@@ -140,17 +141,20 @@ def replay(
     try:
         meta, configs = src.meta(), src.configs()
         done, failed = src.units(status="done"), src.units(status="failed")
+        unsigned = src.unsigned()
     finally:
         src.close()
     fns = meta["functions"]
     device = _replay_device(meta, device)
     missing = [n for n, f in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn),
                               ("input_fn", input_fn)) if f is None and fns.get(n) is not None]
-    if missing and not verify_json(fns, meta.get("functions_signature")):
+    if missing and unsigned:
+        shown = ", ".join(unsigned[:5]) + (f" and {len(unsigned) - 5} more" if len(unsigned) > 5 else "")
         raise SignatureError(
-            f"the function names in {storage_path!r} ({', '.join(f'{n}={fns[n]}' for n in missing)}) are not signed "
-            "with this machine's key (the run came from elsewhere, or run.db was edited); replay imports nothing it "
-            f"cannot verify: pass {', '.join(f'{n}=' for n in missing)} to replay()")
+            f"replay would import {', '.join(f'{n}={fns[n]}' for n in missing)} as named in {storage_path!r}, but "
+            f"its run.db rows {shown} are not signed with this machine's key (the run came from elsewhere, or run.db "
+            "was edited); replay imports nothing it cannot verify: pass "
+            f"{', '.join(f'{n}=' for n in missing)} to replay()")
     if meta.get("extract") is not None and extract is None:
         raise ValueError(
             f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
@@ -189,7 +193,9 @@ def replay(
     ckpt = CheckpointStore(os.path.join(out_path, CHECKPOINT_DIR), dst)
     threads = torch.get_num_threads()
     try:
-        dst.set_meta(**{**meta, "replay_of": os.path.abspath(storage_path), "replay_device": device})
+        used = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn}
+        dst.set_meta(**{**meta, "functions": {n: function_ref(f) for n, f in used.items()},
+                        "replay_of": os.path.abspath(storage_path), "replay_device": device})
         backend = LocalBackend(
             {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn,
              "freezing": meta.get("freezing"), "extract": extract,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -22,6 +23,7 @@ CHECKPOINT_DIR = "checkpoints"
 #: its user code failed, or it was still training when the run ended (a crashed run)
 OUTCOMES = ("completed", "pruned", "failed", "active")
 SCOPES = ("last", "all")
+logger = logging.getLogger(__name__)
 
 
 class NoResultError(LookupError):
@@ -205,10 +207,16 @@ class Result:
             warnings.warn(
                 f"config {config_id}: loaded its checkpoint after {units} training units (epoch {epoch}), not its "
                 f"latest: {'; '.join(reason for _, reason in skipped)}", stacklevel=2)
+        else:
+            logger.info("config %d: loaded its latest checkpoint %s (epoch %d, after %d training units)",
+                        config_id, state["checkpoint"]["path"], epoch, units)
         return state
 
     def load_model(self, config_id: int | None = None, model_fn: Callable | None = None) -> torch.nn.Module:
-        """A config's model (default: the best) with its latest weights, built by `model_fn(config)`."""
+        """A config's model (default: the best) with its latest weights, built by `model_fn(config)`.
+
+        Which file was loaded is logged (logger `framework.result`, INFO), or warned about when it is not the latest
+        (see `load_state`, whose `["checkpoint"]` entry says the same)."""
         config_id = self.get_best_result().config_id if config_id is None else config_id
         model_fn = model_fn or self._model_fn
         if model_fn is None:

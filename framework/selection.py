@@ -25,22 +25,17 @@ from framework.callbacks import Callback, CallbackList, RunInfo, check_callbacks
 from framework.data import PartitionedDataset, encode_entry
 from framework.driver import Driver, DriverOptions, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore
+from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
-from framework.engine.signing import loads_signed, sign_json
+from framework.engine.signing import loads_signed
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Scheduler, make_scheduler
-from framework.storage import RunStorage, describe, git_revision, run_name
+from framework.storage import RunStorage, git_revision, run_name
+from framework.trainable import function_ref
 
 EXECUTORS = ("mop", "task_parallel", "sequential")
 MODES = ("min", "max")
-
-
-def _fn_ref(fn: Callable | None) -> str | None:
-    if fn is None:
-        return None
-    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
 
 
 def _extract_ref(extract: Callable | None) -> str | None:
@@ -48,8 +43,8 @@ def _extract_ref(extract: Callable | None) -> str | None:
     if extract is None:
         return None
     if hasattr(extract, "__qualname__"):
-        return _fn_ref(extract)
-    return _fn_ref(type(extract))
+        return function_ref(extract)
+    return function_ref(type(extract))
 
 
 def _code_digest() -> str:
@@ -363,7 +358,8 @@ class ModelSelection:
             if self._finished():
                 print(f"Run {self.storage.where} had finished: nothing to resume", file=sys.stderr, flush=True)
                 return Result(self.storage_path, self.model_fn)
-            self._remove_partial_writes()
+            # checkpoint files a crashed driver or worker left half written are never part of the run
+            self._partial_removed = remove_partial(os.path.join(self.storage_path, CHECKPOINT_DIR))
         ensure_ray(min_cpus=self.num_workers * self.worker_resources.get("CPU", 1))
         check_resources(self.worker_resources)  # a request no node can ever meet fails now, not after a hang
         os.makedirs(self.storage_path, exist_ok=True)
@@ -390,7 +386,7 @@ class ModelSelection:
             backend.command(command, **args)
         run = driver.run_state
         if self.progress:
-            print(f"Run directory: {describe(self.storage)}", file=sys.stderr, flush=True)
+            print(f"Run directory: {self.storage.describe()}", file=sys.stderr, flush=True)
         interactive = sys.stderr.isatty()
         # in a job log (not a terminal) the bar is a status line every 30 s, not a line per refresh
         bar = tqdm(total=0, unit="unit", desc="model selection", disable=not self.progress, dynamic_ncols=True,
@@ -445,7 +441,7 @@ class ModelSelection:
         result.write()
         callbacks.call("on_run_end", result)
         self.storage.push(force=True)
-        print(f"Results: {describe(self.storage)} ({len(result.configs)} configs, best {result.best_config_id}, "
+        print(f"Results: {self.storage.describe()} ({len(result.configs)} configs, best {result.best_config_id}, "
               f"{self.metric}={_best_value(result)})", file=sys.stderr, flush=True)
         return result
 
@@ -496,19 +492,11 @@ class ModelSelection:
         finally:
             catalog.close()
 
-    def _remove_partial_writes(self) -> None:
-        """Temporary checkpoint files a crashed driver or worker left half written: never part of the run."""
-        directory = os.path.join(self.storage_path, CHECKPOINT_DIR)
-        partial = [f for f in os.listdir(directory) if ".tmp." in f] if os.path.isdir(directory) else []
-        for f in partial:
-            os.remove(os.path.join(directory, f))
-        self._partial_removed = len(partial)
-
     # ---- set-up -------------------------------------------------------------------------------------------------
     def _record_meta(self, catalog: SQLiteCatalog) -> None:
         data_desc = self.dataset.save(os.path.join(self.storage_path, "data"))
-        # the names replay imports, signed with this machine's key: a run directory cannot make replay call others
-        functions = {n: _fn_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
+        # the names replay imports (the catalog signs every meta row: a run directory cannot make replay call others)
+        functions = {n: function_ref(f) for n, f in (("model_fn", self.model_fn), ("train_fn", self.train_fn),
                                                 ("eval_fn", self.eval_fn), ("input_fn", self.input_fn))}
         catalog.set_meta(
             start_time=self._t0, seed=self.seed, executor=self.executor, scheduler=self.scheduler_name,
@@ -521,7 +509,7 @@ class ModelSelection:
             synchronous=self.deterministic or getattr(self.procedure, "synchronous", True),
             procedure=type(self.procedure).__name__, dataset=data_desc, git_revision=git_revision(),
             code_digest=_code_digest(), storage_uri=self.storage.uri,
-            functions=functions, functions_signature=sign_json(functions),
+            functions=functions,
         )
 
     def _backend(self) -> RayBackend:

@@ -21,7 +21,6 @@ import sqlite3
 import subprocess
 import tempfile
 import time
-from typing import Any
 
 STORAGE_ENV = "MODELHOPPER_STORAGE"
 #: files under these folders are written once (a checkpoint's name carries its unit count): uploaded when missing
@@ -91,6 +90,10 @@ class RunStorage:
     def where(self) -> str:
         """What users should be told: the URI when there is one, else the local directory."""
         return self.uri or self.local
+
+    def describe(self) -> str:
+        """One line for the logs: where the run's results are (and its working copy, for a URI)."""
+        return self.local if self.uri is None else f"{self.uri} (working copy {self.local})"
 
     # ---- remote mirror ------------------------------------------------------------------------------------------
     def _remote_files(self) -> dict[str, int]:
@@ -179,10 +182,3 @@ class RunStorage:
         with open(src, "rb") as f, self._fs.open_output_stream(dst) as out:
             while chunk := f.read(1 << 22):
                 out.write(chunk)
-
-
-def describe(storage: Any) -> str:
-    """One line for the logs: where a run's results are."""
-    if storage.uri is None:
-        return storage.local
-    return f"{storage.uri} (working copy {storage.local})"

@@ -86,6 +86,13 @@ class Trainable:
             self.grad_scaler.load_state_dict(state["grad_scaler"])
 
 
+def function_ref(fn: Callable | None) -> str | None:
+    """How the run log names a user function for replay: `module:qualname`."""
+    if fn is None:
+        return None
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
+
+
 def accepted_kwargs(fn: Callable, offered: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments in `offered` that `fn` declares (all of them if it takes `**kwargs`)."""
     try:

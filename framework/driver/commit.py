@@ -152,6 +152,17 @@ def check_complete(run: RunState) -> None:
                                "the run's completeness check failed")
 
 
+def _cannot_resume(run: RunState, c: ConfigRecord, why: str, **gap) -> None:
+    """A config whose restored state would leave a gap in what the run committed fails, loudly. Not through
+    `recovery.fail_config`: nothing is dispatched yet, and the procedure sees the failure in the configs' views at
+    its next step."""
+    why = f"cannot resume: {why}"
+    c.status = FAILED
+    run.log.fail_config(c.id, why)
+    run.event("resume_gap", config_id=c.id, **gap)
+    run.write(f"config {c.id} failed: {why}")
+
+
 def restore(run: RunState, catalog) -> list[Unit]:
     """Rebuild the run's state from the catalog and checkpoints after a crash; returns the units still to run.
 
@@ -180,19 +191,15 @@ def restore(run: RunState, catalog) -> list[Unit]:
             visited = {int(e): list(ps) for e, ps in state["visited"].items()}
             gap = first_gap(visited, len(c.history), run.workers.partitions)
             if gap is not None:  # an older checkpoint than the commits count on (the latest was corrupt or missing)
-                why = (f"cannot resume: its newest readable checkpoint ({c.units} units) lacks partitions {gap[1]} "
-                       f"of epoch {gap[0]}, which the run committed; re-running them would change committed metrics")
-                c.status = FAILED
-                run.log.fail_config(c.id, why)
-                run.event("resume_gap", config_id=c.id, epoch=gap[0], missing=gap[1], units=c.units)
-                run.write(f"config {c.id} failed: {why}")
+                _cannot_resume(run, c, f"its newest readable checkpoint ({c.units} units) lacks partitions {gap[1]} of "
+                               f"epoch {gap[0]}, which the run committed; re-running them would change committed "
+                               "metrics", epoch=gap[0], missing=gap[1], units=c.units)
                 continue
             c.state = c.epoch_state = run.backend.put(state)
             c.visited = visited
         except CorruptCheckpointError as e:
             if c.history or parent is not None:  # it had trained weights: they cannot be recovered
-                c.status = FAILED
-                run.log.fail_config(c.id, f"cannot resume: {e}")
+                _cannot_resume(run, c, str(e), epoch=0, missing=list(run.workers.partitions), units=0)
                 continue
             c.state, c.units, c.visited = None, 0, {}  # not trained past its first epoch: start afresh
         mine = done[(done.config_id == c.id) & (done.epoch == c.epoch)]

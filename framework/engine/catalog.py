@@ -4,6 +4,9 @@ Tables: `meta` (run settings), `configs` (id, config, status, epochs, parent, er
 row per finished or failed unit attempt, with its worker, times and metrics), `epochs` (aggregated metrics per config
 and epoch), `checkpoints` (latest weights file per config with its checksum), `events` (worker failures, joins, ...).
 Everything users read (`Result`, CSV/Parquet files, replay, resume) is derived from it.
+
+Every `meta` and `configs` row is signed with this machine's key (`framework.engine.signing`) as it is written, so
+replay can tell a run this machine wrote from a `run.db` edited by hand or brought from elsewhere (`unsigned()`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from typing import Any
 
 import pandas as pd
 
+from framework.engine.signing import sign_text, verify_text
+
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, signature TEXT);
 CREATE TABLE IF NOT EXISTS configs (
     id INTEGER PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL, epochs INTEGER NOT NULL DEFAULT 0,
-    parent INTEGER, error TEXT, first_round INTEGER NOT NULL DEFAULT 0, outcome TEXT);
+    parent INTEGER, error TEXT, first_round INTEGER NOT NULL DEFAULT 0, outcome TEXT, signature TEXT);
 CREATE TABLE IF NOT EXISTS units (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL, config_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
     partition INTEGER NOT NULL, kind TEXT NOT NULL, worker INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL,
@@ -72,9 +77,14 @@ class SQLiteCatalog:
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.executescript(_SCHEMA)
             self._columns = {row[1] for row in self._db.execute("PRAGMA table_info(configs)")}
-            if "outcome" not in self._columns and not readonly:  # a run from before configs had an outcome
-                self._db.execute("ALTER TABLE configs ADD COLUMN outcome TEXT")
-                self._columns.add("outcome")
+            self._meta_columns = {row[1] for row in self._db.execute("PRAGMA table_info(meta)")}
+            if not readonly:  # a run from before configs had an outcome, or rows a signature
+                for table, columns, column in (("configs", self._columns, "outcome"),
+                                               ("configs", self._columns, "signature"),
+                                               ("meta", self._meta_columns, "signature")):
+                    if column not in columns:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+                        columns.add(column)
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise CatalogError(f"{path} is not a readable run catalog: {e}") from e
@@ -115,10 +125,23 @@ class SQLiteCatalog:
 
     # ---- meta ---------------------------------------------------------------------------------------------------
     def set_meta(self, **values: Any) -> None:
-        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in values.items()])
+        rows = [(k, text, _sign("meta", k, text)) for k, text in ((k, json.dumps(v)) for k, v in values.items())]
+        self._write("INSERT OR REPLACE INTO meta (key, value, signature) VALUES (?, ?, ?)", rows)
 
     def meta(self) -> dict[str, Any]:
         return {k: json.loads(v) for k, v in self._read("SELECT key, value FROM meta")}
+
+    def unsigned(self) -> list[str]:
+        """The `meta` keys and configs whose row does not carry this machine's signature of its content (edited by
+        hand, written by an older version, or signed with another machine's key), e.g. `["meta 'functions'",
+        "config 3"]`; empty when every row verifies."""
+        signed = "signature" if "signature" in self._meta_columns else "NULL"
+        bad = [f"meta {k!r}" for k, text, sig in self._read(f"SELECT key, value, {signed} FROM meta ORDER BY key")
+               if not verify_text(_content("meta", k, text), sig)]
+        signed = "signature" if "signature" in self._columns else "NULL"
+        bad += [f"config {cid}" for cid, text, sig in self._read(f"SELECT id, config, {signed} FROM configs ORDER BY id")
+                if not verify_text(_content("config", cid, text), sig)]
+        return bad
 
     # ---- configs ------------------------------------------------------------------------------------------------
     def add_config(
@@ -126,9 +149,10 @@ class SQLiteCatalog:
     ) -> None:
         """Record a new config; `first_round` is the round it first trains in (a clone starts from its parent's
         state at the end of the round before)."""
+        text = json.dumps(config, default=str)
         self._write(
-            "INSERT INTO configs (id, config, status, epochs, parent, first_round) VALUES (?, ?, ?, 0, ?, ?)",
-            (config_id, json.dumps(config, default=str), status, parent, first_round),
+            "INSERT INTO configs (id, config, status, epochs, parent, first_round, signature) VALUES (?, ?, ?, 0, ?, ?, ?)",
+            (config_id, text, status, parent, first_round, _sign("config", config_id, text)),
         )
 
     def update_config(self, config_id: int, *, status: str | None = None, epochs: int | None = None, error: str | None = None) -> None:
@@ -199,9 +223,11 @@ class SQLiteCatalog:
         for cid, status, n, outcome in statuses:
             stmts.append(("UPDATE configs SET status = ?, epochs = ?, outcome = ? WHERE id = ?", (status, n, outcome, cid)))
         for cid, config, parent, first in new_configs:
+            text = json.dumps(config, default=str)
             stmts.append((
-                "INSERT INTO configs (id, config, status, epochs, parent, first_round) VALUES (?, ?, 'active', 0, ?, ?)",
-                (cid, json.dumps(config, default=str), parent, first),
+                "INSERT INTO configs (id, config, status, epochs, parent, first_round, signature) "
+                "VALUES (?, ?, 'active', 0, ?, ?, ?)",
+                (cid, text, parent, first, _sign("config", cid, text)),
             ))
         blob, sig = procedure if procedure is not None else (None, None)
         stmts.append(("INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?)", (round_, time.time(), blob, sig)))
@@ -249,3 +275,12 @@ class SQLiteCatalog:
     def events(self) -> pd.DataFrame:
         rows = self._read("SELECT time, kind, detail FROM events ORDER BY rowid")
         return pd.DataFrame(rows, columns=["time", "kind", "detail"])
+
+
+def _content(table: str, key: Any, text: str) -> str:
+    """What a row's signature covers: the table, the row's key and its JSON text as stored."""
+    return f"{table}\0{key}\0{text}"
+
+
+def _sign(table: str, key: Any, text: str) -> str:
+    return sign_text(_content(table, key, text))

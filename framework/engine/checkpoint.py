@@ -28,9 +28,12 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+PARTIAL = ".tmp."  # in the name of a file being written (`write_atomic`); one left behind by a crash is never used
+
+
 def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
     """torch.save to a temp file, fsync, rename over `path`. Returns (sha256, bytes)."""
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    tmp = f"{path}{PARTIAL}{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
@@ -38,6 +41,14 @@ def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
     digest, size = _sha256(tmp), os.path.getsize(tmp)
     os.replace(tmp, path)
     return digest, size
+
+
+def remove_partial(directory: str) -> int:
+    """Remove the temporary files a crashed writer left in `directory`; returns how many."""
+    partial = [f for f in os.listdir(directory) if PARTIAL in f] if os.path.isdir(directory) else []
+    for f in partial:
+        os.remove(os.path.join(directory, f))
+    return len(partial)
 
 
 def load_latest_verified(catalog: Any, config_id: int) -> tuple[dict[str, Any], int, int, list[tuple[str, str]]]:

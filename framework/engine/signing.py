@@ -1,5 +1,6 @@
 """HMAC signatures for what a run keeps that could run code: the procedure's pickled state (resume never unpickles
-blindly) and the names of the user functions replay imports (`sign_json`), so a run directory cannot name `os:system`.
+blindly), and every row of the catalog's `meta` and `configs` (`sign_text`): replay imports the user functions `meta`
+names only when they verify, so a run directory cannot name `os:system`.
 
 The key lives outside the storage directory: `$MODELHOPPER_SECRET`, else `~/.config/modelhopper/secret.key`
 (created with mode 0600 on first use). A pickle whose signature does not verify is refused.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import pickle
 import secrets
@@ -38,15 +38,14 @@ def _key() -> bytes:
         return f.read().strip().encode()
 
 
-def sign_json(obj: Any) -> str:
-    """The signature of a JSON-able value (canonical form: sorted keys)."""
-    data = json.dumps(obj, sort_keys=True, default=str).encode()
-    return hmac.new(_key(), data, hashlib.sha256).hexdigest()
+def sign_text(text: str) -> str:
+    """This machine's signature of `text`."""
+    return hmac.new(_key(), text.encode(), hashlib.sha256).hexdigest()
 
 
-def verify_json(obj: Any, signature: str | None) -> bool:
-    """Whether `signature` is this machine's signature of `obj`."""
-    return isinstance(signature, str) and hmac.compare_digest(sign_json(obj), signature)
+def verify_text(text: str, signature: str | None) -> bool:
+    """Whether `signature` is this machine's signature of `text`."""
+    return isinstance(signature, str) and hmac.compare_digest(sign_text(text), signature)
 
 
 def dumps_signed(obj: Any) -> tuple[bytes, str]:

@@ -5,11 +5,14 @@ directory, a second node joining while the job runs, and the results found where
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -26,12 +29,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def head(tmp_path):
+def head(tmp_path, monkeypatch):
+    """A throw-away cluster on the loopback interface with token authentication, as the README sets one up: a
+    token of its own (not the user's `~/.ray/auth_token`), handed to every node and to the submitting process."""
     port, dash = _free_port(), _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a throw-away cluster on the loopback interface
-    subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
-                    f"--dashboard-port={dash}", "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
-                   check=True, env=env, capture_output=True, timeout=120)
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    for key, value in (("RAY_AUTH_MODE", "token"), ("RAY_AUTH_TOKEN_PATH", str(token))):
+        monkeypatch.setenv(key, value)  # this process submits the job: Ray's job SDK sends the token
+    env = dict(os.environ)
+    started = subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
+                              f"--dashboard-port={dash}", "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
     try:
         yield f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", env
     finally:
@@ -42,12 +52,15 @@ def test_a_submitted_job_keeps_its_results_when_a_node_joins(head, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     address, dashboard, env = head
+    with pytest.raises(urllib.error.HTTPError) as refused:  # without the token, the job API answers nothing
+        urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=30)
+    assert refused.value.code in (401, 403)
     storage = tmp_path / "results"
     client = JobSubmissionClient(dashboard)
     job = client.submit_job(
         entrypoint=f"{sys.executable} -m framework demo --workers 2 --epochs 4",  # the venv: what `python` is to a user
         runtime_env={"working_dir": ROOT, "excludes": [".venv", ".git", "results", "runs", "mutants", "*.pt"],
-                     "env_vars": {"MODELHOPPER_STORAGE": str(storage), "RAY_AUTH_MODE": "disabled"}},
+                     "env_vars": {"MODELHOPPER_STORAGE": str(storage)}},
     )
     deadline = time.time() + 300
     while client.get_job_status(job) in (JobStatus.PENDING,) and time.time() < deadline:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -126,3 +128,12 @@ def test_accepted_kwargs_offers_what_a_function_declares():
     assert accepted_kwargs(lambda m, o, d, c: None, offered) == {}
     assert accepted_kwargs(lambda m, o, d, c, epoch: None, offered) == {"epoch": 1}
     assert accepted_kwargs(lambda m, o, d, c, **kw: None, offered) == offered
+
+
+def test_the_public_api_names_what_it_says_after_the_engine_is_imported():
+    """`framework.replay` is the function even once the engine's modules are loaded (a module that imported
+    `framework.replay` itself would shadow it with the submodule)."""
+    code = ("import framework.selection, framework.result, framework.__main__, framework;"
+            "assert callable(framework.replay) and callable(framework.ModelSelection), framework.replay")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import sqlite3
 
 import pytest
 import torch
@@ -103,16 +105,40 @@ def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path):
     on_cpu = framework.replay(result.storage_path, device="cpu")
     assert on_cpu.storage_path.endswith("replay-2") and on_cpu.meta["replay_device"] == "cpu"  # never overwritten
     assert (on_cpu.metrics.valid_loss.to_numpy() == again.metrics.valid_loss.to_numpy()).all()
-    # a run directory cannot make replay import and call what it names: function names are signed
-    catalog = SQLiteCatalog(os.path.join(result.storage_path, "run.db"))
-    catalog.set_meta(functions={**catalog.meta()["functions"], "train_fn": "os:system"})
-    catalog.close()
-    with pytest.raises(SignatureError, match=r"train_fn=os:system.*not signed with this machine's key"):
+    # a run directory cannot make replay import and call what it names: every meta and config row is signed
+    db = os.path.join(result.storage_path, "run.db")
+    planted = tmp_path / "planted"
+    original = _edit(db, "SELECT value FROM meta WHERE key = 'functions'")[0][0]
+    _edit(db, "UPDATE meta SET value = ? WHERE key = 'functions'",
+          (json.dumps({**json.loads(original), "model_fn": "os:system"}),))
+    _edit(db, "UPDATE configs SET config = ? WHERE id = 0", (json.dumps(f"touch {planted}"),))
+    with pytest.raises(SignatureError, match=r"model_fn=os:system, .* rows meta 'functions', config 0 are not signed"):
         framework.replay(result.storage_path, device="cpu")
     assert framework.__main__.main(["replay", result.storage_path, "--device", "cpu"]) == 2
+    assert not planted.exists()  # nothing ran
+    _edit(db, "UPDATE meta SET value = ? WHERE key = 'functions'", (original,))  # the names as they were
+    with pytest.raises(SignatureError, match=r"rows config 0 are not signed"):  # an edited config alone is refused
+        framework.replay(result.storage_path, device="cpu")
+    _edit(db, "UPDATE configs SET config = ? WHERE id = 0", (json.dumps(result.configs[0]),))
+    threads = _edit(db, "SELECT value FROM meta WHERE key = 'num_threads'")[0][0]
+    _edit(db, "UPDATE meta SET value = '3' WHERE key = 'num_threads'")  # so is any meta row
+    with pytest.raises(SignatureError, match=r"rows meta 'num_threads' are not signed"):
+        framework.replay(result.storage_path, device="cpu")
+    _edit(db, "UPDATE meta SET value = ? WHERE key = 'num_threads'", (threads,))
     passed = framework.replay(result.storage_path, device="cpu", model_fn=mlp_model_fn, train_fn=classifier_train_fn,
                               eval_fn=classifier_eval_fn)  # what the caller passes is trusted
     assert (passed.metrics.valid_loss.to_numpy() == again.metrics.valid_loss.to_numpy()).all()
+    assert passed.meta["functions"]["train_fn"].endswith(":classifier_train_fn")  # the replay names what it ran
+    assert not planted.exists()
+
+
+def _edit(db: str, sql: str, args: tuple = ()) -> list[tuple]:
+    """Edit run.db by hand, as someone with write access to the run directory (but not the key) could."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
 
 
 def test_a_metric_no_fn_returns_stops_the_run_at_its_first_report(ray_cluster, digits, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 
@@ -190,3 +191,19 @@ def test_result_load_state_falls_back_past_a_crafted_checkpoint(tmp_path):
     assert not os.path.exists(marker)
     # a read never writes into the run: no event, the catalog untouched
     assert Result(run).events.empty and os.path.getmtime(os.path.join(run, "run.db")) == before
+
+
+def test_result_load_model_says_which_checkpoint_it_loaded(tmp_path, caplog):
+    from framework.result import Result
+
+    run, _ = _run_with_checkpoints(tmp_path, [(1, _state(1.0)), (2, _state(2.0))])
+    with caplog.at_level(logging.INFO, logger="framework.result"):
+        model = Result(run).load_model(0, model_fn=lambda config: (_OneTensor(), None))
+    assert torch.equal(model.w, torch.full((3,), 2.0))
+    assert "config 0: loaded its latest checkpoint" in caplog.text and "config_0_u2.pt" in caplog.text
+
+
+class _OneTensor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(3))
