@@ -10,8 +10,9 @@ then the run is resumed to the end, and a fault-free run with the same seed give
 
 It prints, per seed: kills, hung units, units re-run (attempts that did not count: interrupted, lost, unstarted),
 units lost (a committed epoch of a config that did not fail, missing a partition: must be 0), units trained twice
-(two `done` rows for one unit: must be 0), configs failed by the injected error and by the corrupt checkpoint, and
-the wall time (crashed run + resume) against the fault-free run.
+(two `done` rows for one unit: must be 0), checkpoints rebuilt from the log on resume, configs failed by the
+injected error and by the corrupt checkpoint (when it could not be rebuilt), and the wall time (crashed run +
+resume) against the fault-free run.
 
     python experiments/reliability.py --quick
 """
@@ -119,6 +120,7 @@ def _audit(storage: str, cfg: Defaults) -> dict:
             "units_rerun": int(units.status.isin(["interrupted", "lost", "unstarted"]).sum()),
             "units_lost": lost, "units_twice": twice,
             "failed_injected": int(errors.str.contains("InjectedFault").sum()),
+            "rebuilt": int((events.kind == "checkpoint_rebuilt").sum()),
             "failed_corrupt": int(errors.str.contains("cannot resume").sum())}
 
 

@@ -149,6 +149,13 @@ class PartitionedDataset:
             j: sorted({(j + k) % num_workers for k in range(self.replicas)}) for j in range(self.num_partitions)
         }
 
+    def worker_entries(self, per_partition: bool = True) -> dict[int, tuple[list[Any], list[Any]]]:
+        """What workers load: `{partition: ([train entry], [valid entry])}`; `per_partition=False` (the full-data
+        baselines) gives one "partition" 0 that is all the data."""
+        if per_partition:
+            return {p: ([self.train[p]], [self.valid[p]]) for p in range(self.num_partitions)}
+        return {0: (list(self.train), list(self.valid))}
+
     # ---- persistence (replay and resume need the very same partitions) ------------------------------------------
     def save(self, directory: str) -> dict[str, Any]:
         """Write in-memory partitions as .npy files under `directory`; return a JSON-able description."""

@@ -7,6 +7,7 @@ they trained, failed at the unit that failed them). Clones, checkpoints and epoc
 the rules of a live run. The worker uses as many torch threads as the run's workers did, so on CPU the final
 weights are bit-identical to the run's. (With layer freezing the reference model is evaluated asynchronously, so
 when a layer freezes can differ between a run and its replay.)
+(`framework.engine.rebuild` uses the same property to repair one config's damaged checkpoint on resume.)
 """
 
 from __future__ import annotations
@@ -165,10 +166,7 @@ def replay(
     eval_fn = eval_fn or _import_ref(fns["eval_fn"], "eval_fn")
     input_fn = input_fn or _import_ref(fns.get("input_fn"), "input_fn")
     ds = PartitionedDataset.load(os.path.join(storage_path, "data"), meta["dataset"])
-    if meta["executor"] == "mop":
-        held = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(ds.num_partitions)}
-    else:
-        held = {0: (list(ds.train), list(ds.valid))}
+    held = ds.worker_entries(per_partition=meta["executor"] == "mop")
 
     # what runs, in order: every done unit of a committed epoch, and of the epoch in which a config failed, plus
     # the unit that failed it (it fails the config again, through an injected fault)

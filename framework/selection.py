@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from automl import Procedure
@@ -28,6 +29,7 @@ from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
+from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Scheduler, make_scheduler
@@ -368,6 +370,7 @@ class ModelSelection:
         self._t0 = time.time()
         if self._resuming:
             catalog.add_event("resumed", pid=os.getpid(), partial_checkpoints_removed=self._partial_removed)
+            self._rebuild_checkpoints(catalog)
         else:
             self._record_meta(catalog)
         backend = self._backend()
@@ -514,16 +517,23 @@ class ModelSelection:
 
     def _backend(self) -> RayBackend:
         """Workers as Ray actors; the full-data baselines see one "partition" 0 that is all the data."""
-        ds = self.dataset
-        if self.executor == "mop":
-            entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(ds.num_partitions)}
-        else:
-            entries = {0: (list(ds.train), list(ds.valid))}
-        fns = {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn,
-               "input_fn": self.input_fn, "freezing": self.freezing, "extract": self.extract,
-               "data_on_device": self.data_on_device}
-        return RayBackend(fns, self.worker_resources, self.num_threads, entries, put_entries=ds.in_memory,
+        return RayBackend({**self._worker_fns(), "freezing": self.freezing}, self.worker_resources, self.num_threads,
+                          self.dataset.worker_entries(self.executor == "mop"), put_entries=self.dataset.in_memory,
                           queue_depth=self.queue_depth)
+
+    def _worker_fns(self) -> dict[str, Any]:
+        return {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn,
+                "input_fn": self.input_fn, "extract": self.extract, "data_on_device": self.data_on_device}
+
+    def _rebuild_checkpoints(self, catalog: SQLiteCatalog) -> None:
+        """Before a resume starts its workers: damaged newest checkpoints are rebuilt from the log where the result
+        matches the recorded checksum (`framework.engine.rebuild`; not with layer freezing)."""
+        if self.freezing is not None:
+            return
+        gpu = float(self.worker_resources.get("GPU", 0)) > 0 and torch.cuda.is_available()
+        rebuild_checkpoints(catalog, self._worker_fns(), self.dataset.worker_entries(self.executor == "mop"),
+                            seed=self.seed, num_threads=self.num_threads, device="cuda" if gpu else "cpu",
+                            write=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 class _Mirror(Callback):

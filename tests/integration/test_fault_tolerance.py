@@ -90,7 +90,8 @@ def test_killed_workers_restart_and_rerun_only_their_unit(ray_cluster, digits, t
     assert [f for f, _ in plan.fired] == kills
     failed = _events(result, "worker_failed")
     assert len(failed) == 3 and all(e["why"].startswith("died") for e in failed)
-    assert [e["requeued"] for e in failed] == [[str(u)] for _, u in plan.fired]  # exactly the unit it ran
+    # exactly the unit it ran (two deaths close together may be found in either order)
+    assert sorted(e["requeued"] for e in failed) == sorted([str(u)] for _, u in plan.fired)
     ran = {str(u) for _, u in plan.fired}
     assert all(u not in ran for e in failed for u in e["unstarted"])  # and the ones queued behind it, untouched
     restarts = _events(result, "worker_restarting")
@@ -309,7 +310,8 @@ def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tm
     assert set(before["round"]) == {0} and len(before) == 4 * 4  # 4 configs x (2 train + 2 eval)
 
     moved = shutil.move(storage, str(tmp_path / "moved"))  # a crashed run copied elsewhere resumes there
-    # config 3's newest checkpoint is corrupt: the one before it lacks half of epoch 0, which round 0 committed
+    # config 3's newest checkpoint is corrupt: the one before it lacks half of epoch 0, which round 0 committed;
+    # resume rebuilds it from the log (the run's very bytes) before any worker starts
     with open(_checkpoint_paths(moved)[3], "r+b") as f:
         f.seek(64)
         f.write(b"\xff" * 16)
@@ -325,17 +327,15 @@ def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tm
     resumed = _resume(moved)
     assert resumed.storage_path == moved and not os.path.exists(partial)
     assert _events(resumed, "resumed")[-1]["partial_checkpoints_removed"] == 1
+    [rebuilt] = _events(resumed, "checkpoint_rebuilt")
+    assert rebuilt["config_id"] == 3 and rebuilt["rerun"] == 1 and "corrupt" in rebuilt["damage"]
     [plan] = _events(resumed, "resume_plan")
-    assert (plan["round"], plan["lost_units"], plan["rerun"]) == (1, 0, 12)  # epoch 1 of configs 0-2: 4 units each
-    status = resumed.status.set_index("config_id")
-    assert status.status[3] == "failed" and "lacks partitions" in status.error[3] and "of epoch 0" in status.error[3]
-    [gap] = _events(resumed, "resume_gap")
-    assert gap["config_id"] == 3 and gap["epoch"] == 0
+    assert (plan["round"], plan["lost_units"], plan["rerun"]) == (1, 0, 16)  # epoch 1 of configs 0-3: 4 units each
+    assert not _events(resumed, "resume_gap") and (resumed.status.status == "completed").all()
     log = _units_log(resumed)
     assert (log.status == "done").all()
     assert (log[log["round"] == 0].seq.tolist()) == before.seq.tolist()  # round 0 was not run again
-    assert not (log[log["round"] > 0].config_id == 3).any()  # nothing trained on top of the gap
-    _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3, configs=[0, 1, 2])
+    _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3)
     assert not os.path.exists(storage) and all(os.path.exists(p) for p in _checkpoint_paths(moved))
     # resuming the finished run returns its result without Ray or workers, and writes nothing
     db = os.path.join(moved, "run.db")

@@ -1,0 +1,132 @@
+"""A damaged checkpoint is rebuilt from the schedule log, bit for bit, or left alone with the reason (no Ray: the
+driver on a LocalBackend writes a real run directory, stopped as by a crash after its first commit)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+import automl
+from framework.driver import Driver, DriverOptions, SQLiteRunLog
+from framework.engine.catalog import SQLiteCatalog
+from framework.engine.checkpoint import CheckpointStore
+from framework.engine.local import LocalBackend
+from framework.engine.rebuild import rebuild_checkpoints
+from framework.engine.signing import loads_signed
+from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+
+P = 3
+SPACE = {"lr": [0.01, 0.05], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
+FNS = {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}
+SEED = 5
+
+
+def _entries() -> dict:
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for p in range(P):
+        x, xv = torch.randn(48, 8, generator=g), torch.randn(16, 8, generator=g)
+        out[p] = ([(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())], [(xv, (xv[:, 0] > 0).long())])
+    return out
+
+
+def _noisy_train_fn(model, optimizer, data, config):
+    """Training that is not deterministic: its weights depend on more than the seed the unit gets."""
+    metrics = classifier_train_fn(model, optimizer, data, config)
+    with torch.no_grad():
+        next(model.parameters()).add_(float.fromhex(os.urandom(2).hex()[:3] + "p-20"))
+    return metrics
+
+
+def _driver(catalog, ckpt, procedure, fns=FNS):
+    backend = LocalBackend(fns, _entries(), num_threads=1)
+    return Driver(backend, procedure, SQLiteRunLog(catalog, ckpt), {w: [w] for w in range(P)}, list(range(P)),
+                  DriverOptions(seed=SEED, checkpoint="unit"))
+
+
+@pytest.fixture
+def crashed(tmp_path):
+    """A run stopped after its first commit (as by a crash): (catalog, checkpoint store)."""
+
+    def make(fns=FNS):
+        catalog = SQLiteCatalog(str(tmp_path / "run.db"))
+        ckpt = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
+        assert _driver(catalog, ckpt, automl.GridSearch(SPACE, epochs=3), fns).run(max_commits=1) is False
+        ckpt.flush()
+        return catalog, ckpt
+
+    return make
+
+
+def _flip(path: str) -> bytes:
+    with open(path, "rb") as f:
+        original = f.read()
+    with open(path, "r+b") as f:
+        f.seek(64)
+        f.write(b"\xff" * 16)
+    return original
+
+
+def _resume(catalog, ckpt, fns=FNS) -> Driver:
+    _, blob, signature = catalog.last_round()
+    driver = _driver(catalog, ckpt, loads_signed(blob, signature), fns)
+    assert driver.run(resume_from=catalog) is True
+    return driver
+
+
+def _events(catalog, kind: str) -> list:
+    events = catalog.events()
+    return events[events.kind == kind].detail.tolist()
+
+
+def test_a_corrupt_newest_checkpoint_is_rebuilt_bit_for_bit_and_the_config_goes_on(crashed):
+    catalog, ckpt = crashed()
+    _, units, path, digest = catalog.checkpoints(1)[0]
+    original = _flip(path)
+    lines = []
+    [outcome] = rebuild_checkpoints(catalog, {**FNS, "input_fn": None}, _entries(), seed=SEED, write=lines.append)
+    assert outcome["rebuilt"] and outcome["config_id"] == 1 and outcome["units"] == units and outcome["rerun"] == 1
+    with open(path, "rb") as f:
+        assert f.read() == original  # the very bytes the run wrote
+    assert "config 1: rebuilt its newest checkpoint" in lines[0] and len(_events(catalog, "checkpoint_rebuilt")) == 1
+    driver = _resume(catalog, ckpt)
+    assert [c.status for c in driver.run_state.configs] == ["stopped", "stopped"]  # nobody failed
+    assert [len(c.history) for c in driver.run_state.configs] == [3, 3]
+    ckpt.close()
+    catalog.close()
+
+
+def test_with_every_checkpoint_gone_a_config_is_rebuilt_from_scratch(crashed):
+    catalog, ckpt = crashed()
+    rows = catalog.checkpoints(0)
+    originals = {path: _flip(path) for _, _, path, _ in rows[:2]}  # both files kept: neither readable
+    [outcome] = rebuild_checkpoints(catalog, FNS, _entries(), seed=SEED, write=lambda line: None)
+    assert outcome["rebuilt"] and outcome["from_units"] == 0 and outcome["rerun"] == rows[0][1]
+    with open(rows[0][2], "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == rows[0][3] and f.name in originals
+    ckpt.close()
+    catalog.close()
+
+
+def test_training_that_is_not_deterministic_is_not_rebuilt_and_the_config_fails_with_the_reason(crashed):
+    fns = {**FNS, "train_fn": _noisy_train_fn}
+    catalog, ckpt = crashed(fns)
+    _, _, path, _ = catalog.checkpoints(1)[0]
+    _flip(path)
+    with open(path, "rb") as f:
+        damaged = f.read()
+    lines = []
+    [outcome] = rebuild_checkpoints(catalog, fns, _entries(), seed=SEED, write=lines.append)
+    assert not outcome["rebuilt"] and "training is not deterministic" in outcome["reason"]
+    with open(path, "rb") as f:
+        assert f.read() == damaged  # left as it was
+    assert not [f for f in os.listdir(os.path.dirname(path)) if ".tmp." in f]  # and nothing half written beside it
+    assert "could not rebuild" in lines[0] and _events(catalog, "checkpoint_rebuild_failed")
+    driver = _resume(catalog, ckpt, fns)
+    assert driver.run_state.configs[1].status == "failed"  # its readable state lacks what round 0 committed
+    assert driver.run_state.configs[0].status == "stopped"
+    ckpt.close()
+    catalog.close()
