@@ -16,21 +16,11 @@ from framework.engine.checkpoint import CheckpointStore
 from framework.engine.local import LocalBackend
 from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
-from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.examples import classifier_train_fn
+from tests.framework.driver.test_driver import FNS, P, _entries
 
-P = 3
 SPACE = {"lr": [0.01, 0.05], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
-FNS = {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}
 SEED = 5
-
-
-def _entries() -> dict:
-    g = torch.Generator().manual_seed(0)
-    out = {}
-    for p in range(P):
-        x, xv = torch.randn(48, 8, generator=g), torch.randn(16, 8, generator=g)
-        out[p] = ([(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())], [(xv, (xv[:, 0] > 0).long())])
-    return out
 
 
 def _noisy_train_fn(model, optimizer, data, config):
