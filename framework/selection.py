@@ -527,12 +527,15 @@ class ModelSelection:
 
     def _rebuild_checkpoints(self, catalog: SQLiteCatalog) -> None:
         """Before a resume starts its workers: damaged newest checkpoints are rebuilt from the log where the result
-        matches the recorded checksum (`framework.engine.rebuild`; not with layer freezing)."""
-        if self.freezing is not None:
+        matches the recorded checksum (`framework.engine.rebuild`), re-running at most one epoch's training units
+        per config. Not with layer freezing, and not for a GPU run in a driver without CUDA (the checksum could not
+        match)."""
+        gpu = float(self.worker_resources.get("GPU", 0)) > 0
+        if self.freezing is not None or (gpu and not torch.cuda.is_available()):
             return
-        gpu = float(self.worker_resources.get("GPU", 0)) > 0 and torch.cuda.is_available()
-        rebuild_checkpoints(catalog, self._worker_fns(), self.dataset.worker_entries(self.executor == "mop"),
-                            seed=self.seed, num_threads=self.num_threads, device="cuda" if gpu else "cpu",
+        entries = self.dataset.worker_entries(self.executor == "mop")
+        rebuild_checkpoints(catalog, self._worker_fns(), entries, seed=self.seed, num_threads=self.num_threads,
+                            device="cuda" if gpu else "cpu", max_units=len(entries),
                             write=lambda line: print(line, file=sys.stderr, flush=True))
 
 

@@ -199,7 +199,7 @@ def restore(run: RunState, catalog) -> list[Unit]:
             c.visited = visited
         except CorruptCheckpointError as e:
             if c.history or parent is not None:  # it had trained weights: they cannot be recovered
-                _cannot_resume(run, c, str(e), epoch=0, missing=list(run.workers.partitions), units=0)
+                _cannot_resume(run, c, str(e), readable=False)
                 continue
             c.state, c.units, c.visited = None, 0, {}  # not trained past its first epoch: start afresh
         mine = done[(done.config_id == c.id) & (done.epoch == c.epoch)]

@@ -10,6 +10,7 @@ state lacks an epoch the run committed (`framework.driver.commit.restore`).
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ def rebuild_checkpoints(
     seed: int,
     num_threads: int = 1,
     device: str = "cpu",
+    max_units: int | None = None,
     write: Callable[[str], Any] = print,
 ) -> list[dict[str, Any]]:
     """Repair the newest checkpoint of every active config where it is corrupt or missing, from the log.
@@ -42,13 +44,15 @@ def rebuild_checkpoints(
     (training that is not deterministic, another device or library version, user code that now fails) the file is
     left as it was, and resume handles the config as before (it fails when its readable state lacks a committed
     epoch). `fns`: the worker's functions (`model_fn`, `train_fn`, `eval_fn`, `input_fn`, `extract`,
-    `data_on_device`; layer freezing is not rebuilt). `entries`: what the workers load, by partition. Each attempt
-    is an event (`checkpoint_rebuilt` or `checkpoint_rebuild_failed`) and a line through `write`; returns their
-    details.
+    `data_on_device`; layer freezing is not rebuilt). `entries`: what the workers load, by partition. `max_units`:
+    the most training units re-run for one config (None: no limit), so a run directory that arrives without its
+    checkpoints does not retrain every config in the driver. Each attempt is an event (`checkpoint_rebuilt` or
+    `checkpoint_rebuild_failed`) and a line through `write`; returns their details.
     """
     configs = catalog.configs()
     done = catalog.units(status="done")
-    done = done[done.kind == TRAIN].sort_values(["epoch", "end", "seq"])  # a config's chain: epoch by epoch, in time
+    # a config's chain in log order: one unit of a config runs at a time and the log records each as it finishes
+    done = done[done.kind == TRAIN].sort_values("seq")
     outcomes = []
     for row in configs[configs.status == "active"].itertuples():
         cid, checkpoints = int(row.config_id), catalog.checkpoints(int(row.config_id))
@@ -77,6 +81,9 @@ def rebuild_checkpoints(
             why = "it is a clone and no checkpoint of its starting state is readable"
         elif len(todo) != units - start_units:
             why = f"the log holds {len(todo)} of the {units - start_units} training units after the readable state"
+        elif max_units is not None and len(todo) > max_units:
+            why = (f"it would re-run {len(todo)} training units in the driver, more than `max_units` ({max_units}); "
+                   "not rebuilt")
         else:
             why = _rerun(todo, start, dict(row.config), fns, entries, seed, num_threads, device, path, digest)
         detail = {"config_id": cid, "units": units, "from_units": start_units, "rerun": len(todo),
@@ -96,6 +103,10 @@ def _rerun(todo: list[Unit], state: dict | None, config: dict, fns: dict[str, An
            num_threads: int, device: str, path: str, digest: str) -> str | None:
     """Run `todo` from `state`; put the result at `path` if its sha256 is `digest`. Returns why not, or None."""
     threads = torch.get_num_threads()
+    rebuilt = f"{path}{PARTIAL}rebuilt"  # a crash now leaves a partial file that the next resume removes
+    # the user's `extract` module goes on to the workers: this process moves and switches a copy, not it
+    fns = {**fns, "extract": copy.deepcopy(fns["extract"]) if isinstance(fns.get("extract"), torch.nn.Module)
+           else fns.get("extract")}
     try:
         worker = Worker(0, device=device, num_threads=num_threads, **fns)
         worker.load({p: entries[p] for p in sorted({u.partition for u in todo})})
@@ -103,10 +114,14 @@ def _rerun(todo: list[Unit], state: dict | None, config: dict, fns: dict[str, An
             state, report = worker.run(UnitTask(unit, config, seed), state)
             if report.error is not None:
                 return f"its {unit} raised: {report.error.strip().splitlines()[-1]}"
-        rebuilt = f"{path}{PARTIAL}rebuilt"  # a crash now leaves a partial file that the next resume removes
         sha256, _ = write_atomic(self_contained(unpack_state(state)), rebuilt)
+    except Exception as e:  # noqa: BLE001 - loading data, the device, the disk: the config is handled as before
+        return f"{type(e).__name__}: {e}"
     finally:
         torch.set_num_threads(threads)
+        del state
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()  # the workers' GPU, borrowed: give it back
     if sha256 != digest:
         os.remove(rebuilt)
         return (f"re-running gave other weights (sha256 {sha256[:12]}... instead of {digest[:12]}...): training is "

@@ -26,14 +26,19 @@ def _key() -> bytes:
         return env.encode()
     path = os.path.join(os.path.expanduser("~"), ".config", "modelhopper", "secret.key")
     if not os.path.exists(path):
+        # written whole under a temporary name, then linked into place: a process starting at the same moment never
+        # reads a half-written (or empty) key, and the first link wins
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.link(tmp, path)
         except FileExistsError:
             pass  # another process created it a moment ago: use theirs
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32))
+        finally:
+            os.remove(tmp)
     with open(path) as f:
         return f.read().strip().encode()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import pytest
@@ -74,3 +75,15 @@ def test_a_catalog_from_before_signatures_is_unsigned_and_migrated_on_write(tmp_
     catalog.add_config(1, {"lr": 0.1}, "active")
     catalog.close()
     assert _unsigned(path) == ["config 0"]
+
+
+def test_the_key_is_created_once_whole_and_private(tmp_path, monkeypatch):
+    from framework.engine.signing import sign_text
+
+    monkeypatch.delenv("MODELHOPPER_SECRET", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    first = sign_text("x")
+    assert sign_text("x") == first  # the key written the first time is the one read after
+    folder = tmp_path / ".config" / "modelhopper"
+    assert os.listdir(folder) == ["secret.key"]  # no temporary file left beside it
+    assert (folder / "secret.key").stat().st_mode & 0o777 == 0o600 and len((folder / "secret.key").read_text()) == 64

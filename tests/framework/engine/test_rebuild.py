@@ -31,20 +31,21 @@ def _noisy_train_fn(model, optimizer, data, config):
     return metrics
 
 
-def _driver(catalog, ckpt, procedure, fns=FNS):
+def _driver(catalog, ckpt, procedure, fns=FNS, checkpoint="unit"):
     backend = LocalBackend(fns, _entries(), num_threads=1)
     return Driver(backend, procedure, SQLiteRunLog(catalog, ckpt), {w: [w] for w in range(P)}, list(range(P)),
-                  DriverOptions(seed=SEED, checkpoint="unit"))
+                  DriverOptions(seed=SEED, checkpoint=checkpoint))
 
 
 @pytest.fixture
 def crashed(tmp_path):
-    """A run stopped after its first commit (as by a crash): (catalog, checkpoint store)."""
+    """A run stopped after commit `commits` (as by a crash): (catalog, checkpoint store)."""
 
-    def make(fns=FNS):
+    def make(fns=FNS, checkpoint="unit", commits=1):
         catalog = SQLiteCatalog(str(tmp_path / "run.db"))
         ckpt = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
-        assert _driver(catalog, ckpt, automl.GridSearch(SPACE, epochs=3), fns).run(max_commits=1) is False
+        driver = _driver(catalog, ckpt, automl.GridSearch(SPACE, epochs=3), fns, checkpoint)
+        assert driver.run(max_commits=commits) is False
         ckpt.flush()
         return catalog, ckpt
 
@@ -60,9 +61,9 @@ def _flip(path: str) -> bytes:
     return original
 
 
-def _resume(catalog, ckpt, fns=FNS) -> Driver:
+def _resume(catalog, ckpt, fns=FNS, checkpoint="unit") -> Driver:
     _, blob, signature = catalog.last_round()
-    driver = _driver(catalog, ckpt, loads_signed(blob, signature), fns)
+    driver = _driver(catalog, ckpt, loads_signed(blob, signature), fns, checkpoint)
     assert driver.run(resume_from=catalog) is True
     return driver
 
@@ -89,14 +90,40 @@ def test_a_corrupt_newest_checkpoint_is_rebuilt_bit_for_bit_and_the_config_goes_
     catalog.close()
 
 
-def test_with_every_checkpoint_gone_a_config_is_rebuilt_from_scratch(crashed):
+def test_with_epoch_checkpoints_a_whole_epoch_is_rerun_in_the_order_the_log_gives(crashed):
+    catalog, ckpt = crashed(checkpoint="epoch", commits=2)
+    [newest, previous] = catalog.checkpoints(0)[:2]
+    assert (newest[1], previous[1]) == (2 * P, P)  # epoch ends: after epochs 1 and 0
+    original = _flip(newest[2])
+    outcomes = rebuild_checkpoints(catalog, FNS, _entries(), seed=SEED, write=lambda line: None)
+    assert [(o["config_id"], o["rebuilt"], o["rerun"]) for o in outcomes] == [(0, True, P)]
+    with open(newest[2], "rb") as f:
+        assert f.read() == original
+    driver = _resume(catalog, ckpt, checkpoint="epoch")
+    assert [(c.status, len(c.history)) for c in driver.run_state.configs] == [("stopped", 3), ("stopped", 3)]
+    ckpt.close()
+    catalog.close()
+
+
+def test_with_every_checkpoint_gone_a_config_is_rebuilt_from_scratch_within_max_units(crashed):
     catalog, ckpt = crashed()
     rows = catalog.checkpoints(0)
     originals = {path: _flip(path) for _, _, path, _ in rows[:2]}  # both files kept: neither readable
+    [refused] = rebuild_checkpoints(catalog, FNS, _entries(), seed=SEED, max_units=P - 1, write=lambda line: None)
+    assert not refused["rebuilt"] and "more than `max_units` (2)" in refused["reason"]
     [outcome] = rebuild_checkpoints(catalog, FNS, _entries(), seed=SEED, write=lambda line: None)
-    assert outcome["rebuilt"] and outcome["from_units"] == 0 and outcome["rerun"] == rows[0][1]
+    assert outcome["rebuilt"] and outcome["from_units"] == 0 and outcome["rerun"] == rows[0][1] >= P
     with open(rows[0][2], "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == rows[0][3] and f.name in originals
+    ckpt.close()
+    catalog.close()
+
+
+def test_a_failure_outside_the_units_is_a_reason_not_an_error(crashed):
+    catalog, ckpt = crashed()
+    _flip(catalog.checkpoints(1)[0][2])
+    [outcome] = rebuild_checkpoints(catalog, FNS, {}, seed=SEED, write=lambda line: None)  # no data to load
+    assert not outcome["rebuilt"] and outcome["reason"].startswith("KeyError")
     ckpt.close()
     catalog.close()
 
