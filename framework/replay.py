@@ -192,7 +192,8 @@ def replay(
     threads = torch.get_num_threads()
     try:
         used = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn}
-        dst.set_meta(**{**meta, "functions": {n: function_ref(f) for n, f in used.items()},
+        dst.set_meta(**{**{k: v for k, v in meta.items() if k != "run_id"},
+                        "functions": {n: function_ref(f) for n, f in used.items()},
                         "replay_of": os.path.abspath(storage_path), "replay_device": device})
         backend = LocalBackend(
             {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn,

@@ -5,14 +5,16 @@ row per finished or failed unit attempt, with its worker, times and metrics), `e
 and epoch), `checkpoints` (latest weights file per config with its checksum), `events` (worker failures, joins, ...).
 Everything users read (`Result`, CSV/Parquet files, replay, resume) is derived from it.
 
-Every `meta` and `configs` row is signed with this machine's key (`framework.engine.signing`) as it is written, so
-replay can tell a run this machine wrote from a `run.db` edited by hand or brought from elsewhere (`unsigned()`).
+Every `meta` and `configs` row is signed with this machine's key (`framework.engine.signing`) as it is written, over
+the run's own id (`meta["run_id"]`), so replay can tell a run this machine wrote from a `run.db` edited by hand,
+brought from elsewhere, or patched with rows of another run (`unsigned()`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -85,6 +87,12 @@ class SQLiteCatalog:
                     if column not in columns:
                         self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
                         columns.add(column)
+                # the run's own id, inside every signature: a signed row copied from another run does not verify
+                text = json.dumps(secrets.token_hex(8))
+                self._db.execute("INSERT OR IGNORE INTO meta (key, value, signature) VALUES ('run_id', ?, ?)",
+                                 (text, sign_text(_content(json.loads(text), "meta", "run_id", text))))
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
+            self._run_id = json.loads(row[0]) if row else None
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise CatalogError(f"{path} is not a readable run catalog: {e}") from e
@@ -125,11 +133,16 @@ class SQLiteCatalog:
 
     # ---- meta ---------------------------------------------------------------------------------------------------
     def set_meta(self, **values: Any) -> None:
-        rows = [(k, text, _sign("meta", k, text)) for k, text in ((k, json.dumps(v)) for k, v in values.items())]
+        if "run_id" in values:
+            raise ValueError("`run_id` is the catalog's own (each run.db makes one): it cannot be set")
+        rows = [(k, text, self._sign("meta", k, text)) for k, text in ((k, json.dumps(v)) for k, v in values.items())]
         self._write("INSERT OR REPLACE INTO meta (key, value, signature) VALUES (?, ?, ?)", rows)
 
     def meta(self) -> dict[str, Any]:
         return {k: json.loads(v) for k, v in self._read("SELECT key, value FROM meta")}
+
+    def _sign(self, table: str, key: Any, text: str) -> str:
+        return sign_text(_content(self._run_id, table, key, text))
 
     def unsigned(self) -> list[str]:
         """The `meta` keys and configs whose row does not carry this machine's signature of its content (edited by
@@ -137,10 +150,10 @@ class SQLiteCatalog:
         "config 3"]`; empty when every row verifies."""
         signed = "signature" if "signature" in self._meta_columns else "NULL"
         bad = [f"meta {k!r}" for k, text, sig in self._read(f"SELECT key, value, {signed} FROM meta ORDER BY key")
-               if not verify_text(_content("meta", k, text), sig)]
+               if not verify_text(_content(self._run_id, "meta", k, text), sig)]
         signed = "signature" if "signature" in self._columns else "NULL"
         bad += [f"config {cid}" for cid, text, sig in self._read(f"SELECT id, config, {signed} FROM configs ORDER BY id")
-                if not verify_text(_content("config", cid, text), sig)]
+                if not verify_text(_content(self._run_id, "config", cid, text), sig)]
         return bad
 
     # ---- configs ------------------------------------------------------------------------------------------------
@@ -152,7 +165,7 @@ class SQLiteCatalog:
         text = json.dumps(config, default=str)
         self._write(
             "INSERT INTO configs (id, config, status, epochs, parent, first_round, signature) VALUES (?, ?, ?, 0, ?, ?, ?)",
-            (config_id, text, status, parent, first_round, _sign("config", config_id, text)),
+            (config_id, text, status, parent, first_round, self._sign("config", config_id, text)),
         )
 
     def update_config(self, config_id: int, *, status: str | None = None, epochs: int | None = None, error: str | None = None) -> None:
@@ -227,7 +240,7 @@ class SQLiteCatalog:
             stmts.append((
                 "INSERT INTO configs (id, config, status, epochs, parent, first_round, signature) "
                 "VALUES (?, ?, 'active', 0, ?, ?, ?)",
-                (cid, text, parent, first, _sign("config", cid, text)),
+                (cid, text, parent, first, self._sign("config", cid, text)),
             ))
         blob, sig = procedure if procedure is not None else (None, None)
         stmts.append(("INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?)", (round_, time.time(), blob, sig)))
@@ -277,10 +290,6 @@ class SQLiteCatalog:
         return pd.DataFrame(rows, columns=["time", "kind", "detail"])
 
 
-def _content(table: str, key: Any, text: str) -> str:
-    """What a row's signature covers: the table, the row's key and its JSON text as stored."""
-    return f"{table}\0{key}\0{text}"
-
-
-def _sign(table: str, key: Any, text: str) -> str:
-    return sign_text(_content(table, key, text))
+def _content(run_id: str | None, table: str, key: Any, text: str) -> str:
+    """What a row's signature covers: the run's id, the table, the row's key and its JSON text as stored."""
+    return f"{run_id}\0{table}\0{key}\0{text}"

@@ -54,7 +54,22 @@ def test_a_row_moved_to_another_key_does_not_verify(db):
 
 def test_another_machines_key_verifies_nothing(db, monkeypatch):
     monkeypatch.setenv("MODELHOPPER_SECRET", "key-b")
-    assert _unsigned(db) == ["meta 'functions'", "meta 'seed'", "config 0", "config 1"]
+    assert _unsigned(db) == ["meta 'functions'", "meta 'run_id'", "meta 'seed'", "config 0", "config 1"]
+
+
+def test_a_row_signed_in_another_run_does_not_verify_in_this_one(db, tmp_path):
+    other = SQLiteCatalog(str(tmp_path / "other.db"))  # same machine, same key, another run
+    other.set_meta(functions={"model_fn": "os:system"})
+    other.close()
+    conn = sqlite3.connect(str(tmp_path / "other.db"))
+    value, signature = conn.execute("SELECT value, signature FROM meta WHERE key = 'functions'").fetchone()
+    conn.close()
+    _sql(db, "UPDATE meta SET value = ?, signature = ? WHERE key = 'functions'", (value, signature))
+    assert _unsigned(db) == ["meta 'functions'"]
+    catalog = SQLiteCatalog(db)
+    with pytest.raises(ValueError, match="`run_id` is the catalog's own"):
+        catalog.set_meta(run_id="x")
+    catalog.close()
 
 
 def test_a_catalog_from_before_signatures_is_unsigned_and_migrated_on_write(tmp_path, monkeypatch):
