@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import PARTIAL, CorruptCheckpointError, load_verified, write_atomic
+from framework.engine.checkpoint import PARTIAL, CorruptCheckpointError, load_latest_verified, write_atomic
 from framework.engine.worker import UnitTask, Worker, self_contained, unpack_state
 from framework.scheduling import TRAIN, Unit
 
@@ -59,19 +59,14 @@ def rebuild_checkpoints(
         if not checkpoints:
             continue
         _, units, path, digest = checkpoints[0]
-        try:
-            load_verified(path, digest)
-            continue  # intact: nothing to rebuild
-        except CorruptCheckpointError as e:
-            damage = str(e)
         t0 = time.perf_counter()
-        start, start_units = None, 0
-        for _, older_units, older_path, older_digest in checkpoints[1:]:
-            try:
-                start, start_units = load_verified(older_path, older_digest), older_units
-                break
-            except CorruptCheckpointError:
-                continue
+        try:
+            start, _, start_units, skipped = load_latest_verified(catalog, cid)
+            if not skipped:
+                continue  # the newest is intact: nothing to rebuild
+            damage = skipped[0][1]
+        except CorruptCheckpointError as e:  # none is readable
+            start, start_units, damage = None, 0, str(e)
         absorbed = {(int(e), int(p)) for e, ps in (start or {}).get("visited", {}).items() for p in ps}
         mine = done[done.config_id == cid]
         todo = [Unit(cid, int(r.epoch), int(r.partition), TRAIN) for r in mine.itertuples()
