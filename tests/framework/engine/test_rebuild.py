@@ -147,3 +147,24 @@ def test_training_that_is_not_deterministic_is_not_rebuilt_and_the_config_fails_
     assert driver.run_state.configs[0].status == "stopped"
     ckpt.close()
     catalog.close()
+
+
+def test_a_pbt_clone_is_rebuilt_from_its_starting_checkpoint(tmp_path):
+    """A clone's first checkpoint holds its donor's weights and no visits; its epoch is re-run from there."""
+    space = {**SPACE, "lr": automl.loguniform(0.01, 0.1)}
+    catalog = SQLiteCatalog(str(tmp_path / "run.db"))
+    ckpt = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
+    pbt = automl.PBT(space, population=4, epochs=3, perturbation_interval=1, seed=0)
+    assert _driver(catalog, ckpt, pbt, checkpoint="epoch").run(max_commits=2) is False  # the clone trained epoch 0
+    ckpt.flush()
+    configs = catalog.configs()
+    clone = int(configs[configs.parent.notna() & (configs.status == "active")].config_id.iloc[0])
+    [newest, start] = catalog.checkpoints(clone)[:2]
+    assert (newest[1], start[1]) == (P, 0)
+    original = _flip(newest[2])
+    outcomes = rebuild_checkpoints(catalog, FNS, _entries(), seed=SEED, write=lambda line: None)
+    assert [(o["config_id"], o["rebuilt"], o["from_units"], o["rerun"]) for o in outcomes] == [(clone, True, 0, P)]
+    with open(newest[2], "rb") as f:
+        assert f.read() == original
+    ckpt.close()
+    catalog.close()
