@@ -20,7 +20,9 @@ from framework.scheduling import TRAIN, Unit
 
 
 def on_worker_lost(run: RunState, ev: WorkerLost) -> None:
-    if ev.loading:
+    # a worker that dies loading before it ever joined had nothing in flight; a live worker that dies loading a
+    # partition it was given (a re-load) is lost with its units like any other
+    if ev.loading and ev.worker not in run.workers.holds:
         if ev.worker not in run.workers.loading:
             return
         parts = run.workers.remove(ev.worker)

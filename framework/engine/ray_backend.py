@@ -249,9 +249,10 @@ class RayBackend(Backend):
         if ready and rest:  # everything else already finished comes along, in one batch
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
-        # in submission order: a worker runs its units in order, so when one of them reports its worker dead, the
-        # units it ran before that finished first and count (else the loss would re-queue a finished unit)
-        ready.sort(key=lambda r: (r not in self._loads, self._units[r][0] if r in self._units else -1))
+        # units in submission order: a worker runs its units in order, so when one of them reports its worker dead,
+        # the units it ran before that finished first and count (else the loss would re-queue a finished unit);
+        # loads last, for the same reason: a live worker that dies loading a partition keeps its finished units
+        ready.sort(key=lambda r: (r in self._loads, self._units[r][0] if r in self._units else -1))
         lost: set[int] = set()
         for ref in ready:
             if ref in self._loads:

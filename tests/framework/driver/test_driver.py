@@ -131,6 +131,18 @@ def test_a_worker_out_of_restarts_hands_its_partitions_to_a_live_worker():
     assert reload["partition"] == 2 and 2 not in driver.run_state.workers.holds
 
 
+def test_a_live_worker_that_dies_loading_a_reassigned_partition_loses_its_units_like_any_death():
+    # worker 2 dies for good; worker 0 is given its partition and dies loading it, with a unit of its own in flight
+    # (that unit used to stay in flight forever: the run hung)
+    plan = FaultPlan([Fault("kill_worker", worker=2, nth=1), Fault("kill_loading", worker=0, nth=2)])
+    driver, log = _run(_grid(), plan, max_worker_restarts=0)
+    assert len(plan.fired) == 2
+    _assert_complete(driver, log)
+    dead = {e["worker"]: e for e in _events(log, "worker_failed")}
+    assert sorted(dead) == [0, 2] and dead[0]["why"] == "died while loading" and dead[0]["requeued"]
+    assert driver.run_state.workers.holds == {1: {0, 1, 2}}
+
+
 def test_commands_add_and_drain_workers_at_known_rounds():
     driver: Driver | None = None
 
