@@ -23,7 +23,7 @@ import torch
 from automl import ACTIVE, FAILED, Decision, Procedure
 from framework.data import PartitionedDataset
 from framework.driver import Driver, DriverOptions, SQLiteRunLog
-from framework.engine.catalog import SQLiteCatalog
+from framework.engine.catalog import SQLiteCatalog, parent_id
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
@@ -62,7 +62,7 @@ class LoggedDecisions(Procedure):
         self._epochs: dict[int, int] = {}
         self._pruned: set[int] = set()
         for row in configs.itertuples():
-            self._new[int(row.first_round)].append((_opt_int(row.parent), dict(row.config)))
+            self._new[int(row.first_round)].append((parent_id(row.parent), dict(row.config)))
             self._epochs[int(row.config_id)] = int(row.epochs)
             if row.outcome == "pruned":
                 self._pruned.add(int(row.config_id))
@@ -242,10 +242,3 @@ def _replay_device(meta: dict, device: str | None) -> str:
         raise ValueError(f"{source} is {device!r}, but this machine has no CUDA device; pass device='cpu' to replay "
                          "on the CPU (metrics then match within float tolerance, not bit for bit)")
     return str(parsed)
-
-
-def _opt_int(v: Any) -> int | None:
-    try:
-        return None if v is None or v != v else int(v)  # NaN from pandas for missing parents
-    except (TypeError, ValueError):
-        return None

@@ -18,6 +18,7 @@ from framework.driver import units
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
 from framework.driver.control import grow_into_free_resources
+from framework.engine.catalog import parent_id
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import resume_units
 from framework.engine.worker import UnitReport, epoch_metrics
@@ -179,7 +180,7 @@ def restore(run: RunState, catalog) -> list[Unit]:
     todo: list[Unit] = []
     lost_seqs: list[int] = []
     for row in configs.itertuples():
-        parent = None if row.parent != row.parent or row.parent is None else int(row.parent)
+        parent = parent_id(row.parent)
         c = ConfigRecord(int(row.config_id), row.config, parent=parent, status=row.status,
                          history=history.get(int(row.config_id), []), outcome=row.outcome or None)
         run.configs.add(c)

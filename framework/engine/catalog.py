@@ -88,9 +88,10 @@ class SQLiteCatalog:
                         self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
                         columns.add(column)
                 # the run's own id, inside every signature: a signed row copied from another run does not verify
-                text = json.dumps(secrets.token_hex(8))
+                run_id = secrets.token_hex(8)
+                text = json.dumps(run_id)
                 self._db.execute("INSERT OR IGNORE INTO meta (key, value, signature) VALUES ('run_id', ?, ?)",
-                                 (text, sign_text(_content(json.loads(text), "meta", "run_id", text))))
+                                 (text, sign_text(_content(run_id, "meta", "run_id", text))))
             row = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
             self._run_id = json.loads(row[0]) if row else None
         except sqlite3.DatabaseError as e:
@@ -293,3 +294,11 @@ class SQLiteCatalog:
 def _content(run_id: str | None, table: str, key: Any, text: str) -> str:
     """What a row's signature covers: the run's id, the table, the row's key and its JSON text as stored."""
     return f"{run_id}\0{table}\0{key}\0{text}"
+
+
+def parent_id(value: Any) -> int | None:
+    """A `configs()` row's parent as an int, or None for a config that is not a clone (pandas reads NULL as NaN)."""
+    try:
+        return None if value is None or value != value else int(value)
+    except (TypeError, ValueError):
+        return None

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from framework.engine.catalog import SQLiteCatalog
+from framework.engine.catalog import SQLiteCatalog, parent_id
 from framework.engine.checkpoint import PARTIAL, CorruptCheckpointError, load_latest_verified, write_atomic
 from framework.engine.worker import UnitTask, Worker, self_contained, unpack_state
 from framework.scheduling import TRAIN, Unit
@@ -72,7 +72,7 @@ def rebuild_checkpoints(
         todo = [Unit(cid, int(r.epoch), int(r.partition), TRAIN) for r in mine.itertuples()
                 if (int(r.epoch), int(r.partition)) not in absorbed][: units - start_units]
         why = None
-        if start is None and row.parent == row.parent and row.parent is not None:
+        if start is None and parent_id(row.parent) is not None:
             why = "it is a clone and no checkpoint of its starting state is readable"
         elif len(todo) != units - start_units:
             why = f"the log holds {len(todo)} of the {units - start_units} training units after the readable state"
