@@ -121,7 +121,7 @@ class SimulatedBackend(LocalBackend):
             return None
         if task.fault == "kill_worker":
             self.workers.pop(worker, None)
-            return 0.0, WorkerLost(0.0, worker, "died (injected kill)")
+            return 0.0, WorkerLost(0.0, worker, "died (injected kill)", started=(ticket,))
         if task.fault == "lose_state" or (unit.config_id, unit.epoch, unit.partition) in self.lose_state:
             self.lose_state.discard((unit.config_id, unit.epoch, unit.partition))
             return 0.0, StateLost(0.0, ticket, worker, LookupError(f"the state object of {unit} is lost"))

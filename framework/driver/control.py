@@ -9,6 +9,7 @@ import random
 from collections.abc import Iterable
 
 from framework.driver._state import RunState
+from framework.driver.dispatch import Flight
 from framework.engine._base import CommandReceived, WorkerJoined
 
 
@@ -74,6 +75,16 @@ def ensure_holders(run: RunState) -> None:
         start_worker(run, target, [p])
         run.event("partition_reload", partition=p, worker=target)
         run.write(f"partition {p} lost its last holder: re-loading it on worker {target}")
+
+
+def end_flight(run: RunState, ticket: int, now: float) -> Flight | None:
+    """The one path of a unit that ended on its worker, whatever came of it (done, failed in user code, its state
+    lost): its flight lands, so the unit queued behind it starts its hang clock, and a draining worker left with
+    nothing leaves. None: the ticket's worker was declared lost meanwhile (its units re-queued)."""
+    f = run.dispatch.land(ticket, now)
+    if f is not None:
+        finish_drain(run, f.worker)
+    return f
 
 
 def finish_drain(run: RunState, worker: int) -> None:

@@ -91,12 +91,25 @@ class Dispatcher:
         if self.state is not None:
             self.state.set_capacity(self.depth)  # completions mark idle workers against the full queue
 
-    def unit_ended(self, worker: int, now: float) -> None:
-        """A unit of `worker` ended: the next unit in its queue starts now (its hang clock starts here)."""
-        for f in self.flights.values():  # submission order: the first queued one is next
-            if f.worker == worker and f.queued:
-                f.started, f.queued = now, False
-                return
+    def land(self, ticket: int, now: float) -> Flight | None:
+        """The unit of `ticket` ended (done, failed in user code, or its state could not be fetched): its flight
+        leaves, and the next unit queued on its worker starts now (its hang clock starts here). None: no such
+        flight (its worker was declared lost meanwhile, and the unit re-queued)."""
+        f = self.flights.pop(ticket, None)
+        if f is None:
+            return None
+        for g in self.flights.values():  # submission order: the first queued one is next
+            if g.worker == f.worker and g.queued:
+                g.started, g.queued = now, False
+                break
+        return f
+
+    def ground(self, worker: int) -> list[tuple[int, Flight]]:
+        """Every flight of a worker that is gone, in submission order; none of them will land."""
+        out = self.flights_of(worker)
+        for ticket, _ in out:
+            del self.flights[ticket]
+        return out
 
     def estimate(self, unit: Unit, worker: int) -> float:
         """Measured duration of this config's last unit of this kind on this worker (or any worker), else 1."""

@@ -3,15 +3,17 @@
 The rules themselves are pure functions in `framework.engine.recovery`; these handlers apply them to the run:
 a unit whose worker died or hung goes back to the queue and runs again from the config's last state; the worker
 restarts or its partitions are re-loaded elsewhere; a config whose state object is gone is restored from its
-newest verified checkpoint and the units the checkpoint lacks run again; a failure in user code counts against its
-config only.
+newest verified checkpoint (or, without one, from its starting point while it is in its first epoch) and the units
+the restored state lacks run again; a failure in user code counts against its config only.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
-from framework.driver.control import count_workers, restart_or_reassign
+from framework.driver.control import count_workers, end_flight, restart_or_reassign
 from framework.engine._base import StateLost, WorkerLost
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import units_to_redo
@@ -30,27 +32,35 @@ def on_worker_lost(run: RunState, ev: WorkerLost) -> None:
         run.event("worker_start_failed", worker=ev.worker, error=ev.why)
         restart_or_reassign(run, ev.worker, parts)
         return
-    worker_lost(run, ev.worker, ev.why)
+    worker_lost(run, ev.worker, ev.why, ev.started)
 
 
-def worker_lost(run: RunState, worker: int, why: str) -> None:
-    """Requeue what the worker ran (Q' -> Q), then restart it or re-load its partitions elsewhere."""
+def worker_lost(run: RunState, worker: int, why: str, started: tuple[int, ...] | None = None) -> None:
+    """Requeue every unit the worker held (Q' -> Q), then restart it or re-load its partitions elsewhere.
+
+    The `worker_failed` event tells its units apart as the worker knew them (`WorkerLost.started`; None: as the
+    driver heard them, where the unit at the head of the worker's queue was running): `requeued`, the unit it was
+    running (logged `interrupted`); `lost_results`, units it had finished whose reports died with it (logged `lost`:
+    nothing of them counts); `unstarted`, those queued behind that never began. Every one of them runs again."""
     if worker not in run.workers.holds and worker not in run.workers.loading:
         return  # already handled
     now = run.backend.now()
-    waiting = set()  # units queued behind the one it ran: they never started
-    for ticket, f in run.dispatch.flights_of(worker):
-        del run.dispatch.flights[ticket]
-        if f.queued:
-            waiting.add(f.unit)
-        else:
-            run.log.add_unit(run.round, UnitReport(f.unit, worker, f.started, now), "interrupted")
+    flights = run.dispatch.ground(worker)
+    if started is None:
+        started = tuple(ticket for ticket, f in flights if not f.queued)
+    labels: dict[str, list[str]] = {"requeued": [], "lost_results": [], "unstarted": []}
+    for ticket, f in flights:
+        if ticket not in started:
+            labels["unstarted"].append(str(f.unit))
+            continue
+        running = ticket == started[-1]
+        run.log.add_unit(run.round, UnitReport(f.unit, worker, f.started, now), "interrupted" if running else "lost")
+        labels["requeued" if running else "lost_results"].append(str(f.unit))
     state = run.dispatch.state
     lost = state.remove_worker(worker) if state is not None else []
     held = run.workers.remove(worker)
     run.backend.stop_worker(worker)
-    run.event("worker_failed", worker=worker, why=why, requeued=[str(u) for u in lost if u not in waiting],
-              unstarted=[str(u) for u in lost if u in waiting])
+    run.event("worker_failed", worker=worker, why=why, **labels)
     count_workers(run)
     run.write(f"worker {worker} {why}; re-queued {len(lost)} unit(s)")
     restart_or_reassign(run, worker, held)
@@ -77,38 +87,66 @@ def fail_config(run: RunState, c: ConfigRecord, why: str, event: dict | None = N
 
 
 def on_state_lost(run: RunState, ev: StateLost) -> None:
-    """The config's latest state object is gone: restore it from its newest verified checkpoint."""
-    f = run.dispatch.flights.pop(ev.ticket, None)
+    """The config's latest state object is gone: restore it from its newest verified checkpoint; without one, start
+    it again from its starting point when the lost work is less than its current epoch; else it fails."""
+    f = end_flight(run, ev.ticket, ev.time)
     if f is None:
         return
     state, c = run.dispatch.state, run.configs[f.unit.config_id]
     run.run_deferred()  # every completed unit is logged and its checkpoint queued before we look at the disk
     run.log.flush()
     state.requeue(f.unit)
+    lost = f"its state was lost ({ev.error!r})"
+    no_checkpoint = None
     try:
         ckpt, _, units = run.log.load_latest(c.id)
     except CorruptCheckpointError as e:
-        ckpt, units = None, 0
-        if c.units:
-            fail_config(run, c, f"its state was lost ({ev.error!r}) and no checkpoint is usable: {e}")
-            return
+        ckpt, units, no_checkpoint = None, 0, f"no checkpoint is usable: {e}"
     behind = c.units - units
     visited = {e: list(ps) for e, ps in (ckpt or {}).get("visited", {}).items()}
     epoch = f.unit.epoch
     redo = units_to_redo(c.visited, visited, epoch, behind)
     if redo is None:
-        fail_config(run, c, f"its state was lost ({ev.error!r}) and the newest checkpoint is {behind} units old")
+        why = (f"{no_checkpoint}, and starting it again would re-train epochs it committed" if no_checkpoint
+               else f"the newest checkpoint is {behind} units old")
+        fail_config(run, c, f"{lost} and {why}")
         return
+    if no_checkpoint is not None and c.parent is not None:
+        ckpt = _clone_start(run, c)
+        if ckpt is None:
+            fail_config(run, c, f"{lost} and {no_checkpoint}; the weights it was cloned from (config {c.parent}) "
+                        "are no longer held")
+            return
     for p in redo:
         state.reopen(Unit(c.id, epoch, p, TRAIN))
-    c.open += len(redo)
-    # the units to re-do are gone from the config's weights: their log rows and metrics must go too
-    gone = [r for r in c.reports if r.unit.kind == TRAIN and r.unit.epoch == epoch and r.unit.partition in redo]
+    # the units to re-do are gone from the config's weights: their log rows and metrics must go too, and so must
+    # the epoch's evaluations of those weights (an eval unit that lost the state ran after every train unit)
+    gone = [r for r in c.reports
+            if redo and r.unit.epoch == epoch and (r.unit.kind != TRAIN or r.unit.partition in redo)]
+    for r in gone:
+        if r.unit.kind != TRAIN:
+            state.reopen(r.unit)
+    c.open += len(redo) + sum(r.unit.kind != TRAIN for r in gone)
     c.reports = [r for r in c.reports if r not in gone]
     run.log.mark_lost([r.unit for r in gone])
     c.state = run.backend.put(ckpt) if ckpt is not None else None
     c.units, c.visited = units, visited
-    run.event("state_restored", config_id=c.id, units=units, rerun=redo)
-    run.write(f"config {c.id}: its state was lost; restored from its checkpoint after {units} units, re-running "
-              f"partitions {sorted(redo)} of epoch {epoch}")
+    c.checkpointed = (units if no_checkpoint is None else -1, c.checkpointed[1])  # what the disk holds now
+    source = "checkpoint" if no_checkpoint is None else "model_fn" if c.parent is None else "clone_start"
+    run.event("state_restored", config_id=c.id, units=units, rerun=redo, source=source)
+    origin = {"checkpoint": f"its checkpoint after {units} units", "model_fn": "model_fn (no checkpoint is usable)",
+              "clone_start": "the weights it was cloned from (no checkpoint is usable)"}[source]
+    run.write(f"config {c.id}: its state was lost; restored from {origin}, re-running partitions {sorted(redo)} of "
+              f"epoch {epoch}")
 
+
+def _clone_start(run: RunState, c: ConfigRecord) -> dict[str, Any] | None:
+    """A clone's starting point (its donor's weights, no visits) while the driver still holds it: until the clone's
+    first epoch ends, except where a barrier lets a config's older states go (`units.on_unit_done`). None: gone."""
+    if c.history or c.epoch_state is None:
+        return None
+    try:
+        start = run.backend.get(c.epoch_state)
+    except Exception:  # noqa: BLE001 - lost like the state it started: the clone cannot start again
+        return None
+    return start if start is not None and not start.get("visited") else None

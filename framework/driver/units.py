@@ -6,7 +6,7 @@ from typing import Any
 
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
-from framework.driver.control import finish_drain
+from framework.driver.control import end_flight
 from framework.driver.dispatch import Flight
 from framework.driver.recovery import fail_config
 from framework.engine._base import UnitDone, UnitFailed
@@ -33,11 +33,9 @@ def submit(run: RunState, a: Assignment) -> None:
 
 
 def on_unit_done(run: RunState, ev: UnitDone) -> None:
-    f = run.dispatch.flights.pop(ev.ticket, None)
+    f = end_flight(run, ev.ticket, ev.time)
     if f is None:
         return  # its worker was declared lost meanwhile: the unit was re-queued
-    run.dispatch.unit_ended(f.worker, ev.time)
-    finish_drain(run, f.worker)
     unit, report, c = f.unit, ev.report, run.configs[f.unit.config_id]
     run.dispatch.state.complete(unit)
     run.dispatch.record(unit, f.worker, report.end - report.start)
@@ -122,11 +120,9 @@ def checkpoint_final(run: RunState, c: ConfigRecord) -> None:
 
 def on_unit_failed(run: RunState, ev: UnitFailed) -> None:
     """User code raised: retry the unit while the config has retries left, else the config fails."""
-    f = run.dispatch.flights.pop(ev.ticket, None)
+    f = end_flight(run, ev.ticket, ev.time)
     if f is None:
         return
-    run.dispatch.unit_ended(f.worker, ev.time)
-    finish_drain(run, f.worker)
     unit, c = f.unit, run.configs[f.unit.config_id]
     run.log.add_unit(run.round, ev.report, "failed")
     c.failures += 1

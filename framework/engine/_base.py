@@ -5,7 +5,8 @@ workers with their partitions and to run units, and it learns everything that ha
 small frozen `Event`s in one vocabulary:
 
     WorkerJoined      a worker finished loading its partitions and takes units
-    WorkerLost        a worker died (or never finished loading); the tickets it held are gone
+    WorkerLost        a worker died (or never finished loading); the tickets it held are gone (`started` names
+                      those it was running or had finished, as the worker knew them)
     WorkerPreempted   a worker will be taken away after `notice_s` (spot instances, a cluster draining a node)
     UnitStarted       a unit began on its worker (backends that queue several units per worker report it)
     UnitDone          a unit finished; `state` is a handle to the config's new state (None for eval units)
@@ -50,9 +51,17 @@ class WorkerJoined(Event):
 
 @dataclass(frozen=True)
 class WorkerLost(Event):
+    """`started`: the tickets of the worker's unreported units that it had started, in the order it ran them, as
+    the worker itself knew them: the last one was running when it died (or had just ended, with nothing started
+    after it: a worker records starts, not ends); any before it had finished, but their reports died with the
+    process, so their results are lost; the worker's other tickets were queued behind and never started. None: the
+    backend cannot tell, and the driver goes by what it heard (the first unit it has not heard back about was
+    running)."""
+
     worker: int
     why: str
     loading: bool = False  # it died while loading its partitions (it never joined)
+    started: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ class LocalBackend(Backend):
             new_state, report = self.workers[worker].run(task, copy.deepcopy(state))
         except _Killed:
             self.workers.pop(worker, None)
-            return 0.0, WorkerLost(0.0, worker, "died (injected kill)")
+            return 0.0, WorkerLost(0.0, worker, "died (injected kill)", started=(ticket,))
         except _Hung:
             return None
         except LookupError as e:

@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 import torch
@@ -31,6 +31,38 @@ from framework.engine.worker import UnitReport, UnitTask, Worker, self_contained
 from framework.scheduling import TRAIN
 
 _LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
+#: how long `stop_worker` waits for a worker to remove its files before it kills the worker
+CLOSE_TIMEOUT_S = 5.0
+#: how long the backend waits for the start ledger's answer about a dead worker (then: it cannot tell)
+LEDGER_TIMEOUT_S = 10.0
+
+
+@ray.remote(num_cpus=0)
+class _StartLedger:
+    """The unit each worker actor started last. An actor tells it as a unit begins and waits until it knows
+    (`_RayWorker.enqueue`), so it still knows once the actor's process is gone, whatever replies died with it: the
+    backend then names the units the dead worker was running or had finished, and those it never started
+    (`WorkerLost.started`), instead of guessing from the replies that arrived."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, int] = {}  # actor key -> sequence number of the unit it started last
+
+    def started(self, key: int, seq: int) -> None:
+        self._last[key] = seq
+
+    def last(self, key: int) -> int:
+        """The sequence number of the unit actor `key` started last (-1: none); asked once, when it is gone."""
+        return self._last.pop(key, -1)
+
+
+class _Pending(NamedTuple):
+    """A unit submitted to a worker's actor whose reply has not come yet."""
+
+    ticket: int
+    worker: int
+    seq: int  # its place in the actor's queue (the actor runs its units in this order)
+    state_ref: Any
+    kind: str
 
 
 class _RayWorker(Worker):
@@ -39,15 +71,16 @@ class _RayWorker(Worker):
 
     Units run one at a time in submission order. Each `enqueue` call (one per unit, on a small thread pool) first
     takes the unit's state out of the object store (onto the GPU, on a side stream, for a GPU worker), so the state
-    of a queued unit arrives while the unit ahead of it runs, then waits for its turn. Checkpoints are written on a
-    thread of their own (`save_ref`). The driver only passes object refs, wrapped in lists so Ray hands them over
-    unresolved.
+    of a queued unit arrives while the unit ahead of it runs, then waits for its turn, and records in the backend's
+    `_StartLedger` that it starts before it does. Checkpoints are written on a thread of their own (`save_ref`). The
+    driver only passes object refs, wrapped in lists so Ray hands them over unresolved.
     """
 
     LOST_STATE_ERRORS = _LOST_OBJECT_ERRORS
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, ledger: tuple[Any, int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._ledger = ledger  # (the backend's `_StartLedger`, this actor's key in it)
         self._turn = 0  # sequence number of the unit whose turn it is
         self._turns = threading.Condition()
         self._streams = threading.local()  # a CUDA side stream per fetching thread
@@ -77,6 +110,7 @@ class _RayWorker(Worker):
         with self._turns:
             self._turns.wait_for(lambda: self._turn == seq)
         try:
+            self._record_start(seq)
             if isinstance(state, BaseException):
                 raise state
             return self.run(task, state)
@@ -84,6 +118,16 @@ class _RayWorker(Worker):
             with self._turns:
                 self._turn += 1
                 self._turns.notify_all()
+
+    def _record_start(self, seq: int) -> None:
+        """Tell the ledger that unit `seq` starts, and wait until it knows: a crash in the unit cannot undo that."""
+        if self._ledger is None:
+            return
+        ledger, key = self._ledger
+        try:
+            ray.get(ledger.started.remote(key, seq))
+        except ray.exceptions.RayError:  # the ledger is gone: the backend goes by the replies that arrive
+            self._ledger = None
 
     @ray.method(concurrency_group="save")
     def save_ref(self, boxed: list, path: str) -> tuple[str, int]:
@@ -183,8 +227,11 @@ class RayBackend(Backend):
         self._pids: dict[int, int] = {}  # worker -> its process id (for `kill`)
         self._seqs: dict[int, int] = {}  # worker -> sequence number of the last unit submitted to its actor
         self._loads: dict[Any, tuple[int, frozenset[int]]] = {}  # load ref -> (worker, partitions)
-        self._units: dict[Any, tuple[int, int, Any, str]] = {}  # report ref -> (ticket, worker, state ref, kind)
+        self._units: dict[Any, _Pending] = {}  # report ref -> its unit
         self._tickets = itertools.count()
+        self._ledger: Any = None  # the `_StartLedger`, made with the first worker
+        self._keys: dict[int, int] = {}  # worker -> its actor's key in the ledger
+        self._next_key = itertools.count()
 
     # ---- workers ------------------------------------------------------------------------------------------------
     def start_worker(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> None:
@@ -194,14 +241,22 @@ class RayBackend(Backend):
             groups = {"units": self.queue_depth + 1, "save": 1}  # a thread for every unit it may hold, and one spare
             cls = ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups=groups)(_RayWorker)
             self._seqs.pop(worker, None)  # a new actor counts its units from 0
+            if self._ledger is None:
+                self._ledger = _StartLedger.remote()
+            key = self._keys[worker] = next(self._next_key)
             self._actors[worker] = cls.options(**actor_options(self.resources)).remote(
-                worker, device=device, num_threads=self.num_threads, **self.fns)
+                worker, device=device, num_threads=self.num_threads, ledger=(self._ledger, key), **self.fns)
         ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
         self._loads[ref] = (worker, parts)
 
     def stop_worker(self, worker: int) -> None:
         actor = self._actors.pop(worker, None)
         if actor is not None:
+            if (self.fns.get("freezing") or {}).get("cache"):  # a killed actor cannot remove its activation cache
+                try:
+                    ray.get(actor.close.remote(), timeout=CLOSE_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - dead or stuck: the run removes its caches' folder at its end
+                    pass
             ray.kill(actor, no_restart=True)
         self._forget(worker)
 
@@ -218,9 +273,28 @@ class RayBackend(Backend):
         for ref, (w, _) in list(self._loads.items()):
             if w == worker:
                 del self._loads[ref]
-        for ref, (_, w, _, _) in list(self._units.items()):
-            if w == worker:
+        for ref, u in list(self._units.items()):
+            if u.worker == worker:
                 del self._units[ref]
+        key = self._keys.pop(worker, None)
+        if key is not None:
+            self._ledger.last.remote(key)  # its entry goes
+
+    def _lost(self, worker: int, why: str, unreported: Sequence[_Pending] = (), loading: bool = False) -> WorkerLost:
+        """The actor of `worker` died: forget it, and name its unreported units (`unreported` and those still
+        pending) that it had started, from the ledger (`WorkerLost.started`; None when the ledger cannot say)."""
+        mine = sorted([*unreported, *(u for u in self._units.values() if u.worker == worker)], key=lambda u: u.seq)
+        key = self._keys.pop(worker, None)
+        started = None
+        if key is not None:
+            try:
+                last = ray.get(self._ledger.last.remote(key), timeout=LEDGER_TIMEOUT_S)
+                started = tuple(u.ticket for u in mine if u.seq <= last)
+            except ray.exceptions.RayError:
+                pass
+        self._actors.pop(worker, None)
+        self._forget(worker)
+        return WorkerLost(time.time(), worker, why, loading=loading, started=started)
 
     # ---- units --------------------------------------------------------------------------------------------------
     def submit(self, workers: Sequence[int], task: UnitTask, state: Any) -> int:
@@ -229,7 +303,7 @@ class RayBackend(Backend):
         ticket = next(self._tickets)
         seq = self._seqs[workers[0]] = self._seqs.get(workers[0], -1) + 1
         state_ref, report_ref = self._actors[workers[0]].enqueue.options(num_returns=2).remote(seq, task, [state])
-        self._units[report_ref] = (ticket, workers[0], state_ref, task.unit.kind)
+        self._units[report_ref] = _Pending(ticket, workers[0], seq, state_ref, task.unit.kind)
         return ticket
 
     def poll(self, timeout: float | None) -> list[Event]:
@@ -250,33 +324,29 @@ class RayBackend(Backend):
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
         # units in submission order: a worker runs its units in order, so when one of them reports its worker dead,
-        # the units it ran before that finished first and count (else the loss would re-queue a finished unit);
-        # loads last, for the same reason: a live worker that dies loading a partition keeps its finished units
-        ready.sort(key=lambda r: (r in self._loads, self._units[r][0] if r in self._units else -1))
-        lost: set[int] = set()
+        # the units it ran before that whose replies came finished first and count (else the loss would re-queue a
+        # finished unit); loads last, for the same reason: a live worker that dies loading keeps its finished units
+        ready.sort(key=lambda r: (r in self._loads, self._units[r].ticket if r in self._units else -1))
         for ref in ready:
             if ref in self._loads:
                 events.append(self._joined(ref))
                 continue
             if ref not in self._units:  # its worker was reported lost earlier in this batch
                 continue
-            ticket, worker, state_ref, kind = self._units.pop(ref)
+            unit = self._units.pop(ref)
             try:
                 report: UnitReport = ray.get(ref)
             except ray.exceptions.RayActorError as e:
-                if worker not in lost:
-                    lost.add(worker)
-                    self._actors.pop(worker, None)
-                    self._forget(worker)
-                    events.append(WorkerLost(time.time(), worker, f"died ({type(e).__name__})"))
+                events.append(self._lost(unit.worker, f"died ({type(e).__name__})", [unit]))
                 continue
             except _LOST_OBJECT_ERRORS as e:
-                events.append(StateLost(time.time(), ticket, worker, e))
+                events.append(StateLost(time.time(), unit.ticket, unit.worker, e))
                 continue
             if report.error is not None:
-                events.append(UnitFailed(time.time(), ticket, worker, report))
+                events.append(UnitFailed(time.time(), unit.ticket, unit.worker, report))
             else:
-                events.append(UnitDone(time.time(), ticket, worker, report, state_ref if kind == TRAIN else None))
+                state = unit.state_ref if unit.kind == TRAIN else None
+                events.append(UnitDone(time.time(), unit.ticket, unit.worker, report, state))
         return events
 
     def _joined(self, ref: Any) -> Event:
@@ -289,9 +359,7 @@ class RayBackend(Backend):
             if self.fns.get("extract") is not None:
                 info["extraction"] = ray.get(actor.extraction_stats.remote())
         except ray.exceptions.RayActorError as e:
-            self._actors.pop(worker, None)
-            self._forget(worker)
-            return WorkerLost(time.time(), worker, repr(e), loading=True)
+            return self._lost(worker, repr(e), loading=True)
         return WorkerJoined(time.time(), worker, parts, info)
 
     # ---- states and time ---------------------------------------------------------------------------------------
@@ -326,3 +394,6 @@ class RayBackend(Backend):
     def shutdown(self) -> None:
         for w in list(self._actors):
             self.stop_worker(w)
+        if self._ledger is not None:
+            ray.kill(self._ledger)
+            self._ledger = None

@@ -90,14 +90,36 @@ def test_killed_workers_restart_and_rerun_only_their_unit(ray_cluster, digits, t
     assert [f for f, _ in plan.fired] == kills
     failed = _events(result, "worker_failed")
     assert len(failed) == 3 and all(e["why"].startswith("died") for e in failed)
-    # exactly the unit it ran (two deaths close together may be found in either order)
+    # each death names the unit it was running as the worker knew it, whichever unit of its queue the fault hit (two
+    # deaths close together may be found in either order); a unit ahead of it whose report died with the process
+    # is a lost result, the units behind it never started
     assert sorted(e["requeued"] for e in failed) == sorted([str(u)] for _, u in plan.fired)
     ran = {str(u) for _, u in plan.fired}
-    assert all(u not in ran for e in failed for u in e["unstarted"])  # and the ones queued behind it, untouched
+    assert all(u not in ran for e in failed for u in e["unstarted"] + e["lost_results"])
+    log = _units_log(result)
+    assert (log.status == "lost").sum() == sum(len(e["lost_results"]) for e in failed)
     restarts = _events(result, "worker_restarting")
     assert sorted(e["worker"] for e in restarts) == sorted(e["worker"] for e in failed)
     _assert_nothing_lost_or_counted_twice(result, [0, 1, 2, 3], 2, availability=sel.placement)
     assert (result.status.status == "completed").all()
+
+
+def test_a_unit_that_kills_its_worker_behind_another_is_named_running_whichever_reply_got_out(
+        ray_cluster, digits, tmp_path):
+    ds = _dataset(digits)
+    plan = FaultPlan([Fault("kill_worker", worker=0, nth=2)])  # queued behind worker 0's first unit: it runs next
+    # wide layers: the first unit's reply (a state of megabytes) takes a while to leave, and the kill often wins
+    space = {**SPACE, "hidden": [8192]}
+    result = _select(ds, tmp_path / "behind", plan, space=space, num_workers=1, max_worker_restarts=1).run()
+    [(_, killed)] = plan.fired
+    [failed] = _events(result, "worker_failed")
+    assert failed["requeued"] == [str(killed)] and str(killed) not in failed["unstarted"]
+    # the unit ahead of it ran to its end: its report left before the kill, or died with the process (a lost
+    # result: it runs again)
+    log = _units_log(result)
+    assert len(failed["lost_results"]) == (log.status == "lost").sum() <= 1
+    assert str(killed) not in failed["lost_results"]
+    _assert_nothing_lost_or_counted_twice(result, [0, 1], 2)
 
 
 def test_worker_past_its_restarts_hands_its_partitions_to_a_live_worker(ray_cluster, digits, tmp_path):
@@ -159,6 +181,20 @@ def test_hung_unit_is_detected_its_worker_restarted_and_the_unit_rerun(ray_clust
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2)
 
 
+@pytest.mark.timeout(120)  # a hang behind a lost state used to go unseen: the run waited forever
+def test_a_unit_queued_behind_a_lost_state_is_found_hung(ray_cluster, digits, tmp_path):
+    ds = _dataset(digits)
+    # worker 0's first unit cannot fetch its state; the unit queued behind it starts then, and hangs
+    plan = FaultPlan([Fault("lose_state", worker=0, nth=1), Fault("hang", worker=0, nth=2)])
+    result = _select(ds, tmp_path / "lost-hang", plan, num_workers=1, unit_timeout_s=5, max_worker_restarts=20).run()
+    assert [f.action for f, _ in plan.fired] == ["lose_state", "hang"]
+    hung = [e for e in _events(result, "worker_failed") if e["why"].startswith("hung")]
+    # a unit slowed down by a loaded machine may be declared hung too; the injected one must be among them
+    assert any(e["requeued"] == [str(plan.fired[1][1])] for e in hung), hung
+    assert [e["config_id"] for e in _events(result, "state_restored")] == [plan.fired[0][1].config_id]
+    _assert_nothing_lost_or_counted_twice(result, [0, 1], 2)
+
+
 # ---- failures in user code --------------------------------------------------------------------------------------
 def test_user_code_failure_is_retried_then_fails_only_its_config(ray_cluster, digits, tmp_path):
     ds = _dataset(digits)
@@ -195,22 +231,33 @@ def test_lost_state_is_restored_from_its_checkpoint_and_the_missing_units_rerun(
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2)
 
 
-def test_lost_state_without_a_usable_checkpoint_fails_only_its_config(ray_cluster, digits, tmp_path):
+def test_lost_state_without_a_usable_checkpoint_restarts_a_first_epoch_and_fails_a_committed_one(
+        ray_cluster, digits, tmp_path):
     ds = _dataset(digits)
     plan = FaultPlan([
         # config 0: the checkpoint of its last epoch-0 unit never reached the disk; its epoch 0 is committed
         Fault("skip_checkpoint", config_id=0, epoch=0, kind="train", nth=2), Fault("lose_state", config_id=0, epoch=1),
-        # config 1: no checkpoint at all
+        # config 1: no checkpoint at all, and its epoch 0 is committed
         Fault("skip_checkpoint", config_id=1, kind="train", nth=1),
         Fault("skip_checkpoint", config_id=1, kind="train", nth=2), Fault("lose_state", config_id=1, epoch=1),
+        # config 2: no checkpoint at all, lost within its first epoch: it starts again from model_fn
+        Fault("skip_checkpoint", config_id=2, kind="train", nth=1),
+        Fault("lose_state", config_id=2, epoch=0, kind="train", nth=2),
     ])
     result = _select(ds, tmp_path / "unrecoverable", plan, checkpoint="unit").run()
     failed = {e["config_id"]: e["why"] for e in _events(result, "config_failed")}
     assert sorted(failed) == [0, 1]
     assert "1 units old" in failed[0]
     assert "no checkpoint is usable" in failed[1]
-    assert result.status.set_index("config_id").status[2] == "completed"
     assert sorted(result.metrics[result.metrics.config_id == 0].epoch) == [0]  # what was committed stays
+    [restarted] = _events(result, "state_restored")
+    first = next(u for f, u in plan.fired if f.action == "skip_checkpoint" and u.config_id == 2)
+    assert (restarted["config_id"], restarted["source"], restarted["units"]) == (2, "model_fn", 0)
+    assert restarted["rerun"] == [first.partition]
+    log = _units_log(result)
+    gone = log[(log.status == "lost") & (log.config_id == 2)]
+    assert list(zip(gone.epoch, gone.partition, gone.kind)) == [(0, first.partition, "train")]
+    assert result.status.set_index("config_id").status[2] == "completed"
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, configs=[2])
 
 

@@ -6,6 +6,8 @@ must never do: lose a unit or count one twice (`_assert_complete`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,6 +16,8 @@ import torch
 import automl
 from automl import ACTIVE, FAILED, STOPPED, Decision, Procedure
 from framework.driver import Driver, DriverOptions, MemoryRunLog
+from framework.engine._base import UnitDone, WorkerLost
+from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
@@ -87,6 +91,36 @@ def test_a_killed_worker_restarts_and_only_its_unit_runs_again():
     assert len(log.schedule(status="interrupted")) == 1
 
 
+class _RepliesDieWithTheWorker(LocalBackend):
+    """A unit that kills its worker takes with it the reports the worker sent in the same instant, as on Ray when a
+    queued unit kills the process before the reply of the unit ahead of it has left; the worker knew it had started
+    both (`WorkerLost.started`)."""
+
+    def poll(self, timeout):
+        events = super().poll(timeout)
+        dying = {ev.worker for ev in events if isinstance(ev, WorkerLost) and ev.started}
+        died = [ev.ticket for ev in events if isinstance(ev, UnitDone) and ev.worker in dying]
+        return [dataclasses.replace(ev, started=(*died, *ev.started)) if isinstance(ev, WorkerLost) and ev.started
+                else ev for ev in events if not (isinstance(ev, UnitDone) and ev.ticket in died)]
+
+
+def test_a_killed_worker_names_the_unit_it_ran_and_the_one_whose_report_died_with_it():
+    # worker 0 holds two units; the second kills it at its start, before the first one's report has left
+    plan = FaultPlan([Fault("kill_worker", worker=0, nth=2)])
+    backend = _RepliesDieWithTheWorker(FNS, _entries(), num_threads=1)
+    log = MemoryRunLog()
+    driver = Driver(backend, _grid(), log, {0: list(range(P))}, list(range(P)), DriverOptions(queue_depth=2), plan)
+    driver.run()
+    [(_, killed)] = plan.fired
+    [failed] = _events(log, "worker_failed")
+    assert failed["requeued"] == [str(killed)] and failed["unstarted"] == []
+    [finished] = failed["lost_results"]  # it ran to its end, but nothing of it counts: it runs again
+    assert finished != str(killed)
+    assert [str(r.unit) for _, r, st in log.units if st == "lost"] == [finished]
+    assert [str(r.unit) for _, r, st in log.units if st == "interrupted"] == [str(killed)]
+    _assert_complete(driver, log)
+
+
 def test_a_hung_unit_is_found_by_the_health_check_and_runs_again():
     plan = FaultPlan([Fault("hang", config_id=0, epoch=1, kind=TRAIN)])
     driver, log = _run(_grid(), plan, unit_timeout_s=5.0)
@@ -114,6 +148,44 @@ def test_a_lost_state_is_restored_from_its_checkpoint_and_the_missing_units_reru
     _assert_complete(driver, log)
     [restored] = _events(log, "state_restored")
     assert restored["config_id"] == 0
+
+
+@pytest.mark.parametrize("kind, nth, lost", [(TRAIN, 3, 2), (EVAL, 2, P + 1)])
+def test_a_lost_state_in_a_first_epoch_without_a_checkpoint_restarts_from_model_fn(kind, nth, lost):
+    # config 0 loses its state after 2 of its 3 train units, or after its first eval unit; nothing is on disk
+    plan = FaultPlan([Fault("lose_state", config_id=0, epoch=0, kind=kind, nth=nth)])
+    driver, log = _run(_grid(), plan, checkpoint="off")
+    [restored] = _events(log, "state_restored")
+    assert (restored["source"], restored["units"]) == ("model_fn", 0)
+    gone = log.schedule(status="lost")
+    assert len(gone) == lost and (gone.config_id == 0).all()
+    assert sorted(gone[gone.kind == TRAIN].partition) == sorted(restored["rerun"])
+    done = log.schedule()
+    mine = done[(done.config_id == 0) & (done.epoch == 0)]
+    assert mine[mine.kind == EVAL].start.min() >= mine[mine.kind == TRAIN].end.max()  # it evaluated the new weights
+    assert [c.status for c in driver.run_state.configs] == [STOPPED] * 3
+    _assert_complete(driver, log)
+
+
+def test_a_lost_state_past_the_first_epoch_without_a_checkpoint_fails_only_its_config():
+    plan = FaultPlan([Fault("lose_state", config_id=0, epoch=1, kind=TRAIN)])  # only its final state is ever saved
+    driver, log = _run(_grid(), plan, checkpoint="off")
+    assert [c.status for c in driver.run_state.configs] == [FAILED, STOPPED, STOPPED]
+    assert "no checkpoint is usable" in log.configs[0]["error"] and "epochs it committed" in log.configs[0]["error"]
+    assert len(driver.run_state.configs[0].history) == 1  # its first epoch stays committed
+    _assert_complete(driver, log)
+
+
+@pytest.mark.timeout(60)  # the hang behind the lost state used to go unseen: the run spun forever
+def test_a_lost_state_starts_the_hang_clock_of_the_unit_queued_behind_it():
+    plan = FaultPlan([Fault("lose_state", worker=0, nth=1), Fault("hang", worker=0, nth=2)])
+    driver, log = _run(_grid(), plan, workers=1, queue_depth=2, unit_timeout_s=5.0)
+    assert [f.action for f, _ in plan.fired] == ["lose_state", "hang"]
+    hung = plan.fired[1][1]
+    [failed] = _events(log, "worker_failed")
+    assert failed["why"].startswith(f"hung: {hung}") and failed["requeued"] == [str(hung)]
+    assert len(_events(log, "state_restored")) == 1
+    _assert_complete(driver, log)
 
 
 def test_a_worker_that_dies_loading_is_started_again():
@@ -335,3 +407,41 @@ def test_a_resume_after_some_configs_stopped_finishes_its_completeness_check(tmp
     assert [len(c.history) for c in resumed.run_state.configs] == [1, 3, 3]
     ckpt.close()
     catalog.close()
+
+
+class _UnreadableLog(MemoryRunLog):
+    """A memory log where no checkpoint of some configs can be read (as if every file of theirs were corrupt)."""
+
+    def __init__(self, unreadable: set[int]) -> None:
+        super().__init__()
+        self.unreadable = unreadable
+
+    def load_latest(self, config_id):
+        if config_id in self.unreadable:
+            raise CorruptCheckpointError(f"no valid checkpoint for config {config_id}: every one is corrupt")
+        return super().load_latest(config_id)
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_a_clone_without_a_usable_checkpoint_restarts_from_its_donor_weights_while_the_driver_holds_them(nth):
+    def run(faults):
+        # config 2 is a clone of config 1 after epoch 0, and trains one epoch; none of its checkpoints can be read
+        procedure = _Scripted([Decision(add=[{"lr": 0.05, **_fixed()}] * 2),
+                               Decision(clone=[(1, {"lr": 0.1, **_fixed()})])])
+        driver = Driver(LocalBackend(FNS, _entries(), num_threads=1), procedure, _UnreadableLog({2}),
+                        {w: [w] for w in range(P)}, list(range(P)), DriverOptions(deterministic=True), faults)
+        driver.run()
+        return driver, driver.run_state
+
+    _, clean = run(None)
+    driver, faulted = run(FaultPlan([Fault("lose_state", config_id=2, nth=nth)]))
+    clone = faulted.configs[2]
+    if nth == 1:  # lost before its first unit ended: the driver still holds its starting point
+        _assert_complete(driver, faulted.log)
+        [restored] = [d for k, d in faulted.log.events if k == "state_restored"]
+        assert restored["source"] == "clone_start" and clone.status == STOPPED
+        weights = faulted.backend.get(clone.state)["model"]
+        expected = clean.backend.get(clean.configs[2].state)["model"]
+        assert all(torch.equal(weights[k], expected[k]) for k in expected)  # not model_fn's: its donor's, trained
+    else:  # a barrier lets a config's older states go with its first unit: the clone fails, and says why
+        assert clone.status == FAILED and "no longer held" in faulted.log.configs[2]["error"]
