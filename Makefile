@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-cluster bench lint clean mutate
+.PHONY: install demo test test-cluster bench lint clean mutate fuzz
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: install
 # a user's cluster workflow end to end (ray start, ray job submit, a node joining); about a minute, not in `test`
 test-cluster: install
 	$(BIN)/python -m pytest -q -m cluster tests/cluster
+
+# the run-directory fuzz test (edited rows and files of a finished and a crashed run) with FUZZ_EXAMPLES random cases
+# per run instead of the 100 fixed ones each of `make test` runs
+FUZZ_EXAMPLES ?= 2000
+fuzz: install
+	MODELHOPPER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/integration/test_run_integrity.py -k fuzz
 
 bench: install
 	$(BIN)/python -m pytest -q benchmarks --benchmark-only

@@ -80,9 +80,13 @@ def load_procedure(spec: Procedure | type[Procedure] | str, **kwargs: Any) -> Pr
     if not (inspect.isclass(cls) and issubclass(cls, Procedure)):
         raise TypeError(f"`spec` is {spec!r}, which names {cls!r}, but must name a subclass of automl.Procedure")
     params = inspect.signature(cls).parameters
+    known = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        known = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         unknown = sorted(set(kwargs) - set(known))
         if unknown:
             raise TypeError(f"{cls.__name__} got unknown option(s) {unknown}; its options are {known}")
+    required = [n for n in known if params[n].default is inspect.Parameter.empty and n not in kwargs]
+    if required:
+        raise TypeError(f"{cls.__name__} needs the option(s) {required}, which were not given; pass an instance "
+                        f"(e.g. {cls.__name__}({', '.join(f'{n}=...' for n in required)})) or the options")
     return cls(**kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -33,11 +34,23 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from framework import Result
+    from framework.engine.catalog import CatalogError
+
+    with Result.open(args.storage_path) as result:  # a run opened from a URI is a temporary copy: removed after
+        try:
+            return _print_run(result, args)
+        except (KeyError, TypeError, IndexError, AttributeError) as e:
+            if result.verified:
+                raise
+            # rows of an edited catalog need not fit together: say so in one line, as for any unverified run
+            raise CatalogError(f"the run in {args.storage_path!r} is not verified and its rows do not fit together "
+                               f"({type(e).__name__}: {e})") from e
+
+
+def _print_run(result, args: argparse.Namespace) -> int:
     import json
 
-    from framework import Result
-
-    result = Result.open(args.storage_path)
     board = result.get_dataframe(args.metric, args.mode, args.scope)
     if args.top is not None:
         board = board.head(args.top)
@@ -59,8 +72,13 @@ def _show(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     import framework
+    from framework.storage import unusable_dir
 
-    result = framework.replay(args.storage_path, out_path=args.out, device=args.device)
+    why = unusable_dir(args.out) if args.out is not None else None
+    if why is not None:
+        raise ValueError(f"`--out` is {args.out!r}, but {why}: it must be a new folder (or one that holds no run)")
+    result = framework.replay(args.storage_path, out_path=args.out, device=args.device,
+                              trust_unverified=args.trust_unverified)
     print(f"Replayed into {result.storage_path}")
     print(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
     return 0
@@ -104,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default=None,
                      help="a new output directory (None: <storage_path>/replay, or replay-2, replay-3, ... if taken)")
     rep.add_argument("--device", default=None, help="where to train: cpu, cuda, cuda:1 (None: the run's device)")
+    rep.add_argument("--trust-unverified", action="store_true",
+                     help="replay a run whose run.db does not verify under this machine's key (one from someone "
+                          "else, or edited); it still imports no function the run names")
     rep.set_defaults(func=_replay)
     return parser
 
@@ -119,8 +140,14 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+
+    def warn(message, category, filename, lineno, file=None, line=None) -> None:  # one line, as errors are
+        print(f"{parser.prog} {args.command}: warning: {message}", file=sys.stderr)
+
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = warn
+            return args.func(args)
     except (*USER_ERRORS, CatalogError, SignatureError, NoResultError) as e:
         msg = e
         print(f"{parser.prog} {args.command}: error: {msg}", file=sys.stderr)

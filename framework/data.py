@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from framework.engine.catalog import confine
+
 
 def _as_tensor(a: Any) -> torch.Tensor:
     t = a.detach().cpu() if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
@@ -177,8 +179,9 @@ class PartitionedDataset:
                                   [decode_entry(e) for e in description["valid"]])
 
         def read(split: str, j: int) -> tuple[torch.Tensor, ...]:
+            # a file that is a link out of the run's data folder is refused, never read
             return tuple(
-                torch.from_numpy(np.load(os.path.join(directory, f"{split}_{j}_{i}.npy"), allow_pickle=False))
+                torch.from_numpy(np.load(confine(directory, f"{split}_{j}_{i}.npy", "the dataset"), allow_pickle=False))
                 for i in range(description["fields"])
             )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -23,17 +24,19 @@ import torch
 from automl import ACTIVE, FAILED, Decision, Procedure
 from framework.data import PartitionedDataset
 from framework.driver import Driver, DriverOptions, SQLiteRunLog
-from framework.engine.catalog import SQLiteCatalog, parent_id
+from framework.engine.catalog import SQLiteCatalog, check_verified, confine, describe_problems, parent_id
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
 from framework.engine.signing import SignatureError
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
-from framework.storage import RunStorage, is_uri
+from framework.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
 from framework.trainable import function_ref
 
 REPLAY_WORKER = 0  # the one worker of a replay; the log keeps each unit's original worker
+#: what replay reads from a run's meta (`ModelSelection` records them at the start of every run)
+_META_NEEDED = ("functions", "dataset", "executor", "seed", "metric", "mode")
 
 
 def _import_ref(ref: str | None, name: str) -> Callable | None:
@@ -123,38 +126,71 @@ def replay(
     out_path: str | None = None,
     extract: Callable | None = None,
     device: str | None = None,
+    trust_unverified: bool = False,
 ) -> Result:
     """Re-run every completed unit of the run in `storage_path` in the logged order; return the replay's `Result`.
 
     User functions default to the ones the run recorded (`module:qualname`); functions defined in `__main__` or
     inside other functions must be passed explicitly. The replay is written to `out_path`, which must not hold a run
     yet (default: `<storage_path>/replay`, or `replay-2`, `replay-3`, ... when taken); `storage_path` may be the URI a
-    run was mirrored to. A run made with `ModelSelection(extract=...)` needs the same `extract`.
+    run was mirrored to (its replay then goes to a new folder under `~/modelhopper_runs` unless `out_path` says
+    otherwise, and the temporary copy it reads is removed at the end). A run made with `ModelSelection(extract=...)`
+    needs the same `extract`.
     `device`: where the replay trains ("cpu", "cuda", "cuda:1"); default: the run's device (a run whose workers
     asked for a GPU replays on "cuda"). Metrics match the run's within float tolerance on the run's device, and
     bit for bit on CPU.
+    `trust_unverified`: replay a run whose catalog does not verify under this machine's key (refused otherwise with
+    `UnverifiedRunError`); its function names are still never imported (pass the functions), and the replay's own
+    catalog is left unsigned.
     """
-    if is_uri(storage_path):
-        storage_path = RunStorage(storage_path, "replayed").fetch()
+    args = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn, "extract": extract,
+            "device": device, "trust_unverified": trust_unverified}
+    if not is_uri(storage_path):
+        return _replay_dir(storage_path, out_path=out_path, **args)
+    copy = RunStorage(storage_path, "replayed").fetch()
+    try:
+        return _replay_dir(copy, out_path=out_path or os.path.join(default_root(), run_name("replay")), **args)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def _replay_dir(
+    storage_path: str,
+    *,
+    model_fn: Callable | None = None,
+    train_fn: Callable | None = None,
+    eval_fn: Callable | None = None,
+    input_fn: Callable | None = None,
+    out_path: str | None = None,
+    extract: Callable | None = None,
+    device: str | None = None,
+    trust_unverified: bool = False,
+) -> Result:
+    """`replay` of a run directory on this machine."""
     if out_path is not None and os.path.exists(os.path.join(out_path, CATALOG_FILE)):
         raise FileExistsError(f"`out_path` {out_path!r} already holds a run; choose a new directory")
+    if out_path is not None and (why := unusable_dir(out_path)) is not None:
+        raise ValueError(f"`out_path` is {out_path!r}, but {why}: it must be a new folder (or one that holds no run)")
     src = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
     try:
+        unverified = check_verified(src, "replay", trust_unverified)
         meta, configs = src.meta(), src.configs()
         done, failed = src.units(status="done"), src.units(status="failed")
-        unsigned = src.unsigned()
     finally:
         src.close()
+    lacking = [k for k in _META_NEEDED if k not in meta]
+    if lacking:
+        raise ValueError(f"`storage_path` {storage_path!r} holds a run.db whose meta lacks {lacking} (its meta table "
+                         "was emptied, or the run never started): replay needs the run's settings")
     fns = meta["functions"]
     device = _replay_device(meta, device)
     missing = [n for n, f in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn),
                               ("input_fn", input_fn)) if f is None and fns.get(n) is not None]
-    if missing and unsigned:
-        shown = ", ".join(unsigned[:5]) + (f" and {len(unsigned) - 5} more" if len(unsigned) > 5 else "")
+    if missing and unverified:
         raise SignatureError(
             f"replay would import {', '.join(f'{n}={fns[n]}' for n in missing)} as named in {storage_path!r}, but "
-            f"its run.db rows {shown} are not signed with this machine's key (the run came from elsewhere, or run.db "
-            "was edited); replay imports nothing it cannot verify: pass "
+            f"its run.db does not verify ({describe_problems(unverified)}); replay imports nothing it cannot "
+            "verify: pass "
             f"{', '.join(f'{n}=' for n in missing)} to replay()")
     if meta.get("extract") is not None and extract is None:
         raise ValueError(
@@ -165,7 +201,7 @@ def replay(
     train_fn = train_fn or _import_ref(fns["train_fn"], "train_fn")
     eval_fn = eval_fn or _import_ref(fns["eval_fn"], "eval_fn")
     input_fn = input_fn or _import_ref(fns.get("input_fn"), "input_fn")
-    ds = PartitionedDataset.load(os.path.join(storage_path, "data"), meta["dataset"])
+    ds = PartitionedDataset.load(confine(storage_path, "data", "the data folder"), meta["dataset"])
     held = ds.worker_entries(per_partition=meta["executor"] == "mop")
 
     # what runs, in order: every done unit of a committed epoch, and of the epoch in which a config failed, plus
@@ -187,7 +223,8 @@ def replay(
 
     out_path = out_path or _free_folder(os.path.join(storage_path, "replay"))
     os.makedirs(os.path.join(out_path, CHECKPOINT_DIR), exist_ok=True)
-    dst = SQLiteCatalog(os.path.join(out_path, CATALOG_FILE))
+    # a replay of a run that did not verify is not signed either: nothing re-signs what it could not verify
+    dst = SQLiteCatalog(os.path.join(out_path, CATALOG_FILE), sign=not unverified)
     ckpt = CheckpointStore(os.path.join(out_path, CHECKPOINT_DIR), dst)
     threads = torch.get_num_threads()
     try:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from framework.engine.catalog import SQLiteCatalog
+from framework.engine.catalog import CatalogError, SQLiteCatalog, UnverifiedRunWarning, describe_problems
 from framework.engine.checkpoint import load_latest_verified
 from framework.trainable import Trainable
 
@@ -71,31 +73,58 @@ class Result:
         events: failures, restarts, joins, drains, resumes: time, t (seconds since the run started), kind, detail.
         metric, mode: what `best_config_id` ranks by (the latest epoch of each non-failed config).
         meta: the run's settings as recorded at its start (executor, scheduler, workers, seed, functions, ...).
+
+    A Result opened from a URI reads a temporary local copy of the run (checkpoints included, for `load_model`): it
+    is removed by `close()`, at the end of a `with Result.open(uri) as result:` block, when the Result is garbage
+    collected, or at interpreter exit, whichever comes first. A Result of a local directory holds nothing to remove.
     """
 
     def __init__(self, storage_path: str, model_fn: Callable | None = None) -> None:
         self.storage_path = storage_path
         self._model_fn = model_fn
+        self._copy: weakref.finalize | None = None  # removes a temporary copy this Result reads (see `open`)
         catalog = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
         try:
-            meta = self.meta = catalog.meta()
-            self.metric: str = meta.get("metric", "valid_loss")
-            self.mode: str = meta.get("mode", "min")
-            t0 = float(meta.get("start_time", 0.0))
-            configs = catalog.configs()
-            self.configs: dict[int, dict[str, Any]] = dict(zip(configs.config_id, configs.config))
-            configs["status"] = [_outcome(s, o) for s, o in zip(configs.status, configs.outcome)]
-            self.status = configs.drop(columns=["config", "outcome"])
-            self.metrics = self._with_config_columns(catalog.epochs())
-            units = catalog.units(status="done")
-            units["start"] -= t0
-            units["end"] -= t0
-            self.schedule = units.drop(columns=["seq", "status", "error", "metrics"]).reset_index(drop=True)
-            self.events = catalog.events()
-            self.events.insert(1, "t", self.events.time - t0)
-            self._checkpoints = {cid: catalog.checkpoints(cid) for cid in self.configs}
+            self.unverified: list[str] = catalog.verify()
+            if self.unverified:
+                warnings.warn(UnverifiedRunWarning(
+                    f"the run in {storage_path!r} is not verified: {describe_problems(self.unverified)}. Its "
+                    "numbers may not be what it computed; resume and replay refuse it unless trust_unverified=True "
+                    "(see the README's threat model)"), stacklevel=2)
+            try:
+                self._read(catalog)
+            except (CatalogError, ValueError, TypeError, KeyError, AttributeError) as e:
+                if not self.unverified:
+                    raise
+                raise CatalogError(f"the run in {storage_path!r} is not verified and cannot be read: {e}") from e
         finally:
             catalog.close()
+
+    @property
+    def verified(self) -> bool:
+        """Whether every row of the run's catalog verified under this machine's key (see `unverified`)."""
+        return not self.unverified
+
+    def _read(self, catalog: SQLiteCatalog) -> None:
+        meta = self.meta = catalog.meta()
+        if not meta:
+            warnings.warn(f"the run in {self.storage_path!r} has no meta (its run.db meta table is empty: emptied, or "
+                          "the run never started): its settings are unknown and `metric`/`mode` default to "
+                          "'valid_loss'/'min'", stacklevel=3)
+        self.metric: str = meta.get("metric", "valid_loss")
+        self.mode: str = meta.get("mode", "min")
+        t0 = float(meta.get("start_time", 0.0))
+        configs = catalog.configs()
+        self.configs: dict[int, dict[str, Any]] = dict(zip(configs.config_id, configs.config))
+        configs["status"] = [_outcome(s, o) for s, o in zip(configs.status, configs.outcome)]
+        self.status = configs.drop(columns=["config", "outcome"])
+        self.metrics = self._with_config_columns(catalog.epochs())
+        units = catalog.units(status="done")
+        units["start"] -= t0
+        units["end"] -= t0
+        self.schedule = units.drop(columns=["seq", "status", "error", "metrics"]).reset_index(drop=True)
+        self.events = catalog.events()
+        self.events.insert(1, "t", self.events.time - t0)
 
     @classmethod
     def open(cls, storage_path: str, model_fn: Callable | None = None) -> Result:
@@ -104,11 +133,30 @@ class Result:
         written into the run."""
         from framework.storage import RunStorage, is_uri
 
-        if is_uri(storage_path):
-            storage_path = RunStorage(storage_path, "opened").fetch()  # a fresh copy: never a working copy in use
-        if not os.path.exists(os.path.join(storage_path, CATALOG_FILE)):
-            raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: not a run directory")
-        return cls(storage_path, model_fn)
+        if not is_uri(storage_path):
+            if not os.path.exists(os.path.join(storage_path, CATALOG_FILE)):
+                raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: not a run directory")
+            return cls(storage_path, model_fn)
+        copy = RunStorage(storage_path, "opened").fetch()  # a fresh copy: never a working copy in use
+        try:
+            result = cls(copy, model_fn)
+        except BaseException:
+            shutil.rmtree(copy, ignore_errors=True)
+            raise
+        result._copy = weakref.finalize(result, shutil.rmtree, copy, ignore_errors=True)
+        return result
+
+    def close(self) -> None:
+        """Remove the temporary copy of a run opened from a URI (a no-op otherwise, and when called again). The
+        DataFrames stay readable; loading weights needs the run opened again."""
+        if self._copy is not None:
+            self._copy()
+
+    def __enter__(self) -> Result:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _with_config_columns(self, metrics: pd.DataFrame) -> pd.DataFrame:
         """`metrics` with one `config/<name>` column per hyper-parameter (as Ray Tune's `get_dataframe`)."""
@@ -198,6 +246,9 @@ class Result:
         and the checkpoint loaded instead (`latest` is then False). Reads only: nothing is written into the run."""
         if config_id not in self.configs:
             raise KeyError(f"`config_id` is {config_id!r}, but the run has configs {sorted(self.configs)}")
+        if self._copy is not None and not self._copy.alive:
+            raise ValueError(f"this Result was closed: its copy of the run ({self.storage_path!r}) is removed; open "
+                             "the run again with Result.open to load weights")
         catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE), readonly=True)
         try:
             state, epoch, units, skipped = load_latest_verified(catalog, config_id)

@@ -10,9 +10,12 @@ config's last state, a failure in user code counts against its config only.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -25,7 +28,7 @@ from automl import Procedure
 from framework.callbacks import Callback, CallbackList, RunInfo, check_callbacks
 from framework.data import PartitionedDataset, encode_entry
 from framework.driver import Driver, DriverOptions, SQLiteRunLog
-from framework.engine.catalog import SQLiteCatalog
+from framework.engine.catalog import SQLiteCatalog, check_verified, confine
 from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
@@ -33,7 +36,7 @@ from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Scheduler, make_scheduler
-from framework.storage import RunStorage, git_revision, run_name
+from framework.storage import RunStorage, git_revision, run_name, unusable_dir
 from framework.trainable import function_ref
 
 EXECUTORS = ("mop", "task_parallel", "sequential")
@@ -72,8 +75,42 @@ def _resolve_procedure(procedure: Any) -> Procedure:
     if isinstance(procedure, str):
         from automl import load_procedure
 
-        return load_procedure(procedure)
+        try:
+            return load_procedure(procedure)
+        except (TypeError, ValueError) as e:  # its words name `spec`: say which argument that was
+            raise type(e)(f"`procedure` is {procedure!r}: {e}") from e
     raise TypeError(f"`procedure` is {procedure!r}, but must be an automl.Procedure (or a 'module:Class' string)")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: Ray's built-in resources; Ray's names are case-sensitive, so "cpu" would be an unknown custom resource
+RAY_RESOURCES = ("CPU", "GPU")
+
+
+def _check_resources(worker_resources: Any) -> dict[str, float]:
+    """`worker_resources` as a dict (None or empty: one CPU), or the error that names what is wrong with it. Whether
+    the cluster has a custom resource only Ray can tell (`check_resources`, once it started)."""
+    if worker_resources is None:
+        return {"CPU": 1}
+    if not isinstance(worker_resources, Mapping):
+        raise TypeError(f"`worker_resources` is {worker_resources!r}, but must be a dict of Ray resource names to "
+                        "amounts per worker, e.g. {'CPU': 1, 'GPU': 0}")
+    for k, v in worker_resources.items():
+        if not isinstance(k, str) or not k:
+            raise TypeError(f"`worker_resources` has the key {k!r}, but Ray resource names are non-empty strings")
+        if k not in RAY_RESOURCES and k.upper() in RAY_RESOURCES:
+            raise ValueError(f"`worker_resources` has the key {k!r}, but Ray resource names are case-sensitive: "
+                             f"did you mean {k.upper()!r}?")
+        if not (_is_number(v) and 0 <= v < math.inf):
+            raise ValueError(f"`worker_resources[{k!r}]` is {v!r}, but must be a finite number >= 0")
+    return dict(worker_resources) or {"CPU": 1}
 
 
 #: `checkpoint=` policies besides a number of seconds
@@ -86,7 +123,7 @@ class ModelSelection:
     Args:
         model_fn: `model_fn(config) -> (torch.nn.Module, torch.optim.Optimizer)`.
         train_fn: `train_fn(model, optimizer, data, config) -> dict` (one pass over the worker's partition `data`;
-            may return `num_examples`; a `*loss*` metric that is NaN fails the config).
+            may return `num_examples`, a positive int; a metric that is NaN or infinite fails the config).
         eval_fn: `eval_fn(model, data, config) -> dict`, called under `torch.no_grad()`.
         dataset: a `PartitionedDataset` (its `replicas` / `availability` say which workers hold which partition).
         procedure: an `automl.Procedure` (GridSearch, RandomSearch, HyperBand, ...), or a `"module:Class"` string.
@@ -202,17 +239,19 @@ class ModelSelection:
             raise ValueError(f"`mode` is {mode!r}, but must be one of {list(MODES)}")
         if not isinstance(metric, str) or not metric.startswith(("valid_", "train_")):
             raise ValueError(f"`metric` is {metric!r}, but must name a reported metric as 'valid_<name>' or 'train_<name>'")
-        if not isinstance(seed, int):
-            raise TypeError(f"`seed` is {seed!r}, but must be an int")
-        if unit_timeout_s is not None and not (isinstance(unit_timeout_s, (int, float)) and unit_timeout_s > 0):
-            raise ValueError(f"`unit_timeout_s` is {unit_timeout_s!r}, but must be a number > 0 or None")
+        if not _is_int(seed):
+            raise TypeError(f"`seed` is {seed!r}, but must be an int >= 0")
+        if seed < 0:  # numpy's SeedSequence, which seeds every unit, takes no negative seed
+            raise ValueError(f"`seed` is {seed!r}, but must be an int >= 0")
+        if unit_timeout_s is not None and not (_is_number(unit_timeout_s) and 0 < unit_timeout_s < math.inf):
+            raise ValueError(f"`unit_timeout_s` is {unit_timeout_s!r}, but must be a finite number > 0 or None")
         for arg, v in (("max_unit_retries", max_unit_retries), ("max_worker_restarts", max_worker_restarts)):
-            if not isinstance(v, int) or v < 0:
+            if not _is_int(v) or v < 0:
                 raise ValueError(f"`{arg}` is {v!r}, but must be an int >= 0")
         p = dataset.num_partitions
         if num_workers is None:
             num_workers = 1 if executor == "sequential" else p
-        if not isinstance(num_workers, int) or num_workers < 1:
+        if not _is_int(num_workers) or num_workers < 1:
             raise ValueError(f"`num_workers` is {num_workers!r}, but must be an int >= 1")
         if executor == "mop" and num_workers > p:
             raise ValueError(
@@ -220,10 +259,7 @@ class ModelSelection:
             )
         if executor == "sequential" and num_workers != 1:
             raise ValueError(f"`num_workers` is {num_workers}, but executor='sequential' uses exactly 1")
-        resources = dict(worker_resources or {"CPU": 1})
-        for k, v in resources.items():
-            if not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"`worker_resources[{k!r}]` is {v!r}, but must be a number >= 0")
+        resources = _check_resources(worker_resources)
         self.placement = dataset.placement(num_workers) if executor == "mop" else {0: list(range(num_workers))}
         self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
         self.dataset = dataset
@@ -236,7 +272,7 @@ class ModelSelection:
         self.unit_timeout_s, self.max_unit_retries, self.max_worker_restarts = (
             unit_timeout_s, max_unit_retries, max_worker_restarts)
         self.num_threads = max(1, int(resources.get("CPU", 1)))
-        if max_workers is not None and (not isinstance(max_workers, int) or max_workers < num_workers):
+        if max_workers is not None and (not _is_int(max_workers) or max_workers < num_workers):
             raise ValueError(f"`max_workers` is {max_workers!r}, but must be an int >= `num_workers` ({num_workers})")
         if max_workers is not None and executor == "sequential":
             raise ValueError("`max_workers` is set, but executor='sequential' uses exactly 1 worker")
@@ -266,6 +302,10 @@ class ModelSelection:
             raise ValueError(f"`name` is {name!r}, but must be a non-empty folder name without {os.sep!r}")
         self.storage = RunStorage(storage_path, name or run_name(type(self.procedure).__name__.lower()))
         self.storage_path = self.storage.local
+        why = unusable_dir(self.storage_path)
+        if why is not None:  # else `run` would fail only after Ray started
+            raise ValueError(f"`storage_path` is {storage_path!r}, but the run's folder {self.storage_path!r} cannot be "
+                             f"made: {why}")
         self._resuming = False
         if os.path.exists(os.path.join(self.storage_path, CATALOG_FILE)) or self.storage.remote_exists():
             raise FileExistsError(
@@ -274,6 +314,7 @@ class ModelSelection:
             )
         self._driver: Driver | None = None
         self._commands: list[tuple[str, dict[str, Any]]] = []  # given before `run` started the driver
+        self._cache_dir: str | None = None  # the run's folder for activation caches (see `_backend`)
 
     # ---- public -------------------------------------------------------------------------------------------------
     @classmethod
@@ -286,6 +327,7 @@ class ModelSelection:
         input_fn: Callable | None = None,
         procedure: Procedure | str | None = None,
         extract: Callable | None = None,
+        trust_unverified: bool = False,
         **overrides: Any,
     ) -> ModelSelection:
         """A `ModelSelection` that continues the run in `storage_path` (after a driver crash) when `.run()` is called.
@@ -299,6 +341,11 @@ class ModelSelection:
         `worker_resources` (e.g. to resume a GPU run on CPU workers, or the other way round; default: the run's).
         Unless overridden, the run's own `unit_timeout_s`, `max_unit_retries` and `max_worker_restarts` apply.
         A URI `storage_path` is fetched into its local working copy first.
+
+        The run's catalog must verify under this machine's key (a run made here, unedited); otherwise resume raises
+        `UnverifiedRunError` naming what failed, unless `trust_unverified=True` (then it warns; rows that did not
+        verify are never re-signed, and the procedure's pickled state still loads only if it verifies, so pass
+        `procedure=`).
         """
         storage = RunStorage(storage_path, "resumed")
         if storage.uri is not None and not os.path.exists(os.path.join(storage.local, CATALOG_FILE)):
@@ -313,6 +360,7 @@ class ModelSelection:
             raise TypeError(f"unknown options {sorted(unknown)} for resume(); allowed: {sorted(allowed)}")
         catalog = SQLiteCatalog(os.path.join(path, CATALOG_FILE), readonly=True)
         try:
+            check_verified(catalog, "resume", trust_unverified)
             meta = catalog.meta()
             _, blob, signature = catalog.last_round()
         finally:
@@ -334,7 +382,7 @@ class ModelSelection:
                 f"the run in {storage_path!r} used the scheduler instance {meta['scheduler']!r}, which resume() cannot "
                 "rebuild; pass `scheduler=` (the same instance or a name from framework.scheduling.SCHEDULERS)"
             )
-        dataset = PartitionedDataset.load(os.path.join(path, "data"), meta["dataset"])
+        dataset = PartitionedDataset.load(confine(path, "data", "the data folder"), meta["dataset"])
         dataset.availability = {int(k): v for k, v in meta["placement"].items()} if meta["executor"] == "mop" else None
         options = {"scheduler": meta["scheduler"], "freezing": meta.get("freezing"),
                    "queue_depth": int(meta.get("queue_depth", 1)), "checkpoint": meta.get("checkpoint", "unit"),
@@ -435,6 +483,8 @@ class ModelSelection:
                 str(e): s / max(n, 1) for e, (s, n) in sorted(run.cpu_by_epoch.items())})
             catalog.close()
             backend.shutdown()
+            if self._cache_dir is not None:
+                shutil.rmtree(self._cache_dir, ignore_errors=True)
             if failed:  # what ran reaches the mirror, also when the run raised (and its error is the one raised)
                 try:
                     self.storage.push(force=True)
@@ -516,8 +566,13 @@ class ModelSelection:
         )
 
     def _backend(self) -> RayBackend:
-        """Workers as Ray actors; the full-data baselines see one "partition" 0 that is all the data."""
-        return RayBackend({**self._worker_fns(), "freezing": self.freezing}, self.worker_resources, self.num_threads,
+        """Workers as Ray actors; the full-data baselines see one "partition" 0 that is all the data. Activation
+        caches (layer freezing with `cache=True`) go under a temporary folder of the run's own, `modelhopper-cache-*`,
+        which `run` removes when it ends: the caches of workers that were killed (and could not remove theirs) too."""
+        cache = isinstance(self.freezing, Mapping) and bool(self.freezing.get("cache"))
+        self._cache_dir = tempfile.mkdtemp(prefix="modelhopper-cache-") if cache else None
+        return RayBackend({**self._worker_fns(), "freezing": self.freezing, "cache_dir": self._cache_dir},
+                          self.worker_resources, self.num_threads,
                           self.dataset.worker_entries(self.executor == "mop"), put_entries=self.dataset.in_memory,
                           queue_depth=self.queue_depth)
 

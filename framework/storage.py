@@ -17,12 +17,15 @@ import datetime as _dt
 import hashlib
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import tempfile
 import time
 
 STORAGE_ENV = "MODELHOPPER_STORAGE"
+#: the prefix of the temporary folders that hold a copy of a mirrored run while it is read (`RunStorage.fetch`)
+READ_PREFIX = "modelhopper-read-"
 #: files under these folders are written once (a checkpoint's name carries its unit count): uploaded when missing
 IMMUTABLE = ("checkpoints/", "data/")
 _SKIP = re.compile(r"(^|/)run\.db(-wal|-shm|-journal)?$|\.tmp\.|(^|/)\.")
@@ -52,6 +55,25 @@ def is_uri(path: str) -> bool:
     return isinstance(path, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
 
 
+class StorageUnreachableError(OSError, ValueError):
+    """A URI `storage_path` that cannot be listed or read (no network, no credentials, no such bucket). An `OSError`
+    like the pyarrow error it wraps, and a `ValueError` like any other unusable `storage_path`."""
+
+
+def unusable_dir(path: str) -> str | None:
+    """Why no run directory can be made at `path`, or None when one can: `path` (or the nearest of its parents that
+    exists) is a file, or a folder this process may not write into."""
+    path = existing = os.path.abspath(path)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    what = "it" if existing == path else f"its parent {existing!r}"
+    if not os.path.isdir(existing):
+        return f"{what} is a file"
+    if existing != path and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{what} is not writable"
+    return None
+
+
 class RunStorage:
     """A run's local directory, and the URI it is mirrored to (None: local only).
 
@@ -67,6 +89,8 @@ class RunStorage:
         self._last_push = 0.0
         if storage_path is None:
             self.local = os.path.join(default_root(), name)
+        elif storage_path == "":  # abspath("") is the working directory, which `ray job submit` replaces
+            raise ValueError(f"`storage_path` is {storage_path!r}, but must be a non-empty path, a URI or None")
         elif is_uri(storage_path):
             import pyarrow.fs
 
@@ -99,7 +123,10 @@ class RunStorage:
     def _remote_files(self) -> dict[str, int]:
         import pyarrow.fs
 
-        info = self._fs.get_file_info(pyarrow.fs.FileSelector(self._root, recursive=True, allow_not_found=True))
+        try:
+            info = self._fs.get_file_info(pyarrow.fs.FileSelector(self._root, recursive=True, allow_not_found=True))
+        except OSError as e:  # no network, no credentials, no such bucket: pyarrow's (AWS's) own words follow
+            raise StorageUnreachableError(f"`storage_path` is {self.uri!r}, but it cannot be listed: {e}") from e
         root = self._root.rstrip("/") + "/"
         return {i.path[len(root):]: i.size for i in info if i.type == pyarrow.fs.FileType.File}
 
@@ -128,10 +155,17 @@ class RunStorage:
         return into
 
     def fetch(self) -> str:
-        """A local folder to read the run from: the run directory itself, or a fresh copy of the mirror."""
+        """A local folder to read the run from: the run directory itself, or a fresh copy of the mirror in a new
+        temporary folder `modelhopper-read-*`, which the caller owns and removes (`Result.open` does, on
+        `Result.close()`)."""
         if self.uri is None:
             return self.local
-        return self.pull(tempfile.mkdtemp(prefix="modelhopper-read-"))
+        into = tempfile.mkdtemp(prefix=READ_PREFIX)
+        try:
+            return self.pull(into)
+        except BaseException:
+            shutil.rmtree(into, ignore_errors=True)
+            raise
 
     def push(self, force: bool = False) -> bool:
         """Mirror the local copy to the URI (at most every `sync_every_s` unless `force`); True when it did."""

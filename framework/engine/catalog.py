@@ -2,16 +2,26 @@
 
 Tables: `meta` (run settings), `configs` (id, config, status, epochs, parent, error), `units` (the schedule log: one
 row per finished or failed unit attempt, with its worker, times and metrics), `epochs` (aggregated metrics per config
-and epoch), `checkpoints` (latest weights file per config with its checksum), `events` (worker failures, joins, ...).
-Everything users read (`Result`, CSV/Parquet files, replay, resume) is derived from it.
+and epoch), `checkpoints` (the weights files of every config with their checksums), `events` (worker failures,
+joins, ...), `rounds` (the committed decisions with the procedure's signed state). Everything users read (`Result`,
+CSV/Parquet files, replay, resume) is derived from it.
 
-Every `meta` and `configs` row is signed with this machine's key (`framework.engine.signing`) as it is written, over
-the run's own id (`meta["run_id"]`), so replay can tell a run this machine wrote from a `run.db` edited by hand,
-brought from elsewhere, or patched with rows of another run (`unsigned()`).
+**Every row is verified before it is trusted.** A writer signs each row it writes with this machine's key
+(`framework.engine.signing`): a MAC over the run's own id (`meta["run_id"]`), the table and every column of the row,
+so an edited value, a row moved to another key and a row copied from another run all fail. Rows that are deleted,
+added, or put back as they were at an earlier point also fail: each table has a signed digest in `digests`, its row
+count and the sum of its rows' MACs (mod 2**256), updated in the same transaction as the rows. `verify()` lists every
+row and table that fails. A writer never re-signs what it cannot verify: an update of a row whose MAC fails leaves the
+row unsigned, and a table whose digest failed keeps an unsigned digest, so accepting an unverified run (resume's
+`trust_unverified=True`) never launders it. Paths stored in the catalog are relative to the run directory and are
+refused (`UnsafePathError`, naming the row) when they resolve outside it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hmac
 import json
 import os
 import secrets
@@ -19,50 +29,142 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from framework.engine.signing import sign_text, verify_text
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, signature TEXT);
-CREATE TABLE IF NOT EXISTS configs (
-    id INTEGER PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL, epochs INTEGER NOT NULL DEFAULT 0,
-    parent INTEGER, error TEXT, first_round INTEGER NOT NULL DEFAULT 0, outcome TEXT, signature TEXT);
-CREATE TABLE IF NOT EXISTS units (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL, config_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
-    partition INTEGER NOT NULL, kind TEXT NOT NULL, worker INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL,
-    status TEXT NOT NULL, num_examples INTEGER, state_bytes INTEGER, metrics TEXT, error TEXT);
-CREATE TABLE IF NOT EXISTS epochs (
-    config_id INTEGER NOT NULL, epoch INTEGER NOT NULL, round INTEGER NOT NULL, metrics TEXT NOT NULL,
-    PRIMARY KEY (config_id, epoch));
-CREATE TABLE IF NOT EXISTS checkpoints (
-    config_id INTEGER NOT NULL, epoch INTEGER NOT NULL, units INTEGER NOT NULL, path TEXT NOT NULL,
-    sha256 TEXT NOT NULL, bytes INTEGER NOT NULL, written REAL NOT NULL, PRIMARY KEY (config_id, units));
-CREATE TABLE IF NOT EXISTS events (time REAL NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rounds (
-    round INTEGER PRIMARY KEY, committed REAL NOT NULL, procedure BLOB, signature TEXT);
-"""
+from framework.engine.signing import SigningKeyError, load_key, mac
 
 
 class CatalogError(RuntimeError):
-    """A run catalog that is missing, truncated or not a catalog at all."""
+    """A run catalog that is missing, truncated, not a catalog at all, or that does not verify and cannot be read."""
+
+
+class UnverifiedRunError(CatalogError):
+    """A run whose catalog does not verify, refused by resume or replay (`trust_unverified=True` accepts it)."""
+
+
+class UnverifiedRunWarning(UserWarning):
+    """A run was read whose catalog does not verify (`Result.unverified` names what)."""
+
+
+class UnsafePathError(CatalogError):
+    """A path stored in a run directory leads outside it (an absolute path, `..`, or a symbolic link)."""
+
+
+@dataclass(frozen=True)
+class _Table:
+    """A catalog table: its columns (name, SQLite type) without the MAC, its key, and how a row is named."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    key: tuple[str, ...]
+    label: str  # str.format template over the row's columns, for messages
+    seq: bool = False  # the key is a sequence number the writer assigns (the log's order is part of what is signed)
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.columns)
+
+    @functools.cached_property
+    def types(self) -> tuple[str, ...]:
+        return tuple(t for _, t in self.columns)
+
+
+_TABLES = {t.name: t for t in (
+    _Table("meta", (("key", "TEXT"), ("value", "TEXT")), ("key",), "meta {key!r}"),
+    _Table("configs", (("id", "INTEGER"), ("config", "TEXT"), ("status", "TEXT"), ("epochs", "INTEGER"),
+                       ("parent", "INTEGER"), ("error", "TEXT"), ("first_round", "INTEGER"), ("outcome", "TEXT")),
+           ("id",), "config {id}"),
+    _Table("units", (("seq", "INTEGER"), ("round", "INTEGER"), ("config_id", "INTEGER"), ("epoch", "INTEGER"),
+                     ("partition", "INTEGER"), ("kind", "TEXT"), ("worker", "INTEGER"), ("start", "REAL"),
+                     ("end", "REAL"), ("status", "TEXT"), ("num_examples", "INTEGER"), ("state_bytes", "INTEGER"),
+                     ("metrics", "TEXT"), ("error", "TEXT")),
+           ("seq",), "units row {seq} (config {config_id}, epoch {epoch}, partition {partition})", seq=True),
+    _Table("epochs", (("config_id", "INTEGER"), ("epoch", "INTEGER"), ("round", "INTEGER"), ("metrics", "TEXT")),
+           ("config_id", "epoch"), "epochs (config {config_id}, epoch {epoch})"),
+    _Table("checkpoints", (("config_id", "INTEGER"), ("epoch", "INTEGER"), ("units", "INTEGER"), ("path", "TEXT"),
+                           ("sha256", "TEXT"), ("bytes", "INTEGER"), ("written", "REAL")),
+           ("config_id", "units"), "checkpoints (config {config_id}, units {units})"),
+    _Table("events", (("seq", "INTEGER"), ("time", "REAL"), ("kind", "TEXT"), ("detail", "TEXT")), ("seq",),
+           "events row {seq} ({kind})", seq=True),
+    _Table("rounds", (("round", "INTEGER"), ("committed", "REAL"), ("procedure", "BLOB"), ("signature", "TEXT")),
+           ("round",), "round {round}"),
+)}
+_DIGESTS = _Table("digests", (("tbl", "TEXT"), ("rows", "INTEGER"), ("total", "TEXT")), ("tbl",), "digest of {tbl}")
+_MOD = 1 << 256
+_SCHEMA = "".join(
+    f"CREATE TABLE IF NOT EXISTS {t.name} ({', '.join(f'{c} {ty}' for c, ty in t.columns)}, mac TEXT, "
+    f"PRIMARY KEY ({', '.join(t.key)}));\n" for t in (*_TABLES.values(), _DIGESTS))
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)  # one encoder: json.dumps with options makes one a call
+
+
+def _q(name: str) -> str:
+    return f'"{name}"'
+
+
+def _canon(value: Any, sqltype: str) -> Any:
+    """A value as SQLite stores and returns it in a column of `sqltype` (so a MAC made at write time verifies on read)."""
+    if value is None or type(value) is str:
+        return value
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float):
+        if value != value:
+            return None  # SQLite stores NaN as NULL
+        if sqltype == "INTEGER" and value.is_integer() and abs(value) < 2**63:
+            return int(value)
+    if sqltype == "REAL" and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def _as_int(stored: Any) -> int:
+    """A stored MAC as a number for the table digest (0 for an unsigned or mangled one)."""
+    try:
+        return int(stored, 16) if isinstance(stored, str) and len(stored) == 64 else 0
+    except ValueError:
+        return 0
+
+
+def confine(root: str, stored: Any, what: str, under: str = "") -> str:
+    """The absolute path of `stored` (a path kept in the run directory `root`), which must resolve, symbolic links
+    followed, to a place inside `root/under`; otherwise `UnsafePathError` naming `what` (the row it came from)."""
+    real = os.path.realpath(root)
+    base = os.path.realpath(os.path.join(real, under))
+    if not isinstance(stored, str) or not stored or "\0" in stored:
+        raise UnsafePathError(f"{what} names the path {stored!r}, which is not a path inside the run directory {root}")
+    path = os.path.realpath(os.path.join(real, stored))
+    inside = os.path.commonpath([real, base]) == real and os.path.commonpath([base, path]) == base and path != base
+    if os.path.isabs(stored) or not inside:
+        raise UnsafePathError(f"{what} names {stored!r}, which leads outside {os.path.join(root, under)}: refused "
+                              "(nothing is read, written or deleted there)")
+    return path
 
 
 class SQLiteCatalog:
-    """Thread-safe access to a run's SQLite file (the driver loop and the checkpoint writer share it).
+    """Thread-safe access to a run's SQLite file (the driver loop and the checkpoint writers share it).
 
-    `readonly=True` opens an existing file for reading only (what `Result`, `show` and replay's source use): a file
-    that is missing or not a run catalog raises `CatalogError`, and nothing is ever written into it. Checkpoint paths
-    are stored relative to the catalog's directory and returned absolute, so a run directory can be moved or copied.
+    `readonly=True` opens an existing file for reading only (what `Result`, `show`, resume's checks and replay's
+    source use): a file that is missing or not a run catalog raises `CatalogError`, nothing is ever written into it,
+    and no key is needed until `verify()`. A writer signs every row (`sign=False`: leaves every row unsigned, for a
+    replay of a run that did not verify). Checkpoint paths are stored relative to the catalog's directory and returned
+    absolute, so a run directory can be moved or copied.
     """
 
-    def __init__(self, path: str, readonly: bool = False) -> None:
-        self.path, self.readonly = path, readonly
+    def __init__(self, path: str, readonly: bool = False, sign: bool = True) -> None:
+        self.path, self.readonly, self.sign = path, readonly, sign and not readonly
         self.root = os.path.dirname(os.path.abspath(path))
+        confine(self.root, os.path.basename(path), "the catalog")  # a run.db that links out of its run is not opened
         self._lock = threading.Lock()
+        self._key: bytes | None = None
         if readonly:
             if not os.path.isfile(path):
                 raise CatalogError(f"{path} does not exist: not a run directory's catalog")
@@ -71,32 +173,58 @@ class SQLiteCatalog:
         else:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         try:
-            tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            self._db.execute("PRAGMA trusted_schema = OFF")  # a planted view or trigger calls no function
+            tables = self._tables()
             if readonly and not {"meta", "configs", "units"} <= tables:
                 raise CatalogError(f"{path} is not a run catalog (it has tables {sorted(tables) or 'none'})")
             if not readonly:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-                self._db.executescript(_SCHEMA)
+                self._open_writer(tables)
             self._columns = {row[1] for row in self._db.execute("PRAGMA table_info(configs)")}
-            self._meta_columns = {row[1] for row in self._db.execute("PRAGMA table_info(meta)")}
-            if not readonly:  # a run from before configs had an outcome, or rows a signature
-                for table, columns, column in (("configs", self._columns, "outcome"),
-                                               ("configs", self._columns, "signature"),
-                                               ("meta", self._meta_columns, "signature")):
-                    if column not in columns:
-                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
-                        columns.add(column)
-                # the run's own id, inside every signature: a signed row copied from another run does not verify
-                run_id = secrets.token_hex(8)
-                text = json.dumps(run_id)
-                self._db.execute("INSERT OR IGNORE INTO meta (key, value, signature) VALUES ('run_id', ?, ?)",
-                                 (text, sign_text(_content(run_id, "meta", "run_id", text))))
             row = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
-            self._run_id = json.loads(row[0]) if row else None
+            self._run_id = _loads(row[0], "meta 'run_id'") if row else None
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise CatalogError(f"{path} is not a readable run catalog: {e}") from e
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def _open_writer(self, tables: set[str]) -> None:
+        if "units" in tables and "mac" not in {r[1] for r in self._db.execute("PRAGMA table_info(units)")}:
+            raise CatalogError(f"{self.path} was written by an older modelhopper, before every row was signed: it "
+                               "can be read (unverified) but not continued")
+        if self.sign:
+            self._key = load_key(create=True)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        # what a writer carries on from: each table's digest (a digest that does not verify stays unsigned) and the
+        # next sequence number of the tables whose order is signed
+        self._digest: dict[str, tuple[int, int]] = {}
+        self._tainted: set[str] = set()
+        self._next_seq = {t.name: 1 + (self._db.execute(f"SELECT MAX(seq) FROM {t.name}").fetchone()[0] or 0)
+                          for t in _TABLES.values() if t.seq}
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
+        fresh = row is None
+        self._run_id = secrets.token_hex(8) if fresh else _loads(row[0], "meta 'run_id'")
+        stored = {r[0]: r for r in self._db.execute("SELECT tbl, rows, total, mac FROM digests")}
+        for name in _TABLES:
+            if name in stored:
+                _, rows, total, m = stored[name]
+                self._digest[name] = (int(rows), _as_int(total) if isinstance(total, str) else 0)
+                if not self._verifies(_DIGESTS, (name, rows, total), m):
+                    self._tainted.add(name)
+            else:
+                self._digest[name] = (0, 0)
+                if not fresh:
+                    self._tainted.add(name)  # its digest was deleted: what the table held can no longer be vouched for
+        if fresh:  # the run's own id, inside every MAC: a signed row copied from another run does not verify
+            with self._tx():
+                self._insert("meta", {"key": "run_id", "value": json.dumps(self._run_id)})
+                self._changed.update(_TABLES)  # every table gets a signed digest from the start
 
     def close(self) -> None:
         """Close; a writer leaves one self-contained file behind (no `-wal`/`-shm`), so a reader of the finished
@@ -109,53 +237,146 @@ class SQLiteCatalog:
                     pass  # another connection still has it open: it stays in WAL mode until that one closes
             self._db.close()
 
-    def _write(self, sql: str, rows: Iterable[tuple] | tuple = ()) -> None:
+    # ---- signed writes ------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        """One transaction of signed writes (`_insert`, `_update`), ending with the changed tables' digests."""
         with self._lock:
-            if isinstance(rows, tuple):
-                self._db.execute(sql, rows)
-            else:
-                self._db.executemany(sql, list(rows))
-
-    def transaction(self, statements: list[tuple[str, tuple]]) -> None:
-        """Run `(sql, args)` statements atomically: all of them or none (a round's commit)."""
-        with self._lock:
+            saved = dict(self._digest), dict(self._next_seq)
+            self._changed: set[str] = set()
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for sql, args in statements:
-                    self._db.execute(sql, args)
+                yield
+                for name in sorted(self._changed):
+                    rows, total = self._digest[name]
+                    values = (name, rows, f"{total:064x}")
+                    signed = self.sign and name not in self._tainted
+                    self._db.execute("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?)",
+                                     (*values, self._mac(_DIGESTS, values) if signed else None))
             except BaseException:
                 self._db.execute("ROLLBACK")
+                self._digest, self._next_seq = saved
                 raise
             self._db.execute("COMMIT")
 
+    def _mac(self, table: _Table, values: Iterable[Any]) -> str:
+        canon = [_canon(v, ty) for v, ty in zip(values, table.types)]
+        return mac(self._key, _ENCODER.encode([self._run_id, table.name, *canon]).encode())
+
+    def _verifies(self, table: _Table, values: Iterable[Any], stored: Any) -> bool:
+        return (self._key is not None and isinstance(stored, str) and stored.isascii()
+                and hmac.compare_digest(self._mac(table, values), stored))
+
+    def _count(self, name: str, stored: Any, sign: int) -> None:
+        rows, total = self._digest[name]
+        self._digest[name] = (rows + sign, (total + sign * _as_int(stored)) % _MOD)
+        self._changed.add(name)
+
+    def _insert(self, name: str, row: dict[str, Any], replace: bool = False) -> None:
+        """Insert (or, with `replace`, insert or replace by key) one signed row; inside `_tx`."""
+        table = _TABLES[name]
+        if table.seq and row.get("seq") is None:
+            row["seq"] = self._next_seq[name]
+            self._next_seq[name] += 1
+        values = tuple(row[c] for c in table.names)
+        signed = self.sign
+        if replace:
+            where = " AND ".join(f"{_q(k)} = ?" for k in table.key)
+            old = self._db.execute(f"SELECT {', '.join(map(_q, table.names))}, mac FROM {name} WHERE {where}",
+                                   tuple(row[k] for k in table.key)).fetchone()
+            if old is not None:
+                signed = self._retire(table, old[:-1], old[-1]) and signed
+        stored = self._mac(table, values) if signed else None
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        self._db.execute(f"{verb} INTO {name} ({', '.join(map(_q, table.names))}, mac) "
+                         f"VALUES ({', '.join('?' * (len(values) + 1))})", (*values, stored))
+        self._count(name, stored, +1)
+
+    def _update(self, name: str, where: dict[str, Any], sets: dict[str, Any]) -> None:
+        """Change columns of the rows matching `where`, re-signing each only if it verified; inside `_tx`."""
+        table = _TABLES[name]
+        cond = " AND ".join(f"{_q(k)} = ?" for k in where)
+        rows = self._db.execute(f"SELECT rowid, {', '.join(map(_q, table.names))}, mac FROM {name} WHERE {cond}",
+                                tuple(where.values())).fetchall()
+        for rowid, *old, stored in rows:
+            signed = self._retire(table, old, stored) and self.sign
+            values = tuple(sets.get(c, v) for c, v in zip(table.names, old))
+            new = self._mac(table, values) if signed else None
+            self._db.execute(f"UPDATE {name} SET {', '.join(f'{_q(c)} = ?' for c in table.names)}, mac = ? "
+                             "WHERE rowid = ?", (*values, new, rowid))
+            self._count(name, new, +1)
+
+    def _retire(self, table: _Table, values: Iterable[Any], stored: Any) -> bool:
+        """Take a row about to be replaced out of its table's digest; whether it verified."""
+        self._count(table.name, stored, -1)
+        return self._verifies(table, values, stored)
+
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.DatabaseError as e:  # a truncated or mangled file: a catalog error, not a traceback
+                raise CatalogError(f"{self.path} cannot be read: {e}") from e
+
+    # ---- verification -------------------------------------------------------------------------------------------
+    def verify(self) -> list[str]:
+        """What in the catalog does not verify under this machine's key, one line each (e.g. `"meta 'seed' was
+        edited"`, `"units: rows were deleted, added or restored ..."`); empty when every row and every table's digest
+        verifies. A missing key is one line naming the key file."""
+        try:
+            self._key = self._key or load_key()
+        except SigningKeyError as e:
+            return [str(e)]
+        try:
+            return self._verify()
+        except sqlite3.DatabaseError as e:
+            return [f"{self.path} cannot be read: {e}"]
+
+    def _verify(self) -> list[str]:
+        with self._lock:
+            objects = self._db.execute("SELECT type, name FROM sqlite_master").fetchall()
+            tables = {n for t, n in objects if t == "table"}
+            problems = [f"run.db holds a {t} {n!r} that no run writes" for t, n in objects if t in ("trigger", "view")]
+            if "digests" not in tables:
+                return [*problems, "run.db was written by an older modelhopper or edited: it has no signed digests, "
+                                   "so nothing in it can be verified"]
+            if self._run_id is None:
+                problems.append("meta 'run_id' is missing")
+            digests = {r[0]: r for r in self._db.execute("SELECT tbl, rows, total, mac FROM digests")}
+            for table in _TABLES.values():
+                if table.name not in tables:
+                    problems.append(f"table {table.name} is missing")
+                    continue
+                try:
+                    cursor = self._db.execute(f"SELECT {', '.join(map(_q, table.names))}, mac FROM {table.name} "
+                                              f"ORDER BY {', '.join(map(_q, table.key))}")
+                except sqlite3.DatabaseError as e:
+                    problems.append(f"table {table.name} cannot be read: {e}")
+                    continue
+                count, total, bad = 0, 0, []
+                for *values, stored in cursor:
+                    count, total = count + 1, (total + _as_int(stored)) % _MOD
+                    if not self._verifies(table, values, stored):
+                        bad.append(_label(table, values))
+                problems += [f"{b} does not verify (edited, or not written by this run)" for b in bad]
+                d = digests.get(table.name)
+                if d is None or not self._verifies(_DIGESTS, d[:3], d[3]):
+                    problems.append(f"the digest of table {table.name} is missing or does not verify")
+                elif (count, total) != (d[1], _as_int(d[2])):
+                    problems.append(f"{table.name}: rows were deleted, added or put back as they were earlier (the run "
+                                    f"wrote {d[1]} rows, run.db holds {count})")
+        return problems
 
     # ---- meta ---------------------------------------------------------------------------------------------------
     def set_meta(self, **values: Any) -> None:
         if "run_id" in values:
             raise ValueError("`run_id` is the catalog's own (each run.db makes one): it cannot be set")
-        rows = [(k, text, self._sign("meta", k, text)) for k, text in ((k, json.dumps(v)) for k, v in values.items())]
-        self._write("INSERT OR REPLACE INTO meta (key, value, signature) VALUES (?, ?, ?)", rows)
+        with self._tx():
+            for k, v in values.items():
+                self._insert("meta", {"key": k, "value": json.dumps(v)}, replace=True)
 
     def meta(self) -> dict[str, Any]:
-        return {k: json.loads(v) for k, v in self._read("SELECT key, value FROM meta")}
-
-    def _sign(self, table: str, key: Any, text: str) -> str:
-        return sign_text(_content(self._run_id, table, key, text))
-
-    def unsigned(self) -> list[str]:
-        """The `meta` keys and configs whose row does not carry this machine's signature of its content (edited by
-        hand, written by an older version, or signed with another machine's key), e.g. `["meta 'functions'",
-        "config 3"]`; empty when every row verifies."""
-        signed = "signature" if "signature" in self._meta_columns else "NULL"
-        bad = [f"meta {k!r}" for k, text, sig in self._read(f"SELECT key, value, {signed} FROM meta ORDER BY key")
-               if not verify_text(_content(self._run_id, "meta", k, text), sig)]
-        signed = "signature" if "signature" in self._columns else "NULL"
-        bad += [f"config {cid}" for cid, text, sig in self._read(f"SELECT id, config, {signed} FROM configs ORDER BY id")
-                if not verify_text(_content(self._run_id, "config", cid, text), sig)]
-        return bad
+        return {k: _loads(v, f"meta {k!r}") for k, v in self._read("SELECT key, value FROM meta")}
 
     # ---- configs ------------------------------------------------------------------------------------------------
     def add_config(
@@ -163,20 +384,14 @@ class SQLiteCatalog:
     ) -> None:
         """Record a new config; `first_round` is the round it first trains in (a clone starts from its parent's
         state at the end of the round before)."""
-        text = json.dumps(config, default=str)
-        self._write(
-            "INSERT INTO configs (id, config, status, epochs, parent, first_round, signature) VALUES (?, ?, ?, 0, ?, ?, ?)",
-            (config_id, text, status, parent, first_round, self._sign("config", config_id, text)),
-        )
+        with self._tx():
+            self._insert("configs", _config_row(config_id, config, status, parent, first_round))
 
     def update_config(self, config_id: int, *, status: str | None = None, epochs: int | None = None, error: str | None = None) -> None:
-        sets, args = [], []
-        for col, val in (("status", status), ("epochs", epochs), ("error", error)):
-            if val is not None:
-                sets.append(f"{col} = ?")
-                args.append(val)
+        sets = {k: v for k, v in (("status", status), ("epochs", epochs), ("error", error)) if v is not None}
         if sets:
-            self._write(f"UPDATE configs SET {', '.join(sets)} WHERE id = ?", (*args, config_id))
+            with self._tx():
+                self._update("configs", {"id": config_id}, sets)
 
     def configs(self) -> pd.DataFrame:
         outcome = "outcome" if "outcome" in self._columns else "NULL"
@@ -184,20 +399,18 @@ class SQLiteCatalog:
                           "ORDER BY id")
         df = pd.DataFrame(rows, columns=["config_id", "config", "status", "epochs", "parent", "error", "first_round",
                                          "outcome"])
-        df["config"] = df["config"].map(json.loads)
+        df["config"] = [_loads(text, f"config {cid}") for cid, text in zip(df.config_id, df.config)]
         return df
 
     # ---- units (the schedule log) -------------------------------------------------------------------------------
     def add_unit(self, round_: int, report: Any, status: str) -> None:
         u = report.unit
-        self._write(
-            "INSERT INTO units (round, config_id, epoch, partition, kind, worker, start, end, status, num_examples, "
-            "state_bytes, metrics, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                round_, u.config_id, u.epoch, u.partition, u.kind, report.worker, report.start, report.end, status,
-                report.num_examples, report.state_bytes, json.dumps(report.metrics), report.error,
-            ),
-        )
+        with self._tx():
+            self._insert("units", {
+                "round": round_, "config_id": u.config_id, "epoch": u.epoch, "partition": u.partition, "kind": u.kind,
+                "worker": report.worker, "start": report.start, "end": report.end, "status": status,
+                "num_examples": report.num_examples, "state_bytes": report.state_bytes,
+                "metrics": json.dumps(report.metrics), "error": report.error})
 
     def units(self, status: str | None = "done") -> pd.DataFrame:
         where, args = ("WHERE status = ?", (status,)) if status else ("", ())
@@ -212,11 +425,13 @@ class SQLiteCatalog:
 
     # ---- epochs -------------------------------------------------------------------------------------------------
     def add_epoch(self, config_id: int, epoch: int, round_: int, metrics: dict[str, float]) -> None:
-        self._write("INSERT OR REPLACE INTO epochs VALUES (?, ?, ?, ?)", (config_id, epoch, round_, json.dumps(metrics)))
+        with self._tx():
+            self._insert("epochs", _epoch_row(config_id, epoch, round_, metrics), replace=True)
 
     def epochs(self) -> pd.DataFrame:
         rows = self._read("SELECT config_id, epoch, round, metrics FROM epochs ORDER BY config_id, epoch")
-        records = [{"config_id": c, "epoch": e, "round": r, **json.loads(m)} for c, e, r, m in rows]
+        records = [{"config_id": c, "epoch": e, "round": r, **_loads(m, f"epochs (config {c}, epoch {e})", dict)}
+                   for c, e, r, m in rows]
         return pd.DataFrame.from_records(records, columns=None if records else ["config_id", "epoch", "round"])
 
     # ---- rounds: the atomic commit point of resume ------------------------------------------------------------
@@ -231,21 +446,16 @@ class SQLiteCatalog:
         """Record the end of a round in one transaction: epoch metrics `(config, epoch, metrics)`, config updates
         `(config, status, epochs, outcome)`, configs the procedure added `(id, config, parent, first_round)`, and the
         procedure's signed state. Resume restarts from the last committed round."""
-        stmts: list[tuple[str, tuple]] = []
-        for cid, epoch, metrics in epochs:
-            stmts.append(("INSERT OR REPLACE INTO epochs VALUES (?, ?, ?, ?)", (cid, epoch, round_, json.dumps(metrics))))
-        for cid, status, n, outcome in statuses:
-            stmts.append(("UPDATE configs SET status = ?, epochs = ?, outcome = ? WHERE id = ?", (status, n, outcome, cid)))
-        for cid, config, parent, first in new_configs:
-            text = json.dumps(config, default=str)
-            stmts.append((
-                "INSERT INTO configs (id, config, status, epochs, parent, first_round, signature) "
-                "VALUES (?, ?, 'active', 0, ?, ?, ?)",
-                (cid, text, parent, first, self._sign("config", cid, text)),
-            ))
-        blob, sig = procedure if procedure is not None else (None, None)
-        stmts.append(("INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?)", (round_, time.time(), blob, sig)))
-        self.transaction(stmts)
+        blob, signature = procedure if procedure is not None else (None, None)
+        with self._tx():
+            for cid, epoch, metrics in epochs:
+                self._insert("epochs", _epoch_row(cid, epoch, round_, metrics), replace=True)
+            for cid, status, n, outcome in statuses:
+                self._update("configs", {"id": cid}, {"status": status, "epochs": n, "outcome": outcome})
+            for cid, config, parent, first in new_configs:
+                self._insert("configs", _config_row(cid, config, "active", parent, first))
+            self._insert("rounds", {"round": round_, "committed": time.time(), "procedure": blob,
+                                    "signature": signature}, replace=True)
 
     def last_round(self) -> tuple[int, bytes | None, str | None]:
         """(round, procedure blob, signature) of the last committed round; round -1 before the first commit."""
@@ -262,38 +472,94 @@ class SQLiteCatalog:
         return seqs
 
     def mark_units(self, seqs: list[int], status: str) -> None:
-        self._write("UPDATE units SET status = ? WHERE seq = ?", [(status, int(s)) for s in seqs])
+        with self._tx():
+            for s in seqs:
+                self._update("units", {"seq": int(s)}, {"status": status})
 
     # ---- checkpoints and events ---------------------------------------------------------------------------------
     def add_checkpoint(self, config_id: int, epoch: int, units: int, path: str, sha256: str, nbytes: int) -> None:
-        self._write(
-            "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (config_id, epoch, units, self._relative(path), sha256, nbytes, time.time()),
-        )
+        """Record a checkpoint file, which must lie inside the run directory (it is stored relative to it)."""
+        rel = os.path.relpath(os.path.abspath(path), self.root)
+        confine(self.root, rel, f"the checkpoint of config {config_id}")
+        with self._tx():
+            self._insert("checkpoints", {"config_id": config_id, "epoch": epoch, "units": units, "path": rel,
+                                         "sha256": sha256, "bytes": nbytes, "written": time.time()}, replace=True)
 
-    def checkpoints(self, config_id: int) -> list[tuple[int, int, str, str]]:
-        """(epoch, units, absolute path, sha256) of a config's checkpoints, newest first."""
+    def checkpoints(self, config_id: int, resolve: bool = True) -> list[tuple[int, int, str, str]]:
+        """(epoch, units, absolute path, sha256) of a config's checkpoints, newest first. A stored path that leads
+        outside the run directory raises `UnsafePathError` naming its row; `resolve=False` gives the stored paths
+        as they are, for a caller that resolves each one (`resolve`) and treats a refused one as unusable."""
         rows = self._read(
             "SELECT epoch, units, path, sha256 FROM checkpoints WHERE config_id = ? ORDER BY units DESC", (config_id,)
         )
-        return [(e, u, os.path.join(self.root, p), d) for e, u, p, d in rows]  # an absolute p (older runs) stays
+        return [(e, u, self.resolve(p, config_id, u) if resolve else p, d) for e, u, p, d in rows]
 
-    def _relative(self, path: str) -> str:
-        """`path` relative to the catalog's directory when it lies under it (it then moves with the run)."""
-        rel = os.path.relpath(os.path.abspath(path), self.root)
-        return path if rel.startswith(os.pardir) else rel
+    def resolve(self, stored: Any, config_id: int, units: int) -> str:
+        """The absolute path of a checkpoint row's stored path, confined to the run directory."""
+        return confine(self.root, stored, f"checkpoints (config {config_id}, units {units})")
+
+    def checkpoint_units(self, config_id: int) -> list[int]:
+        """How many training units each of a config's recorded checkpoints holds, newest first (no path is read)."""
+        return [int(u) for (u,) in self._read(
+            "SELECT units FROM checkpoints WHERE config_id = ? ORDER BY units DESC", (config_id,))]
 
     def add_event(self, kind: str, **detail: Any) -> None:
-        self._write("INSERT INTO events VALUES (?, ?, ?)", (time.time(), kind, json.dumps(detail, default=str)))
+        with self._tx():
+            self._insert("events", {"time": time.time(), "kind": kind, "detail": json.dumps(detail, default=str)})
 
     def events(self) -> pd.DataFrame:
         rows = self._read("SELECT time, kind, detail FROM events ORDER BY rowid")
         return pd.DataFrame(rows, columns=["time", "kind", "detail"])
 
 
-def _content(run_id: str | None, table: str, key: Any, text: str) -> str:
-    """What a row's signature covers: the run's id, the table, the row's key and its JSON text as stored."""
-    return f"{run_id}\0{table}\0{key}\0{text}"
+def _config_row(config_id: int, config: dict[str, Any], status: str, parent: int | None, first: int) -> dict:
+    return {"id": config_id, "config": json.dumps(config, default=str), "status": status, "epochs": 0,
+            "parent": parent, "error": None, "first_round": first, "outcome": None}
+
+
+def _epoch_row(config_id: int, epoch: int, round_: int, metrics: dict[str, float]) -> dict:
+    return {"config_id": config_id, "epoch": epoch, "round": round_, "metrics": json.dumps(metrics)}
+
+
+def describe_problems(problems: list[str], shown: int = 3) -> str:
+    """The first `shown` of `verify()`'s lines, and how many more."""
+    more = f" and {len(problems) - shown} more" if len(problems) > shown else ""
+    return "; ".join(problems[:shown]) + more
+
+
+def check_verified(catalog: SQLiteCatalog, what: str, trust_unverified: bool) -> list[str]:
+    """Refuse (`UnverifiedRunError`) a run that does not verify unless the caller accepts it (then warn); returns
+    what did not verify. `what` is the refusing action, e.g. "resume"."""
+    problems = catalog.verify()
+    if problems and not trust_unverified:
+        raise UnverifiedRunError(
+            f"{what} refuses the run in {catalog.root}: it is not verified ({describe_problems(problems)}). Runs "
+            "made on this machine verify; a run from someone else, or one edited since, does not. If you trust its "
+            f"source, pass trust_unverified=True (CLI: --trust-unverified) to {what} it anyway; nothing it holds is "
+            "re-signed")
+    if problems:
+        warnings.warn(UnverifiedRunWarning(f"{what} of the unverified run in {catalog.root} "
+                                           f"({describe_problems(problems)}), accepted by trust_unverified=True"),
+                      stacklevel=3)
+    return problems
+
+
+def _label(table: _Table, values: Iterable[Any]) -> str:
+    try:
+        return table.label.format(**dict(zip(table.names, values)))
+    except (KeyError, ValueError, TypeError):  # a value mangled past formatting
+        return f"a row of table {table.name}"
+
+
+def _loads(text: Any, what: str, kind: type | None = None) -> Any:
+    """JSON from a catalog column, or `CatalogError` naming the row (a hand-edited run.db is not a traceback)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise CatalogError(f"run.db's {what} is not valid JSON ({str(text)[:60]!r}): the catalog was edited") from e
+    if kind is not None and not isinstance(value, kind):
+        raise CatalogError(f"run.db's {what} holds a {type(value).__name__}, not a {kind.__name__}")
+    return value
 
 
 def parent_id(value: Any) -> int | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from framework.engine.catalog import SQLiteCatalog
+from framework.engine.catalog import SQLiteCatalog, UnsafePathError, confine
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -45,10 +45,18 @@ def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
 
 def remove_partial(directory: str) -> int:
     """Remove the temporary files a crashed writer left in `directory`; returns how many."""
+    _confine_folder(directory)
     partial = [f for f in os.listdir(directory) if PARTIAL in f] if os.path.isdir(directory) else []
     for f in partial:
         os.remove(os.path.join(directory, f))
     return len(partial)
+
+
+def _confine_folder(directory: str) -> None:
+    """A run's `checkpoints` folder that is a link out of the run directory is refused before anything in it is
+    written or removed."""
+    directory = os.path.abspath(directory)
+    confine(os.path.dirname(directory), os.path.basename(directory), "the checkpoint folder")
 
 
 def load_latest_verified(catalog: Any, config_id: int) -> tuple[dict[str, Any], int, int, list[tuple[str, str]]]:
@@ -56,13 +64,14 @@ def load_latest_verified(catalog: Any, config_id: int) -> tuple[dict[str, Any], 
     lists the newer checkpoints that failed as (path, reason) and `state["checkpoint"]` says which file was loaded
     ({"path", "epoch", "units", "latest"}). Raises `CorruptCheckpointError` when none verifies."""
     skipped: list[tuple[str, str]] = []
-    for epoch, units, path, digest in catalog.checkpoints(config_id):
+    for epoch, units, stored, digest in catalog.checkpoints(config_id, resolve=False):
         try:
+            path = catalog.resolve(stored, config_id, units)  # a row that leads outside the run is unusable
             state = load_verified(path, digest)
             state["checkpoint"] = {"path": path, "epoch": epoch, "units": units, "latest": not skipped}
             return state, epoch, units, skipped
-        except CorruptCheckpointError as e:
-            skipped.append((path, str(e)))
+        except (CorruptCheckpointError, UnsafePathError) as e:
+            skipped.append((str(stored), str(e)))
     reasons = "; ".join(r for _, r in skipped) or "none written"
     raise CorruptCheckpointError(f"no valid checkpoint for config {config_id}: {reasons}")
 
@@ -110,10 +119,11 @@ class CheckpointStore:
     """
 
     def __init__(self, directory: str, catalog: SQLiteCatalog, keep: int = 2, writers: int = 4) -> None:
+        _confine_folder(directory)
+        os.makedirs(directory, exist_ok=True)
         self.directory = directory
         self.catalog = catalog
         self.keep = keep
-        os.makedirs(directory, exist_ok=True)
         # config -> (epoch, units, write(path) -> (sha256, bytes), whether it is under way already)
         self._latest: dict[int, tuple[int, int, Callable[[str], tuple[str, int]], bool]] = {}
         self._superseded: list[tuple[str, Callable[[str], tuple[str, int]]]] = []  # started, then coalesced away
@@ -181,9 +191,10 @@ class CheckpointStore:
                 path = self.path(config_id, units)
                 digest, size = write(path)
                 self.catalog.add_checkpoint(config_id, epoch, units, path, digest, size)
-                for _, _, old_path, _ in self.catalog.checkpoints(config_id)[self.keep :]:
+                # the older files go by the name this store gives them, in its own folder: never by a stored path
+                for old in self.catalog.checkpoint_units(config_id)[self.keep :]:
                     with contextlib.suppress(FileNotFoundError):
-                        os.remove(old_path)
+                        os.remove(self.path(config_id, old))
             except Exception as e:  # noqa: BLE001 - recorded and surfaced by flush()
                 self._errors.append(f"config {config_id}: {e!r}")
             finally:

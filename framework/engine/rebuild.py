@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from framework.engine.catalog import SQLiteCatalog, parent_id
+from framework.engine.catalog import SQLiteCatalog, UnsafePathError, parent_id
 from framework.engine.checkpoint import PARTIAL, CorruptCheckpointError, load_latest_verified, write_atomic
 from framework.engine.worker import UnitTask, Worker, self_contained, unpack_state
 from framework.scheduling import TRAIN, Unit
@@ -55,10 +55,10 @@ def rebuild_checkpoints(
     done = done[done.kind == TRAIN].sort_values("seq")
     outcomes = []
     for row in configs[configs.status == "active"].itertuples():
-        cid, checkpoints = int(row.config_id), catalog.checkpoints(int(row.config_id))
+        cid, checkpoints = int(row.config_id), catalog.checkpoints(int(row.config_id), resolve=False)
         if not checkpoints:
             continue
-        _, units, path, digest = checkpoints[0]
+        _, units, stored, digest = checkpoints[0]
         t0 = time.perf_counter()
         try:
             start, _, start_units, skipped = load_latest_verified(catalog, cid)
@@ -80,7 +80,12 @@ def rebuild_checkpoints(
             why = (f"it would re-run {len(todo)} training units in the driver, more than `max_units` ({max_units}); "
                    "not rebuilt")
         else:
-            why = _rerun(todo, start, dict(row.config), fns, entries, seed, num_threads, device, path, digest)
+            try:  # the file is replaced only inside the run directory
+                path = catalog.resolve(stored, cid, units)
+            except UnsafePathError as e:
+                why = str(e)
+            else:
+                why = _rerun(todo, start, dict(row.config), fns, entries, seed, num_threads, device, path, digest)
         detail = {"config_id": cid, "units": units, "from_units": start_units, "rerun": len(todo),
                   "seconds": round(time.perf_counter() - t0, 3)}
         if why is None:

@@ -6,14 +6,17 @@
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import random
+import shutil
 import signal
 import tempfile
 import threading
 import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -233,8 +236,18 @@ class UnitReport:
     error: str | None = None  # traceback of a failure in user code
 
 
+#: the prefix of a worker's activation-cache folder (layer freezing with `cache=True`)
+CACHE_PREFIX = "modelhopper-w"
+
+
 class Worker:
-    """Runs units on the partitions it holds. Failures in user code come back as `UnitReport.error`."""
+    """Runs units on the partitions it holds. Failures in user code come back as `UnitReport.error`.
+
+    With layer freezing and `cache=True`, the worker keeps activation caches in a folder `modelhopper-w<id>-*`, made
+    on first use under `cache_dir` (default: the system's temporary folder). `close()` removes it; so does the
+    worker's garbage collection or its process's normal exit. A worker killed outright cannot: a run gives its
+    workers a `cache_dir` of its own and removes that when it ends.
+    """
 
     def __init__(
         self,
@@ -248,6 +261,7 @@ class Worker:
         freezing: Mapping[str, Any] | None = None,
         extract: Callable | None = None,
         data_on_device: bool = False,
+        cache_dir: str | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.data_on_device = data_on_device
@@ -262,9 +276,38 @@ class Worker:
         self.freezing = dict(freezing) if freezing is not None else None
         # (config, generation) -> frozen weights this worker holds (received or published), and their handle
         self._frozen: dict[tuple[int, int], tuple[dict[str, torch.Tensor], Any]] = {}
-        self._cache_root = tempfile.mkdtemp(prefix=f"modelhopper-w{worker_id}-") if self.freezing else None
+        self._cache_parent = cache_dir
+        self._cache_root: str | None = None  # made on first use (`_cache_folder`)
+        self._cache_removal: weakref.finalize | None = None
         self.extract = extract
         self.extraction: dict[str, Any] = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
+
+    def close(self) -> None:
+        """Remove this worker's activation caches (the backend calls it before it stops the worker)."""
+        if self._cache_removal is not None:
+            self._cache_removal()
+        self._cache_root = self._cache_removal = None
+        if self._cache_parent is not None:
+            try:  # the run's folder for caches, once no worker of this node uses it (the run removes its own)
+                os.rmdir(self._cache_parent)
+            except OSError:
+                pass
+
+    def _cache_folder(self) -> str:
+        if self._cache_root is None:
+            for _ in range(3):  # another worker's `close` may remove the empty parent between the two calls
+                if self._cache_parent is not None:
+                    os.makedirs(self._cache_parent, exist_ok=True)
+                try:
+                    root = tempfile.mkdtemp(prefix=f"{CACHE_PREFIX}{self.worker_id}-", dir=self._cache_parent)
+                    break
+                except FileNotFoundError:
+                    continue
+            else:
+                raise FileNotFoundError(f"cannot make an activation cache under {self._cache_parent!r}")
+            self._cache_root = root
+            self._cache_removal = weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
+        return self._cache_root
 
     # ---- data -------------------------------------------------------------------------------------------------
     def load(
@@ -363,7 +406,7 @@ class Worker:
             modules = split_children(model)
         else:
             modules = split_regex(model, split)
-        cache_dir = os.path.join(self._cache_root, f"c{unit.config_id}-p{unit.partition}") if cache else None
+        cache_dir = os.path.join(self._cache_folder(), f"c{unit.config_id}-p{unit.partition}") if cache else None
         controller = FreezingController(model, modules, cache_dir=cache_dir, **opts)
         if state is not None and state.get("freezing") is not None:
             controller.load_state_dict(state["freezing"])
@@ -472,7 +515,7 @@ class Worker:
                 if self.freezing is not None:
                     new_state["freezing"] = freezing_state
                     self._split_frozen(unit.config_id, model, new_state)
-            report.num_examples = int(metrics.pop("num_examples", data_len(data)))
+            report.num_examples = metrics.pop("num_examples") if "num_examples" in metrics else data_len(data)
             report.metrics = metrics
             new_state = pack_state(new_state)
             report.state_bytes = state_nbytes(new_state)
@@ -519,11 +562,25 @@ def _check_metrics(metrics: Any, fn_name: str) -> dict[str, float]:
     for k, v in metrics.items():
         if isinstance(v, torch.Tensor):
             v = v.item()
+        if k == "num_examples":
+            out[k] = _check_num_examples(v, fn_name)
+            continue
         try:
             out[str(k)] = float(v)
         except (TypeError, ValueError):
             raise TypeError(f"{fn_name} returned metric {k!r} = {v!r}, which is not a number") from None
-    for k, v in out.items():
-        if "loss" in k and not math.isfinite(v):
-            raise FloatingPointError(f"{fn_name} returned a non-finite loss: {k} = {v}")
+    # a NaN would rank silently (last, or not at all): it fails the config instead, named by a loss where one is
+    for k, v in sorted(out.items(), key=lambda kv: "loss" not in kv[0]):
+        if not math.isfinite(v):
+            raise FloatingPointError(f"{fn_name} returned a non-finite {'loss' if 'loss' in k else 'metric'}: "
+                                     f"{k} = {v}")
     return out
+
+
+def _check_num_examples(v: Any, fn_name: str) -> int:
+    """`num_examples` as returned by user code: the examples a unit used, which weight its metrics in the epoch's
+    mean (so 0 would drop them, and a negative count would flip them)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or not float(v).is_integer() or v < 1:
+        raise ValueError(f"{fn_name} returned `num_examples` = {v!r}, but it must be a positive int (the examples "
+                         "the unit used, which weight its metrics in the epoch's mean)")
+    return int(v)

@@ -96,6 +96,11 @@ def test_load_procedure_rejects_unknown_options_listing_the_known_ones(space):
         automl.load_procedure("hyperband", space=space, max_epochs=9, grace=1)
 
 
+def test_load_procedure_names_the_options_a_class_needs(space):
+    with pytest.raises(TypeError, match=r"HyperBand needs the option\(s\) \['max_epochs'\], which were not given"):
+        automl.load_procedure("automl.hyperband:HyperBand", space=space)
+
+
 def test_load_procedure_rejects_options_with_an_instance(space):
     with pytest.raises(TypeError, match=r"options \['eta'\] were given as well"):
         automl.load_procedure(automl.HyperBand(space, max_epochs=9), eta=3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 
 import pytest
 
@@ -73,3 +74,40 @@ def test_every_command_shows_its_defaults_in_help(capsys):
             cli([command, "--help"])
         out = capsys.readouterr().out
         assert "(default:" in out, command
+
+
+def _emptied_meta_run(path) -> str:
+    run = _run_dir(path)
+    conn = sqlite3.connect(os.path.join(run, CATALOG_FILE))
+    conn.execute("DELETE FROM meta")
+    conn.commit()
+    conn.close()
+    return run
+
+
+@pytest.mark.filterwarnings("ignore::framework.engine.catalog.UnverifiedRunWarning")  # emptied: it cannot verify
+def test_replay_of_a_run_whose_meta_was_emptied_is_one_line_and_exit_code_2(tmp_path, capsys):
+    run = _emptied_meta_run(tmp_path / "run")
+    assert cli(["replay", run, "--trust-unverified"]) == 2
+    err = capsys.readouterr().err
+    assert "error: `storage_path`" in err and "meta lacks ['functions'" in err and "Traceback" not in err
+    assert len([line for line in err.strip().splitlines() if "error:" in line]) == 1
+    assert sorted(os.listdir(run)) == [CATALOG_FILE]  # no replay folder was made
+
+
+@pytest.mark.filterwarnings("ignore::framework.engine.catalog.UnverifiedRunWarning")
+def test_show_of_a_run_whose_meta_was_emptied_warns_on_stderr(tmp_path, capsys):
+    run = _emptied_meta_run(tmp_path / "run")
+    assert cli(["show", run]) == 0
+    captured = capsys.readouterr()
+    warning = [line for line in captured.err.splitlines() if "has no meta" in line]
+    assert len(warning) == 1 and warning[0].startswith("python -m framework show: warning: the run in ")
+    assert "config/lr" in captured.out
+
+
+def test_replay_out_that_is_a_file_names_the_flag(tmp_path, capsys):
+    run = _run_dir(tmp_path / "run")
+    (tmp_path / "a-file").write_text("x")
+    assert cli(["replay", run, "--out", str(tmp_path / "a-file")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: `--out` is '{tmp_path / 'a-file'}', but it is a file" in err and "Traceback" not in err

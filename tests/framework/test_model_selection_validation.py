@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 import automl
 import framework
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.storage import StorageUnreachableError
 
 X = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
 Y = (X[:, 0] > 0).astype(np.int64)
@@ -133,3 +136,85 @@ def test_a_run_without_storage_path_gets_a_named_folder_under_the_storage_root(m
     assert _make(name="my-run").storage_path == str(tmp_path / "my-run")
     with pytest.raises(ValueError, match=r"`name` is 'a/b', but must be a non-empty folder name"):
         _make(name="a/b")
+
+
+def test_validation_rejects_an_empty_storage_path():
+    with pytest.raises(ValueError, match=r"`storage_path` is '', but must be a non-empty path, a URI or None"):
+        _make(storage_path="")
+
+
+def test_validation_rejects_a_storage_path_that_is_a_file(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ValueError, match=r"`storage_path` is '.*a-file', but the run's folder .* cannot be made: it "
+                                         r"is a file"):
+        _make(storage_path=str(tmp_path / "a-file"))
+    with pytest.raises(ValueError, match=r"cannot be made: its parent '.*a-file' is a file"):
+        _make(storage_path=str(tmp_path / "a-file" / "run"))
+
+
+def test_validation_rejects_worker_resources_that_are_not_a_dict():
+    with pytest.raises(TypeError, match=r"`worker_resources` is 'CPU', but must be a dict of Ray resource names"):
+        _make(worker_resources="CPU")
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, True, "1"])
+def test_validation_rejects_a_resource_amount_that_is_not_a_finite_number(bad):
+    with pytest.raises(ValueError, match=rf"`worker_resources\['CPU'\]` is {re.escape(repr(bad))}, but must be a "
+                                         r"finite number >= 0"):
+        _make(worker_resources={"CPU": bad})
+
+
+@pytest.mark.parametrize("name", ["cpu", "Gpu"])
+def test_validation_rejects_a_lower_case_resource_name_with_a_hint(name):
+    with pytest.raises(ValueError, match=rf"`worker_resources` has the key '{name}', but Ray resource names are "
+                                         rf"case-sensitive: did you mean '{name.upper()}'\?"):
+        _make(worker_resources={name: 1})
+    import ray
+
+    assert not ray.is_initialized()  # refused before Ray started
+
+
+def test_validation_rejects_a_bool_seed():
+    with pytest.raises(TypeError, match=r"`seed` is True, but must be an int >= 0"):
+        _make(seed=True)
+
+
+def test_validation_rejects_a_negative_seed():
+    with pytest.raises(ValueError, match=r"`seed` is -1, but must be an int >= 0"):
+        _make(seed=-1)
+
+
+def test_validation_rejects_a_bool_num_workers():
+    with pytest.raises(ValueError, match=r"`num_workers` is True, but must be an int >= 1"):
+        _make(num_workers=True)
+
+
+@pytest.mark.parametrize("bad", [True, math.inf, math.nan, 0])
+def test_validation_rejects_a_unit_timeout_that_is_not_a_finite_positive_number(bad):
+    with pytest.raises(ValueError, match=rf"`unit_timeout_s` is {bad!r}, but must be a finite number > 0 or None"):
+        _make(unit_timeout_s=bad)
+
+
+@pytest.mark.parametrize("arg", ["max_unit_retries", "max_worker_restarts"])
+def test_validation_rejects_a_bool_retry_count(arg):
+    with pytest.raises(ValueError, match=rf"`{arg}` is True, but must be an int >= 0"):
+        _make(**{arg: True})
+
+
+def test_validation_rejects_a_procedure_string_that_needs_options():
+    with pytest.raises(TypeError, match=r"`procedure` is 'automl:GridSearch': GridSearch needs the option\(s\) "
+                                        r"\['space', 'epochs'\]"):
+        _make(procedure="automl:GridSearch")
+
+
+def test_validation_rejects_a_procedure_string_that_does_not_import():
+    with pytest.raises(ValueError, match=r"`procedure` is 'automl:NoSuchSearch': .* has no attribute"):
+        _make(procedure="automl:NoSuchSearch")
+
+
+def test_validation_rejects_an_unreachable_uri_storage_path():
+    # nothing listens on port 9: pyarrow's S3 client gives up after its retries (a few seconds)
+    uri = "s3://bucket/runs/x?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1"
+    with pytest.raises(StorageUnreachableError, match=r"`storage_path` is 's3://bucket/runs/x\?.*', but it cannot be "
+                                                      r"listed: .*"):
+        _make(storage_path=uri)

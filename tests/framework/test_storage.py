@@ -3,8 +3,12 @@ that move, and reads that never write."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,7 @@ import torch
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import write_atomic
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.storage import STORAGE_ENV, RunStorage, default_root, is_uri
+from framework.storage import READ_PREFIX, STORAGE_ENV, RunStorage, default_root, is_uri
 
 
 def _run_dir(path) -> str:
@@ -84,3 +88,80 @@ def test_a_run_mirrored_to_a_uri_opens_from_the_uri(tmp_path, monkeypatch):
     assert torch.equal(result.load_state(0)["model"]["w"], torch.full((3,), 2.0))
     with pytest.raises(FileNotFoundError, match="holds no run.db"):
         Result.open(f"file://{tmp_path}/remote/nothing")
+
+
+def _mirrored_run(tmp_path, monkeypatch) -> str:
+    """A run mirrored to a file:// URI, and the temporary folder of this test as the system's (so counting its
+    entries sees no other process)."""
+    monkeypatch.setenv(STORAGE_ENV, str(tmp_path / "root"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    uri = f"file://{tmp_path}/remote/run"
+    storage = RunStorage(uri, "run")
+    _run_dir(Path(storage.local))
+    storage.push(force=True)
+    shutil.rmtree(storage.local)
+    return uri
+
+
+def _copies() -> list[str]:
+    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(READ_PREFIX)]
+
+
+def test_result_open_of_a_uri_removes_its_copy_when_closed(tmp_path, monkeypatch):
+    uri = _mirrored_run(tmp_path, monkeypatch)
+    for _ in range(5):
+        with Result.open(uri) as result:
+            assert len(_copies()) == 1
+            assert torch.equal(result.load_state(0)["model"]["w"], torch.full((3,), 2.0))
+    for _ in range(5):
+        result = Result.open(uri)
+        result.close()
+        result.close()
+    assert _copies() == []
+    with pytest.raises(ValueError, match="this Result was closed: its copy of the run .* is removed"):
+        result.load_state(0)
+    assert result.best_config_id == 0  # what was read stays readable
+
+
+def test_result_open_of_a_uri_keeps_its_copy_while_in_use_and_removes_it_when_collected(tmp_path, monkeypatch):
+    uri = _mirrored_run(tmp_path, monkeypatch)
+    best = Result.open(uri).get_best_result()  # the Result lives on in the config it returned
+    gc.collect()
+    assert len(_copies()) == 1 and best._result.load_state(0)["checkpoint"]["latest"]
+    del best
+    gc.collect()
+    assert _copies() == []
+
+
+def test_result_open_of_a_uri_removes_its_copy_at_interpreter_exit(tmp_path, monkeypatch):
+    uri = _mirrored_run(tmp_path, monkeypatch)
+    code = f"from framework.result import Result; r = Result.open({uri!r}); import sys; sys.r = r; print(r.storage_path)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")}, cwd=os.getcwd())
+    assert out.stdout.strip().startswith(str(tmp_path / "tmp" / READ_PREFIX))  # it did make a copy there
+    assert _copies() == []
+
+
+def test_show_of_a_uri_leaves_no_copy(tmp_path, monkeypatch, capsys):
+    from framework.__main__ import main as cli
+
+    uri = _mirrored_run(tmp_path, monkeypatch)
+    assert cli(["show", uri]) == 0 and "valid_loss" in capsys.readouterr().out
+    assert _copies() == []
+
+
+def test_result_open_of_a_uri_that_holds_no_run_leaves_no_folder(tmp_path, monkeypatch):
+    uri = _mirrored_run(tmp_path, monkeypatch)
+    with pytest.raises(FileNotFoundError, match="holds no run.db"):
+        Result.open(uri.replace("/remote/run", "/remote/nothing"))
+    assert _copies() == []
+
+
+def test_replay_of_a_uri_removes_its_copy_also_when_it_fails(tmp_path, monkeypatch):
+    from framework.replay import replay
+
+    uri = _mirrored_run(tmp_path, monkeypatch)  # a run made by hand: its meta lacks what replay needs
+    with pytest.raises(ValueError, match="lacks"):
+        replay(uri, out_path=str(tmp_path / "replayed"))
+    assert _copies() == []

@@ -14,7 +14,7 @@ import automl
 import framework
 import framework.__main__
 from framework.driver.units import MetricNotReportedError
-from framework.engine.catalog import SQLiteCatalog
+from framework.engine.catalog import SQLiteCatalog, UnverifiedRunError, UnverifiedRunWarning
 from framework.engine.signing import SignatureError
 from framework.examples import (
     classifier_eval_fn,
@@ -105,24 +105,27 @@ def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path):
     on_cpu = framework.replay(result.storage_path, device="cpu")
     assert on_cpu.storage_path.endswith("replay-2") and on_cpu.meta["replay_device"] == "cpu"  # never overwritten
     assert (on_cpu.metrics.valid_loss.to_numpy() == again.metrics.valid_loss.to_numpy()).all()
-    # a run directory cannot make replay import and call what it names: every meta and config row is signed
+    # a run directory cannot make replay import and call what it names: every row is signed
     db = os.path.join(result.storage_path, "run.db")
     planted = tmp_path / "planted"
     original = _edit(db, "SELECT value FROM meta WHERE key = 'functions'")[0][0]
     _edit(db, "UPDATE meta SET value = ? WHERE key = 'functions'",
           (json.dumps({**json.loads(original), "model_fn": "os:system"}),))
     _edit(db, "UPDATE configs SET config = ? WHERE id = 0", (json.dumps(f"touch {planted}"),))
-    with pytest.raises(SignatureError, match=r"model_fn=os:system, .* rows meta 'functions', config 0 are not signed"):
+    with pytest.raises(UnverifiedRunError, match=r"replay refuses .*meta 'functions' does not verify .*config 0"):
         framework.replay(result.storage_path, device="cpu")
+    with pytest.raises(SignatureError, match=r"model_fn=os:system, .* does not verify"), \
+            pytest.warns(UnverifiedRunWarning):  # a caller who accepts the run: still nothing it names is imported
+        framework.replay(result.storage_path, device="cpu", trust_unverified=True)
     assert framework.__main__.main(["replay", result.storage_path, "--device", "cpu"]) == 2
     assert not planted.exists()  # nothing ran
     _edit(db, "UPDATE meta SET value = ? WHERE key = 'functions'", (original,))  # the names as they were
-    with pytest.raises(SignatureError, match=r"rows config 0 are not signed"):  # an edited config alone is refused
+    with pytest.raises(UnverifiedRunError, match=r"\(config 0 does not verify"):  # an edited config alone is refused
         framework.replay(result.storage_path, device="cpu")
     _edit(db, "UPDATE configs SET config = ? WHERE id = 0", (json.dumps(result.configs[0]),))
     threads = _edit(db, "SELECT value FROM meta WHERE key = 'num_threads'")[0][0]
     _edit(db, "UPDATE meta SET value = '3' WHERE key = 'num_threads'")  # so is any meta row
-    with pytest.raises(SignatureError, match=r"rows meta 'num_threads' are not signed"):
+    with pytest.raises(UnverifiedRunError, match=r"\(meta 'num_threads' does not verify"):
         framework.replay(result.storage_path, device="cpu")
     _edit(db, "UPDATE meta SET value = ? WHERE key = 'num_threads'", (threads,))
     passed = framework.replay(result.storage_path, device="cpu", model_fn=mlp_model_fn, train_fn=classifier_train_fn,

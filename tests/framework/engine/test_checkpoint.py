@@ -65,7 +65,7 @@ def test_checkpoint_keeps_only_the_two_newest_files(store):
 
 
 def test_signed_pickle_detects_tampering(monkeypatch):
-    monkeypatch.setenv("MODELHOPPER_SECRET", "test-key")
+    monkeypatch.setenv("MODELHOPPER_SECRET", "test-key-" * 4)
     blob, sig = dumps_signed({"a": 1})
     assert loads_signed(blob, sig) == {"a": 1}
     with pytest.raises(SignatureError):

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import os
+import tempfile
 
+import numpy as np
+import pytest
 import torch
 
 from framework.data import PartitionedDataset
-from framework.engine.worker import PackedState, UnitTask, Worker, epoch_metrics, pack_state, unpack_state
+from framework.engine.worker import (
+    CACHE_PREFIX,
+    PackedState,
+    UnitTask,
+    Worker,
+    epoch_metrics,
+    pack_state,
+    unpack_state,
+)
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.scheduling import EVAL, TRAIN, Unit
 
@@ -98,3 +111,73 @@ def test_data_on_device_moves_every_partition_tensor_once_at_load():
     for key, data in moved.data.items():
         assert all(t.device.type == "meta" for t in data), key
         assert all(t.device.type == "cpu" for t in kept.data[key]), key
+
+
+@pytest.mark.parametrize("kind, value", [(EVAL, math.nan), (EVAL, math.inf), (TRAIN, -math.inf)])
+def test_worker_fails_a_unit_whose_metric_is_not_finite(kind, value):
+    def train_fn(model, optimizer, data, config):
+        return {"loss": 0.5, "accuracy": value}
+
+    def eval_fn(model, data, config):
+        return {"loss": 0.5, "accuracy": value}
+
+    w = Worker(0, mlp_model_fn, train_fn, eval_fn)
+    w.data = _worker().data
+    state, report = w.run(UnitTask(Unit(0, 0, 0, kind), CONFIG, seed=0), None)
+    fn_name = "train_fn" if kind == TRAIN else "eval_fn"
+    assert state is None and f"{fn_name} returned a non-finite metric: accuracy = {value}" in report.error
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True, math.nan, "7"])
+def test_worker_fails_a_unit_whose_num_examples_is_not_a_positive_int(bad):
+    def train_fn(model, optimizer, data, config):
+        return {"loss": 0.5, "num_examples": bad}
+
+    w = _worker(train_fn)
+    state, report = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=0), None)
+    assert state is None
+    assert f"train_fn returned `num_examples` = {bad!r}, but it must be a positive int" in report.error
+
+
+@pytest.mark.parametrize("count", [7, 7.0, torch.tensor(7), np.int64(7)])
+def test_worker_takes_num_examples_as_an_int(count):
+    w = _worker(lambda model, optimizer, data, config: {"loss": 0.5, "num_examples": count})
+    _, report = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=0), None)
+    assert report.error is None and report.num_examples == 7 and type(report.num_examples) is int
+    assert report.metrics == {"loss": 0.5}
+
+
+def _cached_worker(tmp_path):
+    x = torch.randn(60, 4, generator=torch.Generator().manual_seed(0))
+    ds = PartitionedDataset.from_arrays(x, (x[:, 0] > 0).long(), num_partitions=2)
+    w = Worker(0, mlp_model_fn, classifier_train_fn, classifier_eval_fn, freezing={"cache": True},
+               cache_dir=str(tmp_path / "run-caches"))
+    w.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)})
+    _, report = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=0), None)
+    assert report.error is None
+    return w
+
+
+def test_worker_close_removes_its_activation_cache_and_the_empty_run_folder(tmp_path):
+    w = _cached_worker(tmp_path)
+    [folder] = os.listdir(tmp_path / "run-caches")
+    assert folder.startswith(f"{CACHE_PREFIX}0-")
+    w.close()
+    assert not (tmp_path / "run-caches").exists()
+    w.close()  # again: nothing left to do
+
+
+def test_worker_activation_cache_goes_with_the_worker(tmp_path):
+    w = _cached_worker(tmp_path)
+    [folder] = os.listdir(tmp_path / "run-caches")
+    del w
+    gc.collect()
+    assert not (tmp_path / "run-caches" / folder).exists()
+
+
+def test_worker_without_an_activation_cache_makes_no_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    w = Worker(0, mlp_model_fn, classifier_train_fn, classifier_eval_fn, freezing={"eval_interval": 4})
+    w.data = _worker().data
+    _, report = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=0), None)
+    assert report.error is None and os.listdir(tmp_path) == []
