@@ -149,7 +149,8 @@ def replay(
         return _replay_dir(storage_path, out_path=out_path, **args)
     copy = RunStorage(storage_path, "replayed").fetch()
     try:
-        return _replay_dir(copy, out_path=out_path or os.path.join(default_root(), run_name("replay")), **args)
+        return _replay_dir(copy, out_path=out_path or os.path.join(default_root(), run_name("replay")), source=storage_path,
+                           **args)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
@@ -165,8 +166,9 @@ def _replay_dir(
     extract: Callable | None = None,
     device: str | None = None,
     trust_unverified: bool = False,
+    source: str | None = None,
 ) -> Result:
-    """`replay` of a run directory on this machine."""
+    """`replay` of a run directory on this machine (`source`: where it came from, when it is a copy)."""
     if out_path is not None and os.path.exists(os.path.join(out_path, CATALOG_FILE)):
         raise FileExistsError(f"`out_path` {out_path!r} already holds a run; choose a new directory")
     if out_path is not None and (why := unusable_dir(out_path)) is not None:
@@ -231,7 +233,7 @@ def _replay_dir(
         used = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn}
         dst.set_meta(**{**{k: v for k, v in meta.items() if k != "run_id"},
                         "functions": {n: function_ref(f) for n, f in used.items()},
-                        "replay_of": os.path.abspath(storage_path), "replay_device": device})
+                        "replay_of": source or os.path.abspath(storage_path), "replay_device": device})
         backend = LocalBackend(
             {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn,
              "freezing": meta.get("freezing"), "extract": extract,

@@ -4,12 +4,14 @@ that raises does not end the run, and a run mirrored to a URI."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 import automl
 import framework
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.storage import READ_PREFIX
 
 pytestmark = pytest.mark.ray
 
@@ -85,3 +87,10 @@ def test_trackers_write_what_their_own_readers_read_back(ray_cluster, digits, tm
     assert sorted(os.listdir(tmp_path / "remote" / "run" / "tensorboard")) == ["config_0", "config_1"]
     again = framework.Result.open(uri)
     assert again.best_config_id == result.best_config_id and len(again.metrics) == 4
+    # a replay of the URI reads a temporary copy, removes it, and writes a new run under the storage root
+    copies = lambda: {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(READ_PREFIX)}  # noqa: E731
+    before = copies()
+    replayed = framework.replay(uri, device="cpu")
+    assert replayed.meta["replay_of"] == uri and replayed.storage_path.startswith(str(tmp_path / "root"))
+    assert list(replayed.metrics.valid_loss) == pytest.approx(list(result.metrics.valid_loss), rel=1e-6)
+    assert copies() <= before
