@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from framework.engine.catalog import confine
+from framework.engine.catalog import CatalogError, confine
 
 
 def _as_tensor(a: Any) -> torch.Tensor:
@@ -165,11 +167,18 @@ class PartitionedDataset:
             return {"kind": "files", "train": [encode_entry(e) for e in self.train],
                     "valid": [encode_entry(e) for e in self.valid]}
         os.makedirs(directory, exist_ok=True)
+        digests = {}  # recorded in the run's signed meta: resume and replay train on exactly these bytes
         for split, parts in (("train", self.train), ("valid", self.valid)):
             for j, part in enumerate(parts):
                 for i, arr in enumerate(part):
-                    np.save(os.path.join(directory, f"{split}_{j}_{i}.npy"), arr.numpy(), allow_pickle=False)
-        return {"kind": "arrays", "num_partitions": self.num_partitions, "fields": len(self.train[0])}
+                    buf = io.BytesIO()
+                    np.save(buf, arr.numpy(), allow_pickle=False)
+                    name = f"{split}_{j}_{i}.npy"
+                    with open(os.path.join(directory, name), "wb") as f:
+                        f.write(buf.getvalue())
+                    digests[name] = hashlib.sha256(buf.getvalue()).hexdigest()
+        return {"kind": "arrays", "num_partitions": self.num_partitions, "fields": len(self.train[0]),
+                "sha256": digests}
 
     @classmethod
     def load(cls, directory: str, description: Mapping[str, Any]) -> PartitionedDataset:
@@ -178,12 +187,19 @@ class PartitionedDataset:
             return cls.from_files([decode_entry(e) for e in description["train"]],
                                   [decode_entry(e) for e in description["valid"]])
 
+        digests = description.get("sha256") or {}
+
+        def field(name: str) -> torch.Tensor:
+            # a file that is a link out of the run's data folder is refused, never read; an edited one is refused
+            with open(confine(directory, name, "the dataset"), "rb") as f:
+                data = f.read()
+            if name in digests and hashlib.sha256(data).hexdigest() != digests[name]:
+                raise CatalogError(f"the dataset file {os.path.join(directory, name)} is not the one the run wrote "
+                                   "(its sha256 differs from the one recorded in run.db)")
+            return torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False))
+
         def read(split: str, j: int) -> tuple[torch.Tensor, ...]:
-            # a file that is a link out of the run's data folder is refused, never read
-            return tuple(
-                torch.from_numpy(np.load(confine(directory, f"{split}_{j}_{i}.npy", "the dataset"), allow_pickle=False))
-                for i in range(description["fields"])
-            )
+            return tuple(field(f"{split}_{j}_{i}.npy") for i in range(description["fields"]))
 
         n = description["num_partitions"]
         return cls([read("train", j) for j in range(n)], [read("valid", j) for j in range(n)], in_memory=True)

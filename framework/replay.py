@@ -223,7 +223,9 @@ def _replay_dir(
     order = [Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind) for r in rows]
     workers = {Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind): int(r.worker) for r in rows}
 
-    out_path = out_path or _free_folder(os.path.join(storage_path, "replay"))
+    if out_path is None:  # inside the run: a `replay` folder planted as a link out of it is refused
+        out_path = _free_folder(os.path.join(storage_path, "replay"))
+        confine(storage_path, os.path.basename(out_path), "the replay folder")
     os.makedirs(os.path.join(out_path, CHECKPOINT_DIR), exist_ok=True)
     # a replay of a run that did not verify is not signed either: nothing re-signs what it could not verify
     dst = SQLiteCatalog(os.path.join(out_path, CATALOG_FILE), sign=not unverified)

@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import tempfile
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import torch
 
-from framework.engine.catalog import CatalogError, SQLiteCatalog, UnverifiedRunWarning, describe_problems
+from framework.engine.catalog import (
+    CHECKPOINT_DIR,  # noqa: F401 - where callers have always imported it from
+    CatalogError,
+    SQLiteCatalog,
+    UnverifiedRunWarning,
+    describe_problems,
+)
 from framework.engine.checkpoint import load_latest_verified
 from framework.trainable import Trainable
 
 CATALOG_FILE = "run.db"
-CHECKPOINT_DIR = "checkpoints"
 #: what a config's `status` says in a Result: it trained its budget, a procedure stopped it early for its results,
 #: its user code failed, or it was still training when the run ended (a crashed run)
 OUTCOMES = ("completed", "pruned", "failed", "active")
@@ -85,20 +92,24 @@ class Result:
         self._copy: weakref.finalize | None = None  # removes a temporary copy this Result reads (see `open`)
         catalog = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
         try:
-            self.unverified: list[str] = catalog.verify()
-            if self.unverified:
-                warnings.warn(UnverifiedRunWarning(
-                    f"the run in {storage_path!r} is not verified: {describe_problems(self.unverified)}. Its "
-                    "numbers may not be what it computed; resume and replay refuse it unless trust_unverified=True "
-                    "(see the README's threat model)"), stacklevel=2)
-            try:
-                self._read(catalog)
-            except (CatalogError, ValueError, TypeError, KeyError, AttributeError) as e:
-                if not self.unverified:
-                    raise
-                raise CatalogError(f"the run in {storage_path!r} is not verified and cannot be read: {e}") from e
+            with catalog.snapshot():  # what is read is what was verified, also while a writer goes on
+                self._verify_and_read(catalog)
         finally:
             catalog.close()
+
+    def _verify_and_read(self, catalog: SQLiteCatalog) -> None:
+        self.unverified: list[str] = catalog.verify()
+        if self.unverified:
+            warnings.warn(UnverifiedRunWarning(
+                f"the run in {self.storage_path!r} is not verified: {describe_problems(self.unverified)}. Its "
+                "numbers may not be what it computed; resume and replay refuse it unless trust_unverified=True "
+                "(see the README's threat model)"), stacklevel=3)
+        try:
+            self._read(catalog)
+        except (CatalogError, ValueError, TypeError, KeyError, AttributeError) as e:
+            if not self.unverified:
+                raise
+            raise CatalogError(f"the run in {self.storage_path!r} is not verified and cannot be read: {e}") from e
 
     @property
     def verified(self) -> bool:
@@ -110,7 +121,7 @@ class Result:
         if not meta:
             warnings.warn(f"the run in {self.storage_path!r} has no meta (its run.db meta table is empty: emptied, or "
                           "the run never started): its settings are unknown and `metric`/`mode` default to "
-                          "'valid_loss'/'min'", stacklevel=3)
+                          "'valid_loss'/'min'", stacklevel=4)
         self.metric: str = meta.get("metric", "valid_loss")
         self.mode: str = meta.get("mode", "min")
         t0 = float(meta.get("start_time", 0.0))
@@ -284,18 +295,18 @@ class Result:
 
         paths = {}
         for name, df in (("metrics", self.metrics), ("schedule", self.schedule), ("leaderboard", self.leaderboard())):
-            paths[name] = os.path.join(self.storage_path, f"{name}.csv")
-            df.to_csv(paths[name], index=False)
+            with _replacing(self.storage_path, f"{name}.csv") as (tmp, paths[name]):
+                df.to_csv(tmp, index=False)
             try:
-                df.to_parquet(os.path.join(self.storage_path, f"{name}.parquet"), index=False)
+                with _replacing(self.storage_path, f"{name}.parquet") as (tmp, _):
+                    df.to_parquet(tmp, index=False)
             except (ImportError, ValueError):  # pyarrow missing or a column type it cannot store: CSV is enough
                 pass
-        paths["configs"] = os.path.join(self.storage_path, "configs.json")
-        with open(paths["configs"], "w") as f:
+        with _replacing(self.storage_path, "configs.json") as (tmp, paths["configs"]), open(tmp, "w") as f:
             json.dump({str(k): v for k, v in self.configs.items()}, f, indent=1, default=str)
-        paths["learning_curves"] = plot_learning_curves(
-            self.metrics, os.path.join(self.storage_path, "learning_curves.png"), self.metric, mode=self.mode,
-            configs=self.configs, best=self.best_config_id)
+        with _replacing(self.storage_path, "learning_curves.png") as (tmp, paths["learning_curves"]):
+            plot_learning_curves(self.metrics, tmp, self.metric, mode=self.mode, configs=self.configs,
+                                 best=self.best_config_id)
         return paths
 
     def __repr__(self) -> str:
@@ -303,6 +314,20 @@ class Result:
             f"Result(storage_path={self.storage_path!r}, configs={len(self.configs)}, "
             f"best_config_id={self.best_config_id}, metric={self.metric!r}, mode={self.mode!r})"
         )
+
+
+@contextlib.contextmanager
+def _replacing(folder: str, name: str) -> Iterator[tuple[str, str]]:
+    """(a new temporary file, `folder/name`): what is written to the first replaces the second when the block ends,
+    so a `name` planted as a link out of the run is replaced, never written through."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=os.path.splitext(name)[1], dir=folder)
+    os.close(fd)
+    try:
+        yield tmp, os.path.join(folder, name)
+        os.replace(tmp, os.path.join(folder, name))
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _outcome(status: str, outcome: str | None) -> str:

@@ -398,6 +398,7 @@ class ModelSelection:
             metric=meta["metric"], mode=meta["mode"], extract=extract, **options,
         )
         self.storage, self.storage_path, self._resuming = storage, path, True
+        self._trust_unverified = trust_unverified
         self._partial_removed = 0
         return self
 
@@ -417,6 +418,13 @@ class ModelSelection:
         ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), catalog)
         self._t0 = time.time()
         if self._resuming:
+            # verified again by the writer that continues it: what changed since `resume()` checked is not trusted
+            try:
+                check_verified(catalog, "resume", self._trust_unverified)
+            except BaseException:
+                ckpt.close()
+                catalog.close()
+                raise
             catalog.add_event("resumed", pid=os.getpid(), partial_checkpoints_removed=self._partial_removed)
             self._rebuild_checkpoints(catalog)
         else:

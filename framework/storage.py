@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 import time
 
+from framework.engine.catalog import confine
+
 STORAGE_ENV = "MODELHOPPER_STORAGE"
 #: the prefix of the temporary folders that hold a copy of a mirrored run while it is read (`RunStorage.fetch`)
 READ_PREFIX = "modelhopper-read-"
@@ -146,7 +148,7 @@ class RunStorage:
             if os.path.exists(os.path.join(into, stale)):
                 os.remove(os.path.join(into, stale))
         for rel in files:
-            dst = os.path.join(into, rel)
+            dst = confine(into, rel, f"the mirror's file {rel!r}")  # a key with `..` is not a file of the run
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             with self._fs.open_input_stream(f"{self._root.rstrip('/')}/{rel}") as src, open(dst + ".part", "wb") as f:
                 while chunk := src.read(1 << 22):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import hmac
 import json
 import os
@@ -36,7 +37,7 @@ from typing import Any
 
 import pandas as pd
 
-from framework.engine.signing import SigningKeyError, load_key, mac
+from framework.engine.signing import KEY_ENV, SigningKeyError, key_path, load_key, mac
 
 
 class CatalogError(RuntimeError):
@@ -96,9 +97,29 @@ _TABLES = {t.name: t for t in (
 )}
 _DIGESTS = _Table("digests", (("tbl", "TEXT"), ("rows", "INTEGER"), ("total", "TEXT")), ("tbl",), "digest of {tbl}")
 _MOD = 1 << 256
+CHECKPOINT_DIR = "checkpoints"  # where a run's checkpoint files live, inside its directory
+HEAD = "*"  # the digests row that binds every table's digest (a table cannot be rolled back on its own)
 _SCHEMA = "".join(
     f"CREATE TABLE IF NOT EXISTS {t.name} ({', '.join(f'{c} {ty}' for c, ty in t.columns)}, mac TEXT, "
     f"PRIMARY KEY ({', '.join(t.key)}));\n" for t in (*_TABLES.values(), _DIGESTS))
+
+
+@functools.cache
+def _schema_objects() -> frozenset[tuple]:
+    """`sqlite_master` of a catalog as a writer creates it: anything else in a run.db (a trigger, a view, an index,
+    a table without its primary key or with a collation) was put there by someone else."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(_SCHEMA)
+        return frozenset(db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall())
+    finally:
+        db.close()
+
+
+def _head_total(digests: dict[str, tuple[Any, Any]]) -> str:
+    """What the head digest signs: every table's (row count, MAC sum) as stored."""
+    text = _ENCODER.encode(sorted(([n, r, t] for n, (r, t) in digests.items()), key=repr))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)  # one encoder: json.dumps with options makes one a call
@@ -115,7 +136,7 @@ def _canon(value: Any, sqltype: str) -> Any:
     if isinstance(value, bool):
         value = int(value)
     if isinstance(value, bytes):
-        return value.hex()
+        return {"blob": value.hex()}  # never equal to a TEXT value: a column cannot swap one for the other
     if isinstance(value, float):
         if value != value:
             return None  # SQLite stores NaN as NULL
@@ -196,8 +217,15 @@ class SQLiteCatalog:
         if "units" in tables and "mac" not in {r[1] for r in self._db.execute("PRAGMA table_info(units)")}:
             raise CatalogError(f"{self.path} was written by an older modelhopper, before every row was signed: it "
                                "can be read (unverified) but not continued")
+        fresh = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() is None or \
+            self._db.execute("SELECT 1 FROM meta WHERE key = 'run_id'").fetchone() is None
         if self.sign:
-            self._key = load_key(create=True)
+            try:  # a key is made only for a new run; continuing a run (trusted unverified) without one signs nothing
+                self._key = load_key(create=fresh)
+            except SigningKeyError:
+                if fresh or os.environ.get(KEY_ENV) is not None or os.path.exists(key_path()):
+                    raise  # an empty or short key is never used
+                self.sign = False
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
@@ -208,9 +236,12 @@ class SQLiteCatalog:
         self._next_seq = {t.name: 1 + (self._db.execute(f"SELECT MAX(seq) FROM {t.name}").fetchone()[0] or 0)
                           for t in _TABLES.values() if t.seq}
         row = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
-        fresh = row is None
         self._run_id = secrets.token_hex(8) if fresh else _loads(row[0], "meta 'run_id'")
         stored = {r[0]: r for r in self._db.execute("SELECT tbl, rows, total, mac FROM digests")}
+        head = stored.get(HEAD)
+        self._commits = int(head[1]) if head is not None and isinstance(head[1], int) else 0
+        if not fresh and not self._head_verifies(stored):
+            self._tainted.add(HEAD)
         for name in _TABLES:
             if name in stored:
                 _, rows, total, m = stored[name]
@@ -242,22 +273,34 @@ class SQLiteCatalog:
     def _tx(self) -> Iterator[None]:
         """One transaction of signed writes (`_insert`, `_update`), ending with the changed tables' digests."""
         with self._lock:
-            saved = dict(self._digest), dict(self._next_seq)
+            saved = dict(self._digest), dict(self._next_seq), self._commits
             self._changed: set[str] = set()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield
                 for name in sorted(self._changed):
                     rows, total = self._digest[name]
-                    values = (name, rows, f"{total:064x}")
-                    signed = self.sign and name not in self._tainted
-                    self._db.execute("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?)",
-                                     (*values, self._mac(_DIGESTS, values) if signed else None))
+                    self._put_digest(name, rows, f"{total:064x}", name not in self._tainted)
+                self._commits += 1
+                self._put_digest(HEAD, self._commits, _head_total({n: (r, f"{t:064x}") for n, (r, t) in
+                                                                   self._digest.items()}), HEAD not in self._tainted)
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
-                self._digest, self._next_seq = saved
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                self._digest, self._next_seq, self._commits = saved
                 raise
-            self._db.execute("COMMIT")
+
+    def _put_digest(self, name: str, rows: int, total: str, signed: bool) -> None:
+        values = (name, rows, total)
+        self._db.execute("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?)",
+                         (*values, self._mac(_DIGESTS, values) if signed and self.sign else None))
+
+    def _head_verifies(self, digests: dict[str, tuple]) -> bool:
+        """Whether the head digest verifies and binds the per-table digests as stored."""
+        head = digests.get(HEAD)
+        tables = {n: (r[1], r[2]) for n, r in digests.items() if n != HEAD}
+        return head is not None and self._verifies(_DIGESTS, head[:3], head[3]) and head[2] == _head_total(tables)
 
     def _mac(self, table: _Table, values: Iterable[Any]) -> str:
         canon = [_canon(v, ty) for v, ty in zip(values, table.types)]
@@ -333,16 +376,22 @@ class SQLiteCatalog:
             return [f"{self.path} cannot be read: {e}"]
 
     def _verify(self) -> list[str]:
-        with self._lock:
-            objects = self._db.execute("SELECT type, name FROM sqlite_master").fetchall()
-            tables = {n for t, n in objects if t == "table"}
-            problems = [f"run.db holds a {t} {n!r} that no run writes" for t, n in objects if t in ("trigger", "view")]
+        with self._lock, self._snapshot():
+            objects = set(self._db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall())
+            tables = {o[1] for o in objects if o[0] == "table"}
             if "digests" not in tables:
-                return [*problems, "run.db was written by an older modelhopper or edited: it has no signed digests, "
-                                   "so nothing in it can be verified"]
+                return ["run.db was written by an older modelhopper or edited: it has no signed digests, so nothing "
+                        "in it can be verified"]
+            problems = [f"run.db holds a {t} {n!r} ({sql or 'automatic'}) that no run writes"
+                        for t, n, _, sql in sorted(objects - _schema_objects(), key=str)]
+            problems += [f"table {n!r} of run.db is not as a run creates it" for t, n, _, _ in
+                         sorted(_schema_objects() - objects, key=str) if t == "table" and n in tables]
             if self._run_id is None:
                 problems.append("meta 'run_id' is missing")
             digests = {r[0]: r for r in self._db.execute("SELECT tbl, rows, total, mac FROM digests")}
+            if not self._head_verifies(digests):
+                problems.append("the head digest is missing or does not verify (tables were put back as they were "
+                                "earlier, or run.db was edited)")
             for table in _TABLES.values():
                 if table.name not in tables:
                     problems.append(f"table {table.name} is missing")
@@ -366,6 +415,31 @@ class SQLiteCatalog:
                     problems.append(f"{table.name}: rows were deleted, added or put back as they were earlier (the run "
                                     f"wrote {d[1]} rows, run.db holds {count})")
         return problems
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction (a consistent view, also while a writer goes on); the caller holds the lock."""
+        if self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see one consistent state of the catalog (what `verify()` verified is what they read)."""
+        with self._lock:
+            if self._db.in_transaction:
+                raise RuntimeError("snapshot() inside a transaction")
+            self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._db.execute("COMMIT")
 
     # ---- meta ---------------------------------------------------------------------------------------------------
     def set_meta(self, **values: Any) -> None:
@@ -480,7 +554,7 @@ class SQLiteCatalog:
     def add_checkpoint(self, config_id: int, epoch: int, units: int, path: str, sha256: str, nbytes: int) -> None:
         """Record a checkpoint file, which must lie inside the run directory (it is stored relative to it)."""
         rel = os.path.relpath(os.path.abspath(path), self.root)
-        confine(self.root, rel, f"the checkpoint of config {config_id}")
+        confine(self.root, rel, f"the checkpoint of config {config_id}", under=CHECKPOINT_DIR)
         with self._tx():
             self._insert("checkpoints", {"config_id": config_id, "epoch": epoch, "units": units, "path": rel,
                                          "sha256": sha256, "bytes": nbytes, "written": time.time()}, replace=True)
@@ -495,8 +569,9 @@ class SQLiteCatalog:
         return [(e, u, self.resolve(p, config_id, u) if resolve else p, d) for e, u, p, d in rows]
 
     def resolve(self, stored: Any, config_id: int, units: int) -> str:
-        """The absolute path of a checkpoint row's stored path, confined to the run directory."""
-        return confine(self.root, stored, f"checkpoints (config {config_id}, units {units})")
+        """The absolute path of a checkpoint row's stored path, confined to the run's `checkpoints` folder (a row
+        cannot name run.db or a data file, which a rebuild would then replace)."""
+        return confine(self.root, stored, f"checkpoints (config {config_id}, units {units})", under=CHECKPOINT_DIR)
 
     def checkpoint_units(self, config_id: int) -> list[int]:
         """How many training units each of a config's recorded checkpoints holds, newest first (no path is read)."""
@@ -508,7 +583,8 @@ class SQLiteCatalog:
             self._insert("events", {"time": time.time(), "kind": kind, "detail": json.dumps(detail, default=str)})
 
     def events(self) -> pd.DataFrame:
-        rows = self._read("SELECT time, kind, detail FROM events ORDER BY rowid")
+        order = "seq" if "seq" in {r[1] for r in self._read("PRAGMA table_info(events)")} else "rowid"  # older runs
+        rows = self._read(f"SELECT time, kind, detail FROM events ORDER BY {order}")
         return pd.DataFrame(rows, columns=["time", "kind", "detail"])
 
 

@@ -580,7 +580,8 @@ def _check_metrics(metrics: Any, fn_name: str) -> dict[str, float]:
 def _check_num_examples(v: Any, fn_name: str) -> int:
     """`num_examples` as returned by user code: the examples a unit used, which weight its metrics in the epoch's
     mean (so 0 would drop them, and a negative count would flip them)."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or not float(v).is_integer() or v < 1:
-        raise ValueError(f"{fn_name} returned `num_examples` = {v!r}, but it must be a positive int (the examples "
-                         "the unit used, which weight its metrics in the epoch's mean)")
+    bad = isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or not float(v).is_integer()
+    if bad or not 1 <= v < 2**63:  # SQLite keeps 64-bit integers
+        raise ValueError(f"{fn_name} returned `num_examples` = {v!r}, but it must be a positive int (below 2**63: "
+                         "the examples the unit used, which weight its metrics in the epoch's mean)")
     return int(v)

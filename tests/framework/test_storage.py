@@ -159,9 +159,9 @@ def test_result_open_of_a_uri_that_holds_no_run_leaves_no_folder(tmp_path, monke
 
 
 def test_replay_of_a_uri_removes_its_copy_also_when_it_fails(tmp_path, monkeypatch):
-    from framework.replay import replay
+    import framework  # not `from framework.replay import replay`: that rebinds `framework.replay` to the module
 
     uri = _mirrored_run(tmp_path, monkeypatch)  # a run made by hand: its meta lacks what replay needs
     with pytest.raises(ValueError, match="lacks"):
-        replay(uri, out_path=str(tmp_path / "replayed"))
+        framework.replay(uri, out_path=str(tmp_path / "replayed"))
     assert _copies() == []

@@ -133,6 +133,32 @@ def test_a_trusted_replay_of_an_edited_run_imports_nothing_and_signs_nothing(fin
     assert "tests.integration.planted" not in sys.modules
 
 
+def test_an_edited_data_file_is_refused_by_resume_and_replay(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    with open(os.path.join(run, "data", "train_0_1.npy"), "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"\x07")  # one label changed
+    with pytest.raises(CatalogError, match="train_0_1.npy is not the one the run wrote"):
+        _resume(run)
+    with pytest.raises(CatalogError, match="train_0_1.npy is not the one the run wrote"):
+        framework.replay(run, **FNS, out_path=str(tmp_path / "replay"))
+
+
+def test_result_files_planted_as_links_out_of_the_run_are_replaced_not_written_through(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    for name in ("metrics.csv", "learning_curves.png", "configs.json"):
+        os.remove(os.path.join(run, name))
+        os.symlink(victim, os.path.join(run, name))
+    os.symlink(tmp_path, os.path.join(run, "replay"))  # replay's default folder, linked out of the run
+    framework.Result.open(run).write()
+    assert victim.read_text() == "keep me" and not os.path.islink(os.path.join(run, "metrics.csv"))
+    with pytest.raises(CatalogError, match="the replay folder"):
+        framework.replay(run, **FNS)
+    assert not (tmp_path / "run.db").exists()
+
+
 # ---- the fuzz test ------------------------------------------------------------------------------------------------
 _values = st.one_of(
     st.none(), st.integers(-3, 2**40), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),

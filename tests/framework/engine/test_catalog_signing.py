@@ -4,6 +4,7 @@ and old rows put back are all found, a writer never re-signs what it cannot veri
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 from types import SimpleNamespace
 
@@ -79,7 +80,7 @@ def test_another_machines_key_verifies_nothing(db, monkeypatch):
     monkeypatch.setenv("MODELHOPPER_SECRET", KEY_B)
     problems = _verify(db)
     assert "meta 'run_id' does not verify (edited, or not written by this run)" in problems
-    assert len(problems) == 18  # 3 meta, 2 configs, 2 units, 1 epoch, 1 checkpoint, 1 event, 1 round + 7 digests
+    assert len(problems) == 19  # 3 meta, 2 configs, 2 units, 1 epoch, 1 checkpoint, 1 event, 1 round, 7 digests, head
 
 
 def test_a_row_signed_in_another_run_does_not_verify_in_this_one(db, tmp_path):
@@ -118,7 +119,44 @@ def test_a_row_put_back_as_it_was_before_an_update_is_found(db):
 
 def test_a_planted_trigger_is_reported(db):
     _sql(db, "CREATE TRIGGER t AFTER INSERT ON events BEGIN DELETE FROM units; END")
-    assert _verify(db) == ["run.db holds a trigger 't' that no run writes"]
+    assert _verify(db) == ["run.db holds a trigger 't' (CREATE TRIGGER t AFTER INSERT ON events BEGIN DELETE FROM units; "
+                           "END) that no run writes"]
+
+
+def test_a_table_made_anew_without_its_key_is_reported(db):
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.executescript("CREATE TABLE c2 AS SELECT * FROM configs; DROP TABLE configs; ALTER TABLE c2 RENAME TO configs;")
+    conn.close()
+    assert "table 'configs' of run.db is not as a run creates it" in _verify(db)
+
+
+def test_a_blob_cannot_pass_for_the_text_of_its_hex(db):
+    """`x'3132'` is the bytes of "12": a BLOB whose hex is a signed TEXT value does not verify in its place."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("INSERT INTO meta VALUES ('probe', '3132', NULL)")
+    conn.close()
+    catalog = SQLiteCatalog(db)
+    catalog.set_meta(probe="3132")  # a signed TEXT value '"3132"'
+    catalog.close()
+    _sql(db, "UPDATE meta SET value = x'22333133322200' WHERE key = 'probe'")
+    assert _verify(db)[0].startswith("meta 'probe' does not verify")
+
+
+def test_one_table_put_back_with_its_own_digest_is_found_by_the_head(db, tmp_path):
+    """Copying an older `meta` table and its digest row into the run verifies per table, but not as a whole."""
+    old = str(tmp_path / "old.db")
+    shutil.copy(db, old)
+    catalog = SQLiteCatalog(db)
+    catalog.set_meta(seed=7)
+    catalog.close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("ATTACH ? AS old", (old,))
+    conn.executescript("DELETE FROM meta; INSERT INTO meta SELECT * FROM old.meta; "
+                       "DELETE FROM digests WHERE tbl = 'meta'; INSERT INTO digests SELECT * FROM old.digests "
+                       "WHERE tbl = 'meta';")
+    conn.close()
+    assert _verify(db) == ["the head digest is missing or does not verify (tables were put back as they were earlier, "
+                           "or run.db was edited)"]
 
 
 def test_a_writer_never_re_signs_a_row_it_cannot_verify(db):
@@ -136,7 +174,8 @@ def test_a_writer_never_re_signs_a_deleted_digest(db):
     catalog = SQLiteCatalog(db)
     catalog.add_unit(1, _report(1, 0, 0.1), "done")
     catalog.close()
-    assert _verify(db) == ["the digest of table units is missing or does not verify"]
+    assert _verify(db) == ["the head digest is missing or does not verify (tables were put back as they were earlier, "
+                           "or run.db was edited)", "the digest of table units is missing or does not verify"]
 
 
 def test_a_catalog_from_before_row_macs_cannot_be_verified_or_continued(tmp_path, monkeypatch):
@@ -218,3 +257,12 @@ def test_a_link_out_of_the_run_is_refused(tmp_path):
         with pytest.raises(UnsafePathError):
             confine(str(run), stored, "a row")
     assert confine(str(run), "data/x.npy", "a row") == str(run / "data" / "x.npy")
+
+
+def test_a_checkpoint_row_may_name_only_a_file_in_the_checkpoints_folder(db):
+    catalog = SQLiteCatalog(db, readonly=True)
+    assert catalog.resolve("checkpoints/config_0_u2.pt", 0, 2).endswith("checkpoints/config_0_u2.pt")
+    for stored in ("run.db", "data/train_0_0.npy", "checkpoints"):
+        with pytest.raises(UnsafePathError, match="checkpoints \\(config 0, units 2\\)"):
+            catalog.resolve(stored, 0, 2)
+    catalog.close()

@@ -22,7 +22,7 @@ def _state(v: float) -> dict:
 @pytest.fixture
 def store(tmp_path):
     catalog = SQLiteCatalog(str(tmp_path / "run.db"))
-    s = CheckpointStore(str(tmp_path / "ckpt"), catalog)
+    s = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
     yield s
     s.close()
     catalog.close()

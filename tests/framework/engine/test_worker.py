@@ -128,7 +128,7 @@ def test_worker_fails_a_unit_whose_metric_is_not_finite(kind, value):
     assert state is None and f"{fn_name} returned a non-finite metric: accuracy = {value}" in report.error
 
 
-@pytest.mark.parametrize("bad", [0, -5, 2.5, True, math.nan, "7"])
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True, math.nan, "7", 10**30])
 def test_worker_fails_a_unit_whose_num_examples_is_not_a_positive_int(bad):
     def train_fn(model, optimizer, data, config):
         return {"loss": 0.5, "num_examples": bad}
