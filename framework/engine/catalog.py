@@ -198,11 +198,12 @@ class SQLiteCatalog:
             tables = self._tables()
             if readonly and not {"meta", "configs", "units"} <= tables:
                 raise CatalogError(f"{path} is not a run catalog (it has tables {sorted(tables) or 'none'})")
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone() if "meta" in tables \
+                else None
+            self._run_id = _loads(row[0], "meta 'run_id'") if row else None  # None: a new run (a writer makes it)
             if not readonly:
                 self._open_writer(tables)
             self._columns = {row[1] for row in self._db.execute("PRAGMA table_info(configs)")}
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
-            self._run_id = _loads(row[0], "meta 'run_id'") if row else None
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise CatalogError(f"{path} is not a readable run catalog: {e}") from e
@@ -217,8 +218,7 @@ class SQLiteCatalog:
         if "units" in tables and "mac" not in {r[1] for r in self._db.execute("PRAGMA table_info(units)")}:
             raise CatalogError(f"{self.path} was written by an older modelhopper, before every row was signed: it "
                                "can be read (unverified) but not continued")
-        fresh = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() is None or \
-            self._db.execute("SELECT 1 FROM meta WHERE key = 'run_id'").fetchone() is None
+        fresh = self._run_id is None
         if self.sign:
             try:  # a key is made only for a new run; continuing a run (trusted unverified) without one signs nothing
                 self._key = load_key(create=fresh)
@@ -235,8 +235,8 @@ class SQLiteCatalog:
         self._tainted: set[str] = set()
         self._next_seq = {t.name: 1 + (self._db.execute(f"SELECT MAX(seq) FROM {t.name}").fetchone()[0] or 0)
                           for t in _TABLES.values() if t.seq}
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
-        self._run_id = secrets.token_hex(8) if fresh else _loads(row[0], "meta 'run_id'")
+        if fresh:
+            self._run_id = secrets.token_hex(8)
         stored = {r[0]: r for r in self._db.execute("SELECT tbl, rows, total, mac FROM digests")}
         head = stored.get(HEAD)
         self._commits = int(head[1]) if head is not None and isinstance(head[1], int) else 0
