@@ -184,6 +184,15 @@ class OfflineSolver(abc.ABC):
         """A feasible schedule of every unit of `problem` (status and bound filled in)."""
 
 
+def native_seed(seed: int, bits: int = 31) -> int:
+    """`seed` folded into `[0, 2**bits)`, the range a native solver's seed parameter takes (CP-SAT's is an int32).
+
+    Run seeds and the per-wave seeds derived from them (`unit_seed`) are 63-bit: handed on unfolded, they overflow
+    the solver's type.
+    """
+    return int(seed) % (1 << bits)
+
+
 def left_shift(entries: Iterable[ScheduledUnit], duration) -> list[ScheduledUnit]:
     """Re-time a plan with `duration(unit, worker)`: keep every worker's and config's order, start each unit as early
     as its worker, its config and (for eval units) its config's training allow. Processing in planned start order is

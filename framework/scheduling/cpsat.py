@@ -15,6 +15,7 @@ from framework.scheduling._plan import (
     ScheduledUnit,
     ShopProblem,
     left_shift,
+    native_seed,
 )
 from framework.scheduling.approx import warm_start
 
@@ -115,7 +116,7 @@ class CPSATSolver(OfflineSolver):
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = self.time_limit_s
         solver.parameters.num_workers = self.workers
-        solver.parameters.random_seed = self.seed
+        solver.parameters.random_seed = native_seed(self.seed, bits=31)  # CP-SAT's seed is an int32
         status = solver.Solve(m)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return Schedule(warm.entries, HEURISTIC, lb, self.name, time.perf_counter() - t0, {"cp_status": "none"})
