@@ -117,8 +117,9 @@ class SimulatedBackend(LocalBackend):
     def _execute(self, worker: int, ticket: int, task: UnitTask, state: Any) -> tuple[float, Event] | None:
         unit = task.unit
         seconds = self.workload.duration(unit, worker) * self.noise.factor(self.rng)
-        if task.fault == "hang":
-            return None
+        if task.fault == "hang":  # the simulated health check sees it when the unit should have ended
+            self.workers.pop(worker, None)
+            return seconds, WorkerLost(0.0, worker, f"hung: {unit} (injected)", started=(ticket,))
         if task.fault == "kill_worker":
             self.workers.pop(worker, None)
             return 0.0, WorkerLost(0.0, worker, "died (injected kill)", started=(ticket,))

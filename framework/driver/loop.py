@@ -163,9 +163,14 @@ class Driver:
             if not run.dispatch.flights and not run.workers.loading:
                 self._wait_for_holders()
                 continue
-            limit = run.dispatch.unit_limit(run.options.unit_timeout_s)
-            events = run.backend.poll(run.dispatch.poll_timeout(run.backend.now(), limit))
+            limit = run.dispatch.unit_limit(run.options.unit_timeout_s, run.backend.wall_clock)
+            timeout = run.dispatch.poll_timeout(run.backend.now(), limit)
+            events = run.backend.poll(timeout)
             if not events:
+                if timeout is None and not run.backend.wall_clock:  # nothing is scheduled to happen, ever
+                    stuck = sorted(str(f.unit) for f in run.dispatch.flights.values())
+                    raise RuntimeError(f"stuck: units {stuck} never report on the simulated clock and no "
+                                       "`unit_timeout_s` is set to declare them hung")
                 recovery.check_hung(run)
                 continue
             for ev in events:
@@ -179,10 +184,12 @@ class Driver:
         stalled = sorted(state.stalled_partitions()) if state is not None else []
         run.event("waiting_for_holder", partitions=stalled)
         run.write(f"units of partitions {stalled} wait for a worker that holds them (add_workers() to provide one)")
-        events = run.backend.poll(run.options.holder_wait_s)
+        # a simulated clock waits for the next scheduled event (a worker that returns, however late), if any
+        events = run.backend.poll(run.options.holder_wait_s if run.backend.wall_clock else None)
         if not events:
+            within = f"joined within {run.options.holder_wait_s:g} s" if run.backend.wall_clock else "is scheduled to join"
             raise RuntimeError(
-                f"stalled: no worker holds partitions {stalled} and none joined within {run.options.holder_wait_s:g} s "
+                f"stalled: no worker holds partitions {stalled} and none {within} "
                 f"(at t={run.backend.now():g}; {len(state.pending) if state else 0} units pending)")
         for ev in events:
             HANDLERS[type(ev)](run, ev)

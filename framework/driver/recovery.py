@@ -68,7 +68,7 @@ def worker_lost(run: RunState, worker: int, why: str, started: tuple[int, ...] |
 
 def check_hung(run: RunState) -> None:
     """Declare every unit that ran over the limit hung: its worker is killed and restarted, the unit re-runs."""
-    limit = run.dispatch.unit_limit(run.options.unit_timeout_s)
+    limit = run.dispatch.unit_limit(run.options.unit_timeout_s, run.backend.wall_clock)
     for f in run.dispatch.overdue(run.backend.now(), limit):
         worker_lost(run, f.worker, f"hung: {f.unit} ran over {limit:.1f}s")
 

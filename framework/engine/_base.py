@@ -114,6 +114,11 @@ class Backend(abc.ABC):
     from `poll` as a `CommandReceived`, so the loop applies it at a point of its own choosing.
     """
 
+    #: Whether `now()` is wall time. False: a logical or simulated clock, on which a unit's length says nothing of
+    #: its health (a simulated unit may last a day), so the driver applies no health check of its own making (an
+    #: explicit `unit_timeout_s` still holds) and waits for the next scheduled event instead of a number of seconds.
+    wall_clock: bool = True
+
     def __init__(self) -> None:
         self._commands: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
 

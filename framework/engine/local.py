@@ -64,6 +64,8 @@ class LocalBackend(Backend):
         unit_time: `unit_time(unit, worker) -> seconds` on the logical clock (default: the measured duration).
     """
 
+    wall_clock = False
+
     def __init__(
         self,
         fns: Mapping[str, Any] | None = None,
