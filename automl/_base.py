@@ -130,6 +130,10 @@ class Procedure(abc.ABC):
         depends on results or time (ASHA). Only a hint: nothing relies on it being exact."""
         return None
 
+    #: Set by the engine when a run takes the procedure: a procedure holds the state of one run (its configs, its
+    #: rungs, its study), so another run of the same object is refused (a resume continues the run it belongs to).
+    _engine_started: bool = False
+
     #: The run's storage directory (Optuna studies live there) and the engine's concurrency hint, set by `bind`.
     storage_path: str | None = None
     num_workers: int | None = None

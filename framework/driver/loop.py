@@ -133,6 +133,10 @@ class Driver:
             todo = commit.restore(run, resume_from)
             commit.open_epochs(run, run.configs.active(), todo)
         else:
+            if run.procedure._engine_started:
+                raise ValueError(f"`procedure` ({type(run.procedure).__name__}) has already run: it holds the state "
+                                 "of that run; pass a new one (or resume that run)")
+            run.procedure._engine_started = True
             commit.decide(run, [])
             commit.open_epochs(run, run.configs.active())
         run.round_open = bool(run.configs.active())

@@ -41,6 +41,15 @@ def test_units_of_any_length_are_not_hung_on_the_simulated_clock(scale):
     assert r.makespan >= lower_bound(w, epochs=1) * (1 - 1e-9)
 
 
+def test_a_spent_procedure_is_refused():
+    procedure = automl.GridSearch({"lr": [0.1, 0.2]}, epochs=1)
+    w = _shop(np.ones((2, 2)))
+    simulate_selection(procedure, w)
+    with pytest.raises(ValueError, match="`procedure` .* has already run"):
+        simulate_selection(procedure, w)
+    assert sorted(SCHEDULERS)  # every name is exercised by the property tests
+
+
 def test_a_simulated_hang_is_an_injected_fault_its_backend_reports():
     # day-long units are healthy; the one hang injected is reported when it should have ended, and runs again
     from framework.driver import Driver, DriverOptions, MemoryRunLog
