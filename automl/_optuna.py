@@ -35,6 +35,12 @@ class OptunaProcedure(Procedure):
     def _make_sampler(self) -> optuna.samplers.BaseSampler: ...
 
     @property
+    def sampler_seed(self) -> int:
+        """The seed handed to Optuna's sampler: the procedure's seed folded into numpy's range [0, 2**32), which
+        Optuna's samplers take (every procedure accepts any int >= 0)."""
+        return self.seed % (1 << 32)
+
+    @property
     def study_name(self) -> str:
         return f"{type(self).__name__}-seed{self.seed}"
 

@@ -96,7 +96,7 @@ class ASHA(OptunaProcedure):
         super().__init__()
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
-        return optuna.samplers.RandomSampler(seed=self.seed)
+        return optuna.samplers.RandomSampler(seed=self.sampler_seed)
 
     @property
     def concurrency(self) -> int:

@@ -44,7 +44,7 @@ class TPE(OptunaProcedure):
         super().__init__()
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
-        return optuna.samplers.TPESampler(seed=self.seed, constant_liar=True)
+        return optuna.samplers.TPESampler(seed=self.sampler_seed, constant_liar=True)
 
     @property
     def concurrency(self) -> int:
