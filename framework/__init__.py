@@ -1,6 +1,7 @@
 """Model hopper parallelism (MOP) for deep-learning model selection on Ray.
 
-Public API: `PartitionedDataset`, `ModelSelection`, `Trainable`, `Result`, `replay`; callbacks and trackers:
+Public API: `PartitionedDataset`, `ModelSelection` (its options: `RunOptions`), `Trainable`, `Result`, `replay`;
+callbacks and trackers:
 `Callback`, `TensorBoardCallback`, `MLflowCallback`; transfer learning that shares frozen
 computation: `plan_transfer`, `TransferSelection` (in-process) and `transfer_on_engine` (on the MOP engine).
 """
@@ -22,7 +23,8 @@ _EXPORTS = {
     "plan_transfer": "framework.planner.transfer",
     "replay": "framework.replay",
     "Result": "framework.result",
-    "EXECUTORS": "framework.selection",
+    "EXECUTORS": "framework.options",
+    "RunOptions": "framework.options",
     "ModelSelection": "framework.selection",
     "Trainable": "framework.trainable",
 }
@@ -30,11 +32,12 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from framework.callbacks import Callback, MLflowCallback, TensorBoardCallback
     from framework.data import PartitionedDataset
+    from framework.options import EXECUTORS, RunOptions
     from framework.planner.engine import EngineTransfer, transfer_on_engine
     from framework.planner.transfer import TransferPlan, TransferSelection, plan_transfer
     from framework.replay import replay
     from framework.result import Result
-    from framework.selection import EXECUTORS, ModelSelection
+    from framework.selection import ModelSelection
     from framework.trainable import Trainable
 
 
@@ -59,6 +62,7 @@ __all__ = [
     "ModelSelection",
     "PartitionedDataset",
     "Result",
+    "RunOptions",
     "TransferPlan",
     "Trainable",
     "TransferSelection",

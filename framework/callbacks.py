@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from framework.result import Result
 
-HOOKS = ("on_run_start", "on_unit_end", "on_epoch_end", "on_decision", "on_run_end")
+HOOKS = ("on_run_start", "on_units_opened", "on_unit_end", "on_unit_failed", "on_round_end", "on_epoch_end",
+         "on_decision", "on_event", "on_notice", "on_run_end")
 
 
 @dataclass
@@ -61,6 +62,15 @@ class Callback:
                     metrics: dict[str, float]) -> None:
         """After every unit that completed (`kind` "train" or "eval"; `metrics` as the user's fn returned them)."""
 
+    def on_units_opened(self, count: int) -> None:
+        """`count` more units are open: the next epoch of some configs (a progress bar's total grows)."""
+
+    def on_unit_failed(self, config_id: int, epoch: int, partition: int, kind: str, worker: int, error: str) -> None:
+        """After a unit whose user code raised and that will not be retried (`error`: the traceback)."""
+
+    def on_round_end(self, round: int) -> None:
+        """Every active config finished its epoch of the round (an epoch barrier), before the procedure decides."""
+
     def on_epoch_end(self, config_id: int, epoch: int, metrics: dict[str, float], config: dict[str, Any]) -> None:
         """After a config's epoch is committed: its `train_*` / `valid_*` metrics, example-weighted."""
 
@@ -68,25 +78,44 @@ class Callback:
         """After each committed decision of the procedure (an `automl.Decision`); `round` -1 is the first one (the
         initial configs), round r the one after the r-th epoch barrier (or epoch end, without a barrier)."""
 
+    def on_event(self, kind: str, detail: dict[str, Any]) -> None:
+        """Every event the run logs (`worker_joined`, `round_committed`, `command`, ...), as it is logged."""
+
+    def on_notice(self, line: str) -> None:
+        """A one-line notice for a person watching (a worker lost, a config failed, a command rejected)."""
+
     def on_run_end(self, result: Result) -> None:
         """Once, with the run's `Result`, after its files are written."""
 
 
 class CallbackList:
-    """The run's callbacks behind one call that keeps the run alive when one of them raises."""
+    """The run's one observer channel: its callbacks, called in list order, behind one call that keeps the run
+    alive when one of them raises. A hook no callback overrides costs nothing."""
 
     def __init__(self, callbacks: Sequence[Callback] = (), on_error: Any = None) -> None:
-        self.callbacks = list(callbacks)
+        self.callbacks: list[Callback] = []
         self.on_error = on_error  # on_error(kind, **detail): the run's event log
         self._broken: set[int] = set()
+        self._hooks: dict[str, list[int]] = {}  # hook -> callbacks that override it
+        for cb in callbacks:
+            self.add(cb)
 
     def __bool__(self) -> bool:
         return bool(self.callbacks)
 
+    def add(self, callback: Callback) -> None:
+        """Call `callback` after the ones added before it."""
+        i = len(self.callbacks)
+        self.callbacks.append(callback)
+        for hook in HOOKS:
+            if getattr(type(callback), hook, None) is not getattr(Callback, hook):
+                self._hooks.setdefault(hook, []).append(i)
+
     def call(self, hook: str, *args: Any) -> None:
-        for i, cb in enumerate(self.callbacks):
+        for i in self._hooks.get(hook, ()):
             if i in self._broken:
                 continue
+            cb = self.callbacks[i]
             try:
                 getattr(cb, hook)(*args)
             except Exception:  # noqa: BLE001 - a tracker's failure must not end the run

@@ -23,12 +23,13 @@ import torch
 
 from automl import ACTIVE, FAILED, Decision, Procedure
 from framework.data import PartitionedDataset
-from framework.driver import Driver, DriverOptions, SQLiteRunLog
+from framework.driver import Driver, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog, check_verified, confine, describe_problems, parent_id
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
 from framework.engine.signing import SignatureError
+from framework.options import RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
 from framework.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
@@ -96,7 +97,7 @@ class LoggedOrder(Scheduler):
             unit = self.order[self._next]
             if state.is_eligible(unit, REPLAY_WORKER):
                 self._next += 1
-                return [Assignment(unit, REPLAY_WORKER)]
+                return [Assignment(unit, (REPLAY_WORKER,))]
             if unit not in state.pending:  # its config is gone (units open before the scheduler is asked)
                 self._next += 1
                 continue
@@ -243,8 +244,8 @@ def _replay_dir(
             held, num_threads=int(meta.get("num_threads", 1)), device=device)
         procedure = LoggedDecisions(configs, synchronous=bool(meta.get("synchronous", True)),
                                     fails={f.config_id for f in faults})
-        options = DriverOptions(seed=int(meta["seed"]), metric=meta["metric"], mode=meta["mode"],
-                                scheduler=LoggedOrder(order), max_worker_restarts=0)
+        options = RunOptions(seed=int(meta["seed"]), metric=meta["metric"], mode=meta["mode"],
+                             scheduler=LoggedOrder(order), max_worker_restarts=0, queue_depth=1)
         Driver(backend, procedure, _ReplayLog(dst, ckpt, workers), {REPLAY_WORKER: sorted(held)}, sorted(held),
                options, FaultPlan(faults)).run()
         for row in configs.itertuples():  # the run's own words for why a config failed

@@ -3,7 +3,7 @@
 Units take the workload's unit time (times `Noise`), nothing is trained: a unit's metrics come from an optional
 `objective(config, epoch)` (the same contract as `simulators.run_procedure_offline`), its state is a small dict with the visit
 record. Worker failures, returns and joins are scheduled `WorkerEvent`s on the same clock: a failure is reported as
-a lost worker, a return or a join as a command to add that worker with its partitions. Everything else (the event
+a lost worker, a return or a join as the offer of that worker with its partitions (`WorkerOffered`). Everything else (the event
 heap, same-time events delivered together, hung units) is `LocalBackend`'s.
 """
 
@@ -11,16 +11,24 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from framework.engine._base import CommandReceived, Event, StateLost, UnitDone, UnitFailed, WorkerJoined, WorkerLost
+from framework.engine._base import (
+    Event,
+    StateLost,
+    UnitDone,
+    UnitFailed,
+    WorkerJoined,
+    WorkerLost,
+    WorkerOffered,
+)
 from framework.engine.local import LocalBackend
-from framework.engine.worker import UnitReport, UnitTask
-from framework.scheduling import TRAIN
+from framework.scheduling import TRAIN, Unit
+from framework.scheduling.units import UnitReport, UnitTask
 from simulators.workload import Workload
 
 FAIL, RETURN, JOIN = "fail", "return", "join"
@@ -67,6 +75,34 @@ class Noise:
         return f
 
 
+@dataclass(frozen=True)
+class CostModel:
+    """How long a gang or a pack unit takes, from the workload's time `t(config, worker)` of a unit of its own.
+
+    gang (k workers, data-parallel): each worker takes a 1/k share of the partition's pass and the gang
+    all-reduces its gradients: `max_w t(c, w) / k + comm_s * 2 (k - 1) / k` (a ring all-reduce).
+    pack (m configs fused on one worker, one state): one pass feeds every member:
+    `max_c t(c, w) + pack_overhead * (sum_c t(c, w) - max_c t(c, w))`; `pack_overhead` 1 is no sharing (the sum),
+    0 is members that ride free. A gang of packs composes the two.
+    """
+
+    comm_s: float = 0.0
+    pack_overhead: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.comm_s >= 0:
+            raise ValueError(f"`comm_s` is {self.comm_s!r}, but must be >= 0")
+        if not 0 <= self.pack_overhead <= 1:
+            raise ValueError(f"`pack_overhead` is {self.pack_overhead!r}, but must be in [0, 1]")
+
+    def seconds(self, duration: Callable[[Unit, int], float], units: tuple[Unit, ...], workers: tuple[int, ...]) -> float:
+        per = [max(duration(u, w) for w in workers) for u in units]  # each member's pass on the gang's slowest
+        top = max(per)
+        pass_s = top + self.pack_overhead * (sum(per) - top)
+        k = len(workers)
+        return pass_s / k + (self.comm_s * 2 * (k - 1) / k if k > 1 else 0.0)
+
+
 class SimulatedBackend(LocalBackend):
     """Simulated workers for `workload` (see the module docstring).
 
@@ -79,6 +115,7 @@ class SimulatedBackend(LocalBackend):
             as `valid_`), where `epoch` counts the epochs the weights have seen, inherited ones included. Raising,
             or a non-finite `*loss*`, fails the unit's config. None: units report no metrics.
         lose_state: (config_id, epoch, partition) of train units that find their config's state object gone.
+        cost: how long gang and pack units take (`CostModel`); units of their own take the workload's time.
     """
 
     def __init__(
@@ -89,9 +126,11 @@ class SimulatedBackend(LocalBackend):
         events: Iterable[WorkerEvent] = (),
         objective: Objective | None = None,
         lose_state: Iterable[tuple[int, int, int]] = (),
+        cost: CostModel | None = None,
     ) -> None:
         super().__init__()
         self.workload, self.noise, self.objective = workload, noise or Noise(), objective
+        self.cost = cost or CostModel()
         self.rng = np.random.default_rng(seed)
         self.lose_state = set(lose_state)
         self._n_train = len(workload.train_partitions)
@@ -103,7 +142,7 @@ class SimulatedBackend(LocalBackend):
                 self._at(e.time, WorkerLost(e.time, e.worker, "fail"))
             else:
                 parts = [q for q, ws in workload.availability.items() if e.worker in ws]
-                self._at(e.time, CommandReceived(e.time, "add", {"worker": e.worker, "partitions": parts}))
+                self._at(e.time, WorkerOffered(e.time, e.worker, tuple(parts)))
 
     def _new_worker(self, worker: int) -> Any:
         return worker
@@ -114,9 +153,19 @@ class SimulatedBackend(LocalBackend):
             return 0.0, WorkerLost(0.0, worker, "died while loading", loading=True)
         return 0.0, WorkerJoined(0.0, worker, parts, {"data_bytes": 0})
 
-    def _execute(self, worker: int, ticket: int, task: UnitTask, state: Any) -> tuple[float, Event] | None:
+    def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
+        """Gangs and packs run here (see `CostModel`); `states` holds one handle per member."""
+        return self._enqueue(tuple(workers), task, tuple(states))
+
+    def _execute(self, workers: tuple[int, ...], ticket: int, task: UnitTask, state: Any) -> tuple[float, Event] | None:
+        units = task.units
+        worker = workers[0]
+        if len(units) == 1 and len(workers) == 1:
+            seconds = self.workload.duration(units[0], worker)
+        else:
+            seconds = self.cost.seconds(self.workload.duration, units, workers)
+        seconds *= self.noise.factor(self.rng)
         unit = task.unit
-        seconds = self.workload.duration(unit, worker) * self.noise.factor(self.rng)
         if task.fault == "hang":  # the simulated health check sees it when the unit should have ended
             self.workers.pop(worker, None)
             return seconds, WorkerLost(0.0, worker, f"hung: {unit} (injected)", started=(ticket,))
@@ -126,21 +175,36 @@ class SimulatedBackend(LocalBackend):
         if task.fault == "lose_state" or (unit.config_id, unit.epoch, unit.partition) in self.lose_state:
             self.lose_state.discard((unit.config_id, unit.epoch, unit.partition))
             return 0.0, StateLost(0.0, ticket, worker, LookupError(f"the state object of {unit} is lost"))
+        states = state if len(units) > 1 else (state,)
+        configs = task.configs or (task.config,)
+        group = ticket if len(units) > 1 or len(workers) > 1 else None
+        reports, new_states = [], []
+        for u, config, s in zip(units, configs, states):
+            report, new = self._member(u, config, s, worker, group, task.fault == "raise")
+            reports.append(report)
+            new_states.append(new)
+        if all(r.error is not None for r in reports):
+            return seconds, UnitFailed(0.0, ticket, worker, tuple(reports))
+        return seconds, UnitDone(0.0, ticket, worker, tuple(reports), tuple(new_states))
+
+    def _member(self, unit: Unit, config: dict, state: Any, worker: int, group: int | None,
+                fail: bool) -> tuple[UnitReport, Any]:
+        """One member's report and new state (None for eval units and failures)."""
         state = state or {"visited": {}, "trained": 0}
-        report = UnitReport(unit, worker, 0.0, 0.0, num_examples=1)
+        report = UnitReport(unit, worker, 0.0, 0.0, num_examples=1, group=group)
         weights_epoch = state["trained"] // max(self._n_train, 1)
         if unit.kind != TRAIN:
             weights_epoch -= 1  # evaluated after the epoch's training units
-        metrics = self._objective(task.config, unit.config_id, weights_epoch)
-        if isinstance(metrics, str) or task.fault == "raise":
+        metrics = self._objective(config, unit.config_id, weights_epoch)
+        if isinstance(metrics, str) or fail:
             report.error = metrics if isinstance(metrics, str) else "InjectedFault: injected fault"
-            return seconds, UnitFailed(0.0, ticket, worker, report)
+            return report, None
         report.metrics = dict(metrics[0] if unit.kind == TRAIN else metrics[1])
         if unit.kind != TRAIN:
-            return seconds, UnitDone(0.0, ticket, worker, report, None)
-        visited = {e: list(ps) for e, ps in state["visited"].items()}
-        visited.setdefault(unit.epoch, []).append(unit.partition)
-        return seconds, UnitDone(0.0, ticket, worker, report, {"visited": visited, "trained": state["trained"] + 1})
+            return report, None
+        visited = dict(state["visited"])  # states are never changed in place: only this epoch's list is new
+        visited[unit.epoch] = [*visited.get(unit.epoch, ()), unit.partition]
+        return report, {"visited": visited, "trained": state["trained"] + 1}
 
     def _objective(self, config: dict, config_id: int, epoch: int) -> tuple[dict, dict] | str:
         """(train metrics, valid metrics) of the config's weights after `epoch` epochs, or a traceback."""

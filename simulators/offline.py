@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from automl._base import ACTIVE, ConfigState, Decision, Procedure
-from framework.driver import Driver, DriverOptions, MemoryRunLog
+from framework.callbacks import Callback
+from framework.driver import Driver, MemoryRunLog
 from framework.driver.configs import ConfigRecord
+from framework.options import RunOptions
 from simulators.backend import SimulatedBackend
 from simulators.workload import Workload
 
@@ -109,19 +111,19 @@ class OfflineEngine:
         workload = Workload(np.ones((1, 1)), {0: (0,), 1: (0,)}, eval_partitions=(1,), eval_fraction=1.0)
         workload = _AnyConfig(workload)
         backend = SimulatedBackend(workload, objective=lambda config, epoch: self.objective(config, epoch))
-        options = DriverOptions(metric=self.metric, mode=self.mode, storage_path=self.storage_path, barrier=True,
-                                max_worker_restarts=0, reassign_partitions=False, num_workers=self.num_workers or 0)
+        options = RunOptions(metric=self.metric, mode=self.mode, storage_path=self.storage_path, barrier=True,
+                             max_worker_restarts=0, reassign_partitions=False, num_workers=self.num_workers or 0,
+                             queue_depth=1)
         self.log = MemoryRunLog()
-        driver = Driver(backend, self.procedure, self.log, {0: [0, 1]}, [0], options, eval_partitions=[1])
-        driver.run_state.on_decision = self.run.decisions.append
-        driver.run_state.leaderboard = self._round_trained
+        driver = Driver(backend, self.procedure, self.log, {0: [0, 1]}, [0], options, eval_partitions=[1],
+                        observers=[_Watch(self)])
         self._driver = driver
         if records is not None:
             driver.run_state.round = self.run.rounds  # the round the restored run is in
         driver.start(records)
         self._sync()
 
-    def _round_trained(self) -> None:
+    def _round_trained(self, round: int) -> None:
         self.run.rounds += 1
         self._sync()
         if self._on_round is not None:
@@ -172,9 +174,6 @@ class OfflineEngine:
         """Every ACTIVE config trains one epoch (a failure marks it FAILED), then the procedure decides."""
         self.run_rounds(1)
 
-    def decide(self) -> None:
-        """Kept for round-by-round scripts: `train_round` already asks the procedure after the round."""
-
     def run_rounds(
         self, max_rounds: int, on_round: Callable[[int, list[ConfigState]], None] | None = None
     ) -> OfflineRun:
@@ -189,6 +188,19 @@ class OfflineEngine:
         self._sync()
         self.run.finished = self.done
         return self.run
+
+
+class _Watch(Callback):
+    """The engine's observer: records every decision, and counts a round as trained at each barrier."""
+
+    def __init__(self, engine: OfflineEngine) -> None:
+        self.engine = engine
+
+    def on_decision(self, round: int, decision: Decision) -> None:
+        self.engine.run.decisions.append(decision)
+
+    def on_round_end(self, round: int) -> None:
+        self.engine._round_trained(round)
 
 
 class _AnyConfig:

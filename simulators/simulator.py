@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from automl import FixedEpochsProcedure, Procedure
-from framework.driver import Driver, DriverOptions, MemoryRunLog
+from framework.driver import Driver, MemoryRunLog
+from framework.options import RunOptions
 from framework.scheduling import Scheduler, Unit, make_scheduler
 from simulators.backend import FAIL, JOIN, RETURN, Noise, Objective, SimulatedBackend, WorkerEvent
 from simulators.workload import Workload
@@ -131,9 +132,8 @@ def simulate_selection(
                  for w in range(workload.n_workers) if w not in joining}
     backend = SimulatedBackend(workload, noise, seed, events, objective=objective)
     log = MemoryRunLog()
-    options = DriverOptions(seed=seed, metric=metric, mode=mode, scheduler=scheduler,
-                            max_worker_restarts=max_worker_restarts, reassign_partitions=False,
-                            queue_depth=queue_depth)
+    options = RunOptions(seed=seed, metric=metric, mode=mode, scheduler=scheduler,
+                         max_worker_restarts=max_worker_restarts, reassign_partitions=False, queue_depth=queue_depth)
     driver = Driver(backend, procedure, log, placement, workload.train_partitions, options,
                     eval_partitions=list(workload.eval_partitions), estimate=workload.duration)
     t0 = time.perf_counter()

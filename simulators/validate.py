@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 COLUMNS = ["config_id", "epoch", "partition", "worker", "kind", "start", "end"]
+#: optional: the gang or pack a row ran in (rows of one unit of work share it; empty for a unit of its own)
+GROUP = "group"
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,12 @@ def as_frame(schedule) -> pd.DataFrame:
     if missing:
         raise ValueError(f"schedule lacks columns {sorted(missing)}")
     return df
+
+
+def _collapse(df: pd.DataFrame, key: str) -> pd.DataFrame:
+    """`df` with the rows of one group that share `key` kept once (a gang's rows of a config, a pack's on a worker)."""
+    solo = df[df[GROUP].isna()]
+    return pd.concat([solo, df[df[GROUP].notna()].drop_duplicates([GROUP, key])]).sort_index()
 
 
 def _overlaps(df: pd.DataFrame, key: str, tol: float) -> list[str]:
@@ -68,15 +76,26 @@ def validate_schedule(
     4. Barriers: a config's eval units of an epoch start after its train units of that epoch end; its epoch e + 1
        starts after its epoch e ends. Availability (if given): each unit ran on a worker that holds its partition.
     Non-preemption is structural (one row = one uninterrupted run); rows must have end >= start.
+    Gangs and packs (rows sharing a `group`): a gang's rows of one config (one per worker) are one visit, a pack's
+    rows on one worker (one per member) are one run; a group's rows share their epoch, partition, kind and times.
     Makespan is max(end) - min(start). Returns a `ValidationReport`; raises `ValueError` if `raise_on_error`.
     """
     df = as_frame(schedule)
     v: list[str] = []
     if (df["end"] < df["start"] - tol).any():
         v.append(f"{int((df['end'] < df['start'] - tol).sum())} rows end before they start")
-    train = df[df["kind"] == "train"]
+    grouped = GROUP in df.columns and df[GROUP].notna().any()
+    if grouped:
+        g = df[df[GROUP].notna()]
+        for k, rows in g.groupby(GROUP):
+            if rows[["epoch", "partition", "kind", "start", "end"]].drop_duplicates().shape[0] > 1:
+                v.append(f"group {k}: its rows differ in epoch, partition, kind or times")
+            if rows.duplicated(["config_id", "worker"]).any():
+                v.append(f"group {k}: a (config, worker) pair appears twice")
+    visits = _collapse(df, "config_id") if grouped else df  # one row per config per visit (a gang's rows as one)
+    train = visits[visits["kind"] == "train"]
     parts = set(partitions) if partitions is not None else set(train["partition"].unique())
-    ev = df[df["kind"] != "train"]
+    ev = visits[visits["kind"] != "train"]
     for (c, e), g in train.groupby(["config_id", "epoch"]):
         counts = g["partition"].value_counts()
         dup = sorted(int(q) for q, n in counts.items() if n > 1)
@@ -92,8 +111,8 @@ def validate_schedule(
         t = train[(train["config_id"] == c) & (train["epoch"] == e)]
         if len(t) and g["start"].min() < t["end"].max() - tol:
             v.append(f"config {c} epoch {e}: eval started before training finished")
-    v += _overlaps(df, "config_id", tol)
-    v += _overlaps(df, "worker", tol)
+    v += _overlaps(visits, "config_id", tol)
+    v += _overlaps(_collapse(df, "worker") if grouped else df, "worker", tol)
     span = df.groupby(["config_id", "epoch"]).agg(s=("start", "min"), f=("end", "max")).reset_index()
     for c, g in span.sort_values("epoch").groupby("config_id"):
         s, f = g["s"].to_numpy(), g["f"].to_numpy()

@@ -21,8 +21,8 @@ from framework.driver.control import grow_into_free_resources
 from framework.engine.catalog import parent_id
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import resume_units
-from framework.engine.worker import UnitReport, epoch_metrics
 from framework.scheduling import EVAL, TRAIN, Unit
+from framework.scheduling.units import UnitReport, epoch_metrics
 
 
 def epoch_units(run: RunState, c: ConfigRecord) -> list[Unit]:
@@ -43,9 +43,7 @@ def open_epochs(run: RunState, configs: list[ConfigRecord], units: list[Unit] | 
         if c.open == 0:  # nothing left to run (a resume after its last unit): it ends at once
             run.ended.append(c.id)
     run.dispatch.open(units, run.workers.availability(), wave=run.round)
-    if run.bar is not None and not run.bar_planned:
-        run.bar.total += len(units)
-        run.bar.refresh()
+    run.observers.call("on_units_opened", len(units))
 
 
 def close_epoch(c: ConfigRecord) -> None:
@@ -66,7 +64,7 @@ def settle(run: RunState) -> bool:
         for c in ended:
             close_epoch(c)
         run.round_open = False
-        run.leaderboard()
+        run.observers.call("on_round_end", run.round)
         decide(run, ended)
         open_epochs(run, run.configs.active())
         run.round_open = bool(run.configs.active())
@@ -95,8 +93,6 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     t0 = time.perf_counter()
     decision = run.procedure.step(run.configs.views())
     new = run.configs.apply(decision, type(run.procedure).__name__)
-    if run.on_decision is not None:
-        run.on_decision(decision)
     for c in new:
         if c.parent is None:
             continue
@@ -121,10 +117,10 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     t3 = time.perf_counter()
     run.event("round_committed", round=run.round, decide_s=round(t1 - t0, 6), flush_s=round(t2 - t1, 6),
               commit_s=round(t3 - t2, 6))
-    if run.callbacks:  # what they see is committed: a resume never shows them an epoch twice
-        for c in ended:
-            run.callbacks.call("on_epoch_end", c.id, len(c.history) - 1, dict(c.history[-1]), dict(c.config))
-        run.callbacks.call("on_decision", run.round, decision)
+    # what the observers see is committed: a resume never shows them an epoch twice
+    for c in ended:
+        run.observers.call("on_epoch_end", c.id, len(c.history) - 1, dict(c.history[-1]), dict(c.config))
+    run.observers.call("on_decision", run.round, decision)
     if run.faults.crash_after_commit(run.round):
         run.crash()
     run.round += 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from automl import ACTIVE, FAILED, STOPPED, ConfigState, Decision
-from framework.engine.worker import UnitReport
+from framework.scheduling.units import UnitReport
 
 
 @dataclass

@@ -5,12 +5,11 @@ Every change of the live worker count is told to the procedure (`Procedure.worke
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable
 
 from framework.driver._state import RunState
 from framework.driver.dispatch import Flight
-from framework.engine._base import CommandReceived, WorkerJoined
+from framework.engine._base import WorkerJoined, WorkerOffered
 
 
 def start_worker(run: RunState, worker: int, partitions: Iterable[int]) -> None:
@@ -30,9 +29,7 @@ def on_joined(run: RunState, ev: WorkerJoined) -> None:
     run.workers.info[ev.worker] = dict(ev.info)
     if "extraction" in ev.info:
         run.event("features_materialized", worker=ev.worker, **ev.info["extraction"])
-    state = run.dispatch.state if run.dispatch is not None else None
-    if state is not None:
-        state.add_worker(ev.worker, ev.partitions)
+    run.dispatch.add_worker(ev.worker, ev.partitions)
     run.event("worker_joined", worker=ev.worker, partitions=sorted(ev.partitions))
     if run.live_workers is not None:  # after start-up: a restart, a scale-out or a re-load (one line each)
         run.write(f"worker {ev.worker} joined with partitions {sorted(ev.partitions)}")
@@ -97,34 +94,32 @@ def finish_drain(run: RunState, worker: int) -> None:
         count_workers(run)
 
 
-def add_workers(run: RunState, count: int, partitions: list[int] | None = None, worker: int | None = None) -> None:
-    """Start `count` new workers (or `worker` itself, when given: a worker that comes back)."""
+def add_workers(run: RunState, count: int, partitions: list[int] | None = None,
+                worker: int | None = None) -> list[int]:
+    """Start `count` new workers (or `worker` itself, when given: a worker that comes back); returns their ids."""
+    started = []
     for _ in range(count):
         w = run.workers.next_id() if worker is None else worker
         parts = partitions if partitions is not None else run.workers.least_replicated()
         start_worker(run, w, parts)
         run.event("worker_added", worker=w, partitions=list(parts))
+        started.append(w)
+    return started
 
 
-def on_command(run: RunState, ev: CommandReceived) -> None:
-    if ev.command == "add":
-        add_workers(run, ev.args.get("count", 1), ev.args.get("partitions"), ev.args.get("worker"))
-    elif ev.command == "drain":
-        w = ev.args["worker"]
-        if w in run.workers.holds:
-            run.workers.draining.add(w)
-            if run.dispatch.state is not None:
-                run.dispatch.state.drain_worker(w)
-            run.event("worker_draining", worker=w)
-            ensure_holders(run)
-            finish_drain(run, w)
-    elif ev.command == "kill":
-        live = run.workers.live()
-        w = ev.args.get("worker")
-        w = random.choice(live) if w is None and live else w
-        if w in run.workers.holds:
-            run.event("worker_killed", worker=w)
-            run.backend.kill(w)
+def drain_worker(run: RunState, worker: int) -> None:
+    """Give a live worker no new units; it leaves once its units in flight have ended."""
+    run.workers.draining.add(worker)
+    run.dispatch.drain_worker(worker)
+    run.event("worker_draining", worker=worker)
+    ensure_holders(run)
+    finish_drain(run, worker)
+
+
+def on_offered(run: RunState, ev: WorkerOffered) -> None:
+    """A worker can be started again (a simulated node returned, or joined for the first time)."""
+    if ev.worker not in run.workers.holds and ev.worker not in run.workers.loading:
+        add_workers(run, 1, list(ev.partitions), ev.worker)
 
 
 def grow_into_free_resources(run: RunState) -> None:

@@ -14,26 +14,49 @@ dispatch asks the policy twice: first for workers with nothing to run, then for 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from framework.engine.worker import unit_seed
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, UnitTimeEstimate, make_scheduler
+from framework.scheduling.units import UnitReport, unit_seed
 
 
 @dataclass
 class Flight:
-    """A unit on its way: where it runs, when it was submitted (backend clock), driver-side faults to act out."""
+    """An assignment on its way: where it runs, when it started (backend clock), driver-side faults to act out."""
 
-    unit: Unit
-    worker: int
-    started: float  # when it was submitted, or when the unit ahead of it in its worker's queue ended
+    assignment: Assignment
+    started: float  # when it was submitted, or when the unit ahead of it in its workers' queues ended
     faults: tuple[str, ...] = ()
-    queued: bool = False  # submitted behind another unit of its worker
+    queued: bool = False  # submitted behind another unit of one of its workers
+    group: int | None = None  # the gang's or pack's id in the schedule log (its ticket); None: a unit of its own
+
+    @property
+    def unit(self) -> Unit:
+        return self.assignment.unit
+
+    @property
+    def worker(self) -> int:
+        return self.assignment.workers[0]
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        return self.assignment.workers
+
+    def rows(self, report: UnitReport) -> list[UnitReport]:
+        """The schedule log's rows of a member's report: one per worker of its gang, each naming the group."""
+        if self.group is None:
+            return [report]
+        return [dataclasses.replace(report, worker=w, group=self.group) for w in self.assignment.workers]
 
 
 class Dispatcher:
+    """The units that may run (a `DispatchState` per wave), the policy that picks them, and the flights: every
+    change to them goes through a method here (`launch`, `land`, `complete`, `requeue`, `reopen`, `drop_config`,
+    `lose_worker`, ...), so the handlers never edit its fields."""
+
     def __init__(
         self, scheduler: str | Scheduler, seed: int, estimate: UnitTimeEstimate | None = None, depth: int = 1
     ) -> None:
@@ -44,7 +67,8 @@ class Dispatcher:
         self.state: DispatchState | None = None
         self.scheduler: Scheduler | None = None
         self.waves = 0
-        self.flights: dict[int, Flight] = {}  # ticket -> flight
+        self.flights: dict[int, Flight] = {}  # ticket -> flight, in submission order (read-only outside)
+        self._queues: dict[int, list[int]] = {}  # worker -> its tickets in flight, in submission order
         self.durations: dict[tuple[int, str, int], float] = {}  # (config, kind, worker) -> last measured seconds
         self._per_config: dict[tuple[int, str], dict[int, float]] = {}  # (config, kind) -> worker -> seconds
         self.longest = 0.0
@@ -91,25 +115,80 @@ class Dispatcher:
         if self.state is not None:
             self.state.set_capacity(self.depth)  # completions mark idle workers against the full queue
 
+    # ---- flights ----------------------------------------------------------------------------------------------
+    def launch(self, a: Assignment) -> bool:
+        """Start `a` on the dispatch state (its units leave the queue); returns whether it queues behind another
+        unit of one of its workers. The caller submits it to the backend and records the ticket (`fly`)."""
+        queued = any(self.state.load(w) for w in a.workers)
+        self.state.start(a)
+        return queued
+
+    def fly(self, ticket: int, flight: Flight) -> None:
+        if flight.assignment.plural:
+            flight.group = ticket
+        self.flights[ticket] = flight
+        for w in flight.workers:
+            self._queues.setdefault(w, []).append(ticket)
+
     def land(self, ticket: int, now: float) -> Flight | None:
         """The unit of `ticket` ended (done, failed in user code, or its state could not be fetched): its flight
-        leaves, and the next unit queued on its worker starts now (its hang clock starts here). None: no such
+        leaves, and the next unit queued on its workers starts now (its hang clock starts here). None: no such
         flight (its worker was declared lost meanwhile, and the unit re-queued)."""
         f = self.flights.pop(ticket, None)
         if f is None:
             return None
-        for g in self.flights.values():  # submission order: the first queued one is next
-            if g.worker == f.worker and g.queued:
-                g.started, g.queued = now, False
-                break
+        for w in f.workers:
+            queue = self._queues[w]
+            queue.remove(ticket)
+            if queue:
+                g = self.flights[queue[0]]  # submission order: the first queued one is next
+                if g.queued:
+                    g.started, g.queued = now, False
+            else:
+                del self._queues[w]
         return f
 
     def ground(self, worker: int) -> list[tuple[int, Flight]]:
         """Every flight of a worker that is gone, in submission order; none of them will land."""
         out = self.flights_of(worker)
-        for ticket, _ in out:
+        for ticket, f in out:
             del self.flights[ticket]
+            for w in f.workers:
+                queue = self._queues.get(w, [])
+                if ticket in queue:
+                    queue.remove(ticket)
+                if not queue:
+                    self._queues.pop(w, None)
         return out
+
+    def flights_of(self, worker: int) -> list[tuple[int, Flight]]:
+        return [(t, self.flights[t]) for t in self._queues.get(worker, ())]
+
+    # ---- what handlers change ------------------------------------------------------------------------------------
+    def complete(self, unit: Unit) -> None:
+        self.state.complete(unit)
+
+    def requeue(self, unit: Unit) -> None:
+        self.state.requeue(unit)
+
+    def reopen(self, unit: Unit) -> None:
+        self.state.reopen(unit)
+
+    def drop_config(self, config_id: int) -> None:
+        if self.state is not None:
+            self.state.drop_config(config_id)
+
+    def add_worker(self, worker: int, partitions: Iterable[int]) -> None:
+        if self.state is not None:
+            self.state.add_worker(worker, partitions)
+
+    def drain_worker(self, worker: int) -> None:
+        if self.state is not None:
+            self.state.drain_worker(worker)
+
+    def lose_worker(self, worker: int) -> list[Unit]:
+        """A worker is gone: every unit it held goes back to the queue (a gang's with it). Returns them."""
+        return self.state.remove_worker(worker) if self.state is not None else []
 
     def estimate(self, unit: Unit, worker: int) -> float:
         """Measured duration of this config's last unit of this kind on this worker (or any worker), else 1."""
@@ -126,8 +205,6 @@ class Dispatcher:
         self._per_config.setdefault((unit.config_id, unit.kind), {})[worker] = seconds
         self.longest = max(self.longest, seconds)
 
-    def flights_of(self, worker: int) -> list[tuple[int, Flight]]:
-        return [(t, f) for t, f in self.flights.items() if f.worker == worker]
 
     def unit_limit(self, unit_timeout_s: float | None, wall_clock: bool = True) -> float | None:
         """How long a unit may run before it is declared hung (None: no limit). Without `unit_timeout_s`, 20x the
@@ -146,8 +223,10 @@ class Dispatcher:
 
     def poll_timeout(self, now: float, limit: float | None) -> float | None:
         """How long the backend may wait for an event: until the earliest unit deadline (None: no deadline)."""
+        if limit is None:
+            return None
         started = [f.started for f in self.flights.values() if not f.queued]
-        if limit is None or not started:
+        if not started:
             return None
         return max(0.01, min(started) + limit - now)
 

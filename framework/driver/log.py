@@ -16,10 +16,10 @@ import pandas as pd
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError
 from framework.engine.signing import dumps_signed
-from framework.engine.worker import UnitReport
 from framework.scheduling import Unit
+from framework.scheduling.units import UnitReport
 
-UNIT_COLUMNS = ["config_id", "epoch", "partition", "worker", "kind", "start", "end"]
+UNIT_COLUMNS = ["config_id", "epoch", "partition", "worker", "kind", "start", "end", "group"]
 
 
 class SQLiteRunLog:
@@ -115,6 +115,6 @@ class MemoryRunLog:
         return fetch(), epoch, units
 
     def schedule(self, status: str = "done") -> pd.DataFrame:
-        rows = [(r.unit.config_id, r.unit.epoch, r.unit.partition, r.worker, r.unit.kind, r.start, r.end)
+        rows = [(r.unit.config_id, r.unit.epoch, r.unit.partition, r.worker, r.unit.kind, r.start, r.end, r.group)
                 for _, r, st in self.units if st == status]
         return pd.DataFrame(rows, columns=UNIT_COLUMNS)

@@ -4,49 +4,45 @@
     while a config is active or a unit is in flight:
         settle: close the epochs that ended, ask the procedure, commit, open the next units
         dispatch: the scheduler picks units for idle workers; submit them to the backend
+        commands: apply what the command source holds (add or drain workers, ...)
         for event in backend.poll(): handle(event)
 
 What runs the units is a `framework.engine._base.Backend` (`RayBackend`, `LocalBackend`, or the simulator's
 `SimulatedBackend`); what records them is a run log (`framework.driver.log`). Handlers live in their own modules
 (`units`, `recovery`, `control`, `commit`); this module only maps events to them. No other thread touches the
-backend: `add_workers`, `drain_worker` and `kill_worker` queue commands that arrive here as events.
+backend: commands from outside the loop come from a `framework.driver.commands.CommandSource`, read between events
+(a wall-clock backend is polled in slices of `COMMAND_WAIT_S`, so a command waits at most that long).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from automl import ACTIVE, FAILED, Procedure
-from framework.driver import commit, control, recovery, units
-from framework.driver._state import DriverOptions, RunState
+from framework.callbacks import Callback, CallbackList
+from framework.driver import commands, commit, control, recovery, units
+from framework.driver._state import RunState
+from framework.driver.commands import CommandSource, QueueCommands
 from framework.driver.dispatch import Dispatcher
 from framework.driver.workers import WorkerTable
-from framework.engine._base import (
-    Backend,
-    CommandReceived,
-    StateLost,
-    UnitDone,
-    UnitFailed,
-    UnitStarted,
-    WorkerJoined,
-    WorkerLost,
-    WorkerPreempted,
-)
+from framework.engine._base import Backend, StateLost, UnitDone, UnitFailed, WorkerJoined, WorkerLost, WorkerOffered
 from framework.engine.faults import FaultPlan
+from framework.options import RunOptions
 from framework.scheduling import SeededOrderScheduler, Unit
 
 HANDLERS = {
-    UnitDone: units.on_unit_done,
-    UnitFailed: units.on_unit_failed,
-    UnitStarted: lambda run, ev: None,
+    UnitDone: units.on_unit_ended,
+    UnitFailed: units.on_unit_ended,
     StateLost: recovery.on_state_lost,
     WorkerJoined: control.on_joined,
     WorkerLost: recovery.on_worker_lost,
-    WorkerPreempted: lambda run, ev: control.on_command(run, CommandReceived(ev.time, "drain", {"worker": ev.worker})),
-    CommandReceived: control.on_command,
+    WorkerOffered: control.on_offered,
 }
+
+#: the longest a wall-clock backend is polled before the loop looks at its command source again
+COMMAND_WAIT_S = 0.25
 
 
 class Driver:
@@ -61,8 +57,10 @@ class Driver:
         partitions: every partition id (each config trains on all of them per epoch, then evaluates).
         eval_partitions: what each config evaluates on per epoch (default: `partitions`; may be empty).
         estimate: `estimate(unit, worker) -> seconds` the policies see (default: the durations measured so far).
-        options: the run's knobs (`DriverOptions`).
+        options: the run's knobs (`framework.options.RunOptions`).
         faults: faults to inject and an observer of events.
+        commands: where commands from outside the loop come from (default: an in-process `QueueCommands`).
+        observers: `framework.Callback`s that watch the run (after the fault plan's observer, in this order).
     """
 
     def __init__(
@@ -72,31 +70,29 @@ class Driver:
         log: Any,
         placement: Mapping[int, list[int]],
         partitions: list[int],
-        options: DriverOptions | None = None,
+        options: RunOptions | None = None,
         faults: FaultPlan | None = None,
         eval_partitions: list[int] | None = None,
         estimate: Callable[[Unit, int], float] | None = None,
+        commands: CommandSource | None = None,
+        observers: Sequence[Callback] = (),
     ) -> None:
-        options = options or DriverOptions()
+        options = options or RunOptions()
+        self.commands = commands if commands is not None else QueueCommands()
         self.placement = {w: list(ps) for w, ps in placement.items()}
         scheduler = SeededOrderScheduler(options.seed) if options.deterministic else options.scheduler
         synchronous = options.barrier if options.barrier is not None else getattr(procedure, "synchronous", True)
         synchronous = synchronous or options.deterministic
-        self.run_state = RunState(
-            backend=backend, log=log, procedure=procedure, options=options, faults=faults or FaultPlan(),
-            workers=WorkerTable(partitions, eval_partitions), dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth), round=-1,
+        faults = faults or FaultPlan()
+        self.run_state = run = RunState(
+            backend=backend, log=log, procedure=procedure, options=options, faults=faults,
+            workers=WorkerTable(partitions, eval_partitions),
+            dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth), round=-1,
             synchronous=synchronous,
         )
-
-    # ---- commands (any thread) ----------------------------------------------------------------------------------
-    def add_workers(self, count: int = 1, partitions: list[int] | None = None) -> None:
-        self.run_state.backend.command("add", count=count, partitions=partitions)
-
-    def drain_worker(self, worker: int) -> None:
-        self.run_state.backend.command("drain", worker=worker)
-
-    def kill_worker(self, worker: int | None = None) -> None:
-        self.run_state.backend.command("kill", worker=worker)
+        run.observers = CallbackList([_PlanObserver(faults)] if faults.on_event else [], on_error=run.event)
+        for observer in observers:
+            run.observers.add(observer)
 
     # ---- the loop -----------------------------------------------------------------------------------------------
     def start_workers(self) -> None:
@@ -107,7 +103,7 @@ class Driver:
         while run.workers.loading:
             for ev in run.backend.poll(None):
                 HANDLERS[type(ev)](run, ev)
-        if self.placement and not run.workers.holds:
+        if self.placement and not run.workers.holds and run.backend.wall_clock:  # (a simulation's may return)
             raise RuntimeError("no worker could be started; see the run's events for the errors")
 
     def start(self, resume_from: Any = None) -> None:
@@ -154,13 +150,15 @@ class Driver:
             commit.settle(run)
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
                 run.run_deferred()
+                run.account_cpu()
                 commit.check_complete(run)
                 return True  # nothing open: every config has stopped or failed (an active config always has units)
             if stop_at is not None and run.round >= stop_at:
                 run.run_deferred()
+                run.account_cpu()
                 return False
-            for ev in run.backend.commands_received():  # commands act before the next dispatch
-                HANDLERS[type(ev)](run, ev)
+            for command in self.commands.poll():  # commands act before the next dispatch
+                commands.apply(run, command)
             for a in run.dispatch.select():
                 units.submit(run, a)
             run.run_deferred()  # log and checkpoint the last completions once their successors are on their way
@@ -169,7 +167,8 @@ class Driver:
                 continue
             limit = run.dispatch.unit_limit(run.options.unit_timeout_s, run.backend.wall_clock)
             timeout = run.dispatch.poll_timeout(run.backend.now(), limit)
-            events = run.backend.poll(timeout)
+            wait = min(timeout, COMMAND_WAIT_S) if timeout is not None else COMMAND_WAIT_S
+            events = run.backend.poll(wait if run.backend.wall_clock else timeout)
             if not events:
                 if timeout is None and not run.backend.wall_clock:  # nothing is scheduled to happen, ever
                     stuck = sorted(str(f.unit) for f in run.dispatch.flights.values())
@@ -179,7 +178,7 @@ class Driver:
                 continue
             for ev in events:
                 HANDLERS[type(ev)](run, ev)
-            run.account_cpu()
+            run.account_cpu(at_least=64)
 
     def _wait_for_holders(self) -> None:
         """Nothing runs and nothing loads, yet units wait: their partitions have no live holder."""
@@ -223,3 +222,13 @@ class Driver:
         v, cid = (min if mode == "min" else max)(scored)
         return (f"round {round_}: {seconds:.1f}s | best config {cid} {metric}={v:.4f} | "
                 f"{active} active, {failed} failed, {len(run.configs)} total")
+
+
+class _PlanObserver(Callback):
+    """The fault plan's `on_event`, first on the run's observer channel."""
+
+    def __init__(self, plan: FaultPlan) -> None:
+        self.plan = plan
+
+    def on_event(self, kind: str, detail: dict[str, Any]) -> None:
+        self.plan.observe(kind, detail)

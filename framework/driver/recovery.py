@@ -17,8 +17,8 @@ from framework.driver.control import count_workers, end_flight, restart_or_reass
 from framework.engine._base import StateLost, WorkerLost
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import units_to_redo
-from framework.engine.worker import UnitReport
 from framework.scheduling import TRAIN, Unit
+from framework.scheduling.units import UnitReport
 
 
 def on_worker_lost(run: RunState, ev: WorkerLost) -> None:
@@ -54,10 +54,11 @@ def worker_lost(run: RunState, worker: int, why: str, started: tuple[int, ...] |
             labels["unstarted"].append(str(f.unit))
             continue
         running = ticket == started[-1]
-        run.log.add_unit(run.round, UnitReport(f.unit, worker, f.started, now), "interrupted" if running else "lost")
+        for u in f.assignment.units:
+            for row in f.rows(UnitReport(u, worker, f.started, now)):
+                run.log.add_unit(run.round, row, "interrupted" if running else "lost")
         labels["requeued" if running else "lost_results"].append(str(f.unit))
-    state = run.dispatch.state
-    lost = state.remove_worker(worker) if state is not None else []
+    lost = run.dispatch.lose_worker(worker)
     held = run.workers.remove(worker)
     run.backend.stop_worker(worker)
     run.event("worker_failed", worker=worker, why=why, **labels)
@@ -75,8 +76,7 @@ def check_hung(run: RunState) -> None:
 
 def fail_config(run: RunState, c: ConfigRecord, why: str, event: dict | None = None) -> None:
     """The config fails for good (its other units are dropped); the rest of the run carries on."""
-    if run.dispatch.state is not None:
-        run.dispatch.state.drop_config(c.id)
+    run.dispatch.drop_config(c.id)
     run.configs.fail(c.id)
     run.log.fail_config(c.id, why)
     run.event("config_failed", config_id=c.id, **(event or {"why": why}))
@@ -92,10 +92,11 @@ def on_state_lost(run: RunState, ev: StateLost) -> None:
     f = end_flight(run, ev.ticket, ev.time)
     if f is None:
         return
-    state, c = run.dispatch.state, run.configs[f.unit.config_id]
+    c = run.configs[f.unit.config_id]
     run.run_deferred()  # every completed unit is logged and its checkpoint queued before we look at the disk
     run.log.flush()
-    state.requeue(f.unit)
+    for unit in f.assignment.units:  # a pack's other members go back with it (their state hops with the lost one)
+        run.dispatch.requeue(unit)
     lost = f"its state was lost ({ev.error!r})"
     no_checkpoint = None
     try:
@@ -118,14 +119,14 @@ def on_state_lost(run: RunState, ev: StateLost) -> None:
                         "are no longer held")
             return
     for p in redo:
-        state.reopen(Unit(c.id, epoch, p, TRAIN))
+        run.dispatch.reopen(Unit(c.id, epoch, p, TRAIN))
     # the units to re-do are gone from the config's weights: their log rows and metrics must go too, and so must
     # the epoch's evaluations of those weights (an eval unit that lost the state ran after every train unit)
     gone = [r for r in c.reports
             if redo and r.unit.epoch == epoch and (r.unit.kind != TRAIN or r.unit.partition in redo)]
     for r in gone:
         if r.unit.kind != TRAIN:
-            state.reopen(r.unit)
+            run.dispatch.reopen(r.unit)
     c.open += len(redo) + sum(r.unit.kind != TRAIN for r in gone)
     c.reports = [r for r in c.reports if r not in gone]
     run.log.mark_lost([r.unit for r in gone])

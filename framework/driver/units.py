@@ -12,61 +12,75 @@ from framework.driver.recovery import fail_config
 from framework.engine._base import UnitDone, UnitFailed
 from framework.engine.faults import DRIVER_ACTIONS
 from framework.engine.recovery import should_retry
-from framework.engine.worker import UnitTask
 from framework.scheduling import TRAIN, Assignment, Unit
+from framework.scheduling.units import UnitReport, UnitTask
 
 
 def submit(run: RunState, a: Assignment) -> None:
-    """Start `a` on the dispatch state and send it to the backend with the config's latest state (behind the units
-    its worker holds already, if any)."""
-    queued = run.dispatch.state.load(a.worker) > 0
-    run.dispatch.state.start(a)
-    c = run.configs[a.unit.config_id]
+    """Start `a` on the dispatcher and send it to the backend with its members' latest states (behind the units
+    its workers hold already, if any)."""
+    queued = run.dispatch.launch(a)
+    members = [run.configs[cid] for cid in a.members]
     injected = run.faults.on_dispatch(a.unit, a.worker) if run.faults.faults else []
     for action in injected:
         run.event("fault_injected", action=action, unit=str(a.unit), worker=a.worker)
     worker_fault = next((f for f in injected if f not in DRIVER_ACTIONS), None)
-    task = UnitTask(a.unit, c.config, run.options.seed, fault=worker_fault)
-    ticket = run.backend.submit((a.worker,), task, c.state)
+    if len(members) == 1 and len(a.workers) == 1:
+        task = UnitTask(a.unit, members[0].config, run.options.seed, fault=worker_fault)
+    else:
+        task = UnitTask(a.unit, members[0].config, run.options.seed, fault=worker_fault, members=a.members,
+                        configs=tuple(c.config for c in members), workers=a.workers)
+    ticket = run.backend.submit(a.workers, task, tuple(c.state for c in members))
     driver_faults = tuple(f for f in injected if f in DRIVER_ACTIONS)
-    run.dispatch.flights[ticket] = Flight(a.unit, a.worker, run.backend.now(), driver_faults, queued)
+    run.dispatch.fly(ticket, Flight(a, run.backend.now(), driver_faults, queued))
 
 
-def on_unit_done(run: RunState, ev: UnitDone) -> None:
+def on_unit_ended(run: RunState, ev: UnitDone | UnitFailed) -> None:
+    """An assignment ran: each member's unit is done, or failed in user code (its report holds the error)."""
     f = end_flight(run, ev.ticket, ev.time)
     if f is None:
         return  # its worker was declared lost meanwhile: the unit was re-queued
-    unit, report, c = f.unit, ev.report, run.configs[f.unit.config_id]
-    run.dispatch.state.complete(unit)
+    for unit, report, state in zip(f.assignment.units, ev.reports, ev.states):
+        if report.error is None:
+            unit_done(run, f, unit, report, state)
+        else:
+            unit_failed(run, f, unit, report)
+
+
+def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: str) -> None:
+    for row in f.rows(report):
+        run.log.add_unit(round_, row, status)
+
+
+def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: Any) -> None:
+    c = run.configs[unit.config_id]
+    run.dispatch.complete(unit)
     run.dispatch.record(unit, f.worker, report.end - report.start)
     c.reports.append(report)
     run.cpu_units.append(unit.epoch)
     if run.options.check_metric and not run.metric_seen:
         check_metric(run, unit, report)
     if unit.kind == TRAIN:
-        c.state, c.units = ev.state, c.units + 1
+        c.state, c.units = handle, c.units + 1
         if run.synchronous:  # a decision sees every config at an epoch end, where its latest state is the epoch's:
             c.epoch_state = None  # no older state is kept alive (for a clone) meanwhile
         c.visited.setdefault(unit.epoch, []).append(unit.partition)
-    round_, units, handle, faults = run.round, c.units, ev.state, f.faults
+    round_, units, faults = run.round, c.units, f.faults
 
     def record() -> None:
         # the log row first, then the checkpoint: a checkpoint never holds a unit the log does not know
-        run.log.add_unit(round_, report, "done")
+        log_unit(run, round_, f, report, "done")
         if "crash_driver" in faults:
             run.crash()
         if unit.kind == TRAIN and "skip_checkpoint" not in faults and checkpoint_due(run, c, unit, units):
             checkpoint(run, c, unit.epoch, units, handle, f.worker)
 
-    if run.callbacks:
-        run.callbacks.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
-                           report.end - report.start, dict(report.metrics))
+    run.observers.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
+                       report.end - report.start, report.metrics)
     run.deferred.append(record)  # done once the next units are on their way
     c.open -= 1
     if c.open == 0:
         run.ended.append(c.id)
-    if run.on_unit is not None:
-        run.on_unit()
 
 
 class MetricNotReportedError(ValueError):
@@ -90,7 +104,7 @@ def check_metric(run: RunState, unit: Unit, report: Any) -> None:
 
 
 def checkpoint_due(run: RunState, c: ConfigRecord, unit: Unit, units: int) -> bool:
-    """Whether the state after this training unit goes to disk (`DriverOptions.checkpoint`): every unit, the last
+    """Whether the state after this training unit goes to disk (`RunOptions.checkpoint`): every unit, the last
     unit of each epoch, the last unit of each epoch and any unit N seconds after the config's last checkpoint, or
     none (then only a config's final state is written, when it stops: `checkpoint_final`)."""
     policy = run.options.checkpoint
@@ -118,21 +132,18 @@ def checkpoint_final(run: RunState, c: ConfigRecord) -> None:
         checkpoint(run, c, max(c.epoch - 1, 0), c.units, c.state, None)
 
 
-def on_unit_failed(run: RunState, ev: UnitFailed) -> None:
+def unit_failed(run: RunState, f: Flight, unit: Unit, report: UnitReport) -> None:
     """User code raised: retry the unit while the config has retries left, else the config fails."""
-    f = end_flight(run, ev.ticket, ev.time)
-    if f is None:
-        return
-    unit, c = f.unit, run.configs[f.unit.config_id]
-    run.log.add_unit(run.round, ev.report, "failed")
+    c = run.configs[unit.config_id]
+    log_unit(run, run.round, f, report, "failed")
     c.failures += 1
     if should_retry(c.failures, run.options.max_unit_retries):
-        run.dispatch.state.requeue(unit)
+        run.dispatch.requeue(unit)
         run.event("unit_retry", config_id=c.id, unit=str(unit), attempt=c.failures)
         return
-    run.dispatch.state.complete(unit)
-    fail_config(run, c, ev.report.error, event={"unit": str(unit)})
+    run.dispatch.complete(unit)
+    fail_config(run, c, report.error, event={"unit": str(unit)})
     run.write(f"config {c.id} failed in {unit.kind} unit (epoch {unit.epoch}, partition {unit.partition}):\n"
-              + ev.report.error.strip().splitlines()[-1])
-    if run.on_unit is not None:
-        run.on_unit()
+              + report.error.strip().splitlines()[-1])
+    run.observers.call("on_unit_failed", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
+                       report.error)

@@ -7,12 +7,10 @@ small frozen `Event`s in one vocabulary:
     WorkerJoined      a worker finished loading its partitions and takes units
     WorkerLost        a worker died (or never finished loading); the tickets it held are gone (`started` names
                       those it was running or had finished, as the worker knew them)
-    WorkerPreempted   a worker will be taken away after `notice_s` (spot instances, a cluster draining a node)
-    UnitStarted       a unit began on its worker (backends that queue several units per worker report it)
-    UnitDone          a unit finished; `state` is a handle to the config's new state (None for eval units)
-    UnitFailed        the user's code raised in a unit (`report.error` holds the traceback); the worker lives on
+    WorkerOffered     a worker can be started (a simulated node returned, or joined for the first time)
+    UnitDone          an assignment finished: per member, a report and a handle to its new state (None for eval)
+    UnitFailed        the user's code raised (`report.error` holds the traceback); the worker lives on
     StateLost         the unit could not fetch the config's state (an object lost with its node)
-    CommandReceived   a command from outside the loop (add or drain workers, kill one for chaos testing)
 
 A unit is submitted with a *ticket* (an int the backend returns); every unit event names its ticket, so a worker may
 hold several queued units (queue depth) and a unit may be given several workers (a gang: `workers` has more than
@@ -27,12 +25,11 @@ anything shared between workers fetched back in, what a checkpoint stores).
 from __future__ import annotations
 
 import abc
-import queue
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from framework.engine.worker import UnitReport, UnitTask
+from framework.scheduling.units import UnitReport, UnitTask
 
 
 @dataclass(frozen=True)
@@ -65,30 +62,49 @@ class WorkerLost(Event):
 
 
 @dataclass(frozen=True)
-class WorkerPreempted(Event):
-    worker: int
-    notice_s: float
+class WorkerOffered(Event):
+    """A worker can be started with `partitions` (a simulated node that returned, or joined for the first time)."""
 
-
-@dataclass(frozen=True)
-class UnitStarted(Event):
-    ticket: int
     worker: int
+    partitions: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class UnitDone(Event):
+    """An assignment ran: one report and one state handle per member (one for a unit of its own), in `members`
+    order. A state is None for eval units; a member whose report holds an `error` failed in user code (in a pack,
+    the others count)."""
+
     ticket: int
     worker: int
-    report: UnitReport
-    state: Any  # handle to the new state (train units), None for eval units
+    reports: tuple[UnitReport, ...]
+    states: tuple[Any, ...]  # handles to the new states (train units), None for eval units
+
+    @property
+    def report(self) -> UnitReport:
+        return self.reports[0]
+
+    @property
+    def state(self) -> Any:
+        return self.states[0]
 
 
 @dataclass(frozen=True)
 class UnitFailed(Event):
+    """User code raised in every member of the assignment (`report.error` holds the traceback); the worker lives
+    on."""
+
     ticket: int
     worker: int
-    report: UnitReport  # `report.error` holds the user's traceback
+    reports: tuple[UnitReport, ...]
+
+    @property
+    def report(self) -> UnitReport:
+        return self.reports[0]
+
+    @property
+    def states(self) -> tuple[Any, ...]:
+        return (None,) * len(self.reports)
 
 
 @dataclass(frozen=True)
@@ -98,29 +114,26 @@ class StateLost(Event):
     error: BaseException
 
 
-@dataclass(frozen=True)
-class CommandReceived(Event):
-    command: str  # "add", "drain" or "kill"
-    args: Mapping[str, Any] = field(default_factory=dict)
-
-
-COMMANDS = ("add", "drain", "kill")
+def refuse_plural(backend: Backend, workers: Sequence[int], task: UnitTask) -> None:
+    """The clear error of a backend that runs one config on one worker per unit, given a gang or a pack."""
+    if len(workers) != 1 or len(task.members) > 1:
+        what = (f"a gang of {len(workers)} workers {tuple(workers)}" if len(workers) != 1
+                else f"a pack of {len(task.members)} configs {task.members}")
+        raise NotImplementedError(f"{type(backend).__name__} runs one config on one worker per unit, but was given "
+                                  f"{what}; the simulator's backend runs gangs and packs")
 
 
 class Backend(abc.ABC):
     """Runs workers and units for the driver and reports what happened as events (see the module docstring).
 
-    Only the driver's thread calls a backend, except `command`, which any thread may call: the command comes back
-    from `poll` as a `CommandReceived`, so the loop applies it at a point of its own choosing.
+    Only the driver's thread calls a backend. Commands from outside the loop (add or drain workers) do not pass
+    through it: the loop reads them from a `framework.driver.commands.CommandSource`.
     """
 
     #: Whether `now()` is wall time. False: a logical or simulated clock, on which a unit's length says nothing of
     #: its health (a simulated unit may last a day), so the driver applies no health check of its own making (an
     #: explicit `unit_timeout_s` still holds) and waits for the next scheduled event instead of a number of seconds.
     wall_clock: bool = True
-
-    def __init__(self) -> None:
-        self._commands: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
 
     # ---- workers ------------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -142,8 +155,10 @@ class Backend(abc.ABC):
 
     # ---- units --------------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def submit(self, workers: Sequence[int], task: UnitTask, state: Any) -> int:
-        """Run `task` from the state behind handle `state` (None: a fresh config) on `workers`; returns its ticket."""
+    def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
+        """Run `task` on `workers` (a gang when more than one) from the states behind `states`, one handle per
+        member of `task.members` (None: a fresh config); returns its ticket. A backend that runs only one config on
+        one worker per unit refuses more with `refuse_plural`."""
 
     @abc.abstractmethod
     def poll(self, timeout: float | None) -> list[Event]:
@@ -174,21 +189,3 @@ class Backend(abc.ABC):
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release every worker and resource."""
-
-    # ---- commands from other threads ---------------------------------------------------------------------------
-    def command(self, command: str, **args: Any) -> None:
-        """Queue a command for the driver loop (thread-safe): `add` (count, partitions), `drain` (worker) or
-        `kill` (worker). It comes back from `poll` as a `CommandReceived`."""
-        if command not in COMMANDS:
-            raise ValueError(f"`command` is {command!r}, but must be one of {list(COMMANDS)}")
-        self._commands.put((command, args))
-
-    def commands_received(self) -> list[Event]:
-        """Commands queued so far, as events (non-blocking; `poll` returns them too)."""
-        out: list[Event] = []
-        while True:
-            try:
-                command, args = self._commands.get_nowait()
-            except queue.Empty:
-                return out
-            out.append(CommandReceived(self.now(), command, args))

@@ -13,17 +13,26 @@ worker is reported lost, a hung unit never reports, a lost state raises `StateLo
 from __future__ import annotations
 
 import copy
-import dataclasses
 import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from framework.engine._base import Backend, Event, StateLost, UnitDone, UnitFailed, WorkerJoined, WorkerLost
-from framework.engine.worker import UnitTask, Worker, unpack_state
+from framework.engine._base import (
+    Backend,
+    Event,
+    StateLost,
+    UnitDone,
+    UnitFailed,
+    WorkerJoined,
+    WorkerLost,
+    refuse_plural,
+)
+from framework.engine.worker import Worker, unpack_state
 from framework.engine.worker import self_contained as _self_contained
 from framework.scheduling import TRAIN, Unit
+from framework.scheduling.units import UnitTask
 
 
 class _Killed(BaseException):
@@ -98,8 +107,10 @@ class LocalBackend(Backend):
             return 0.0, WorkerLost(0.0, worker, "died while loading", loading=True)
         return 0.0, WorkerJoined(0.0, worker, parts, {"data_bytes": self.workers[worker].data_nbytes()})
 
-    def _execute(self, worker: int, ticket: int, task: UnitTask, state: Any) -> tuple[float, Event] | None:
-        """Run one unit: (seconds it took, the event), or None when it never reports (hung)."""
+    def _execute(self, workers: tuple[int, ...], ticket: int, task: UnitTask, state: Any) -> tuple[float, Event] | None:
+        """Run one unit on `workers` from `state` (a tuple of member states for a pack): (seconds it took, the
+        event), or None when it never reports (hung)."""
+        worker = workers[0]
         try:
             new_state, report = self.workers[worker].run(task, copy.deepcopy(state))
         except _Killed:
@@ -111,8 +122,8 @@ class LocalBackend(Backend):
             return 0.0, StateLost(0.0, ticket, worker, e)
         duration = self.unit_time(task.unit, worker) if self.unit_time else report.end - report.start
         if report.error is not None:
-            return duration, UnitFailed(0.0, ticket, worker, report)
-        return duration, UnitDone(0.0, ticket, worker, report, new_state if task.unit.kind == TRAIN else None)
+            return duration, UnitFailed(0.0, ticket, worker, (report,))
+        return duration, UnitDone(0.0, ticket, worker, (report,), (new_state if task.unit.kind == TRAIN else None,))
 
     # ---- the contract ---------------------------------------------------------------------------------------------
     def start_worker(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> None:
@@ -124,7 +135,7 @@ class LocalBackend(Backend):
     def stop_worker(self, worker: int) -> None:
         self.workers.pop(worker, None)
         self._free_at.pop(worker, None)
-        self._todo = deque(item for item in self._todo if item[2][0] != worker)
+        self._todo = deque(item for item in self._todo if worker not in _workers_of(item))
         kept = [item for item in self._heap  # its units' outcomes go; scheduled worker events stay
                 if not (hasattr(item[2], "ticket") and item[2].worker == worker)]
         if len(kept) != len(self._heap):
@@ -136,35 +147,37 @@ class LocalBackend(Backend):
             self.stop_worker(worker)
             self._at(self._clock, WorkerLost(self._clock, worker, "killed"))
 
-    def submit(self, workers: Sequence[int], task: UnitTask, state: Any) -> int:
-        if len(workers) != 1:
-            raise NotImplementedError(f"{type(self).__name__} runs a unit on one worker, got a gang of {len(workers)}")
+    def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
+        refuse_plural(self, workers, task)
+        return self._enqueue(tuple(workers), task, tuple(states))
+
+    def _enqueue(self, workers: tuple[int, ...], task: UnitTask, states: tuple[Any, ...]) -> int:
         ticket = next(self._tickets)
-        self._todo.append((self._clock, "unit", (workers[0], ticket, task, state)))
+        self._todo.append((self._clock, "unit", (workers, ticket, task, states[0] if len(states) == 1 else states)))
         return ticket
 
     def _at(self, t: float, event: Event) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), event))
 
     def poll(self, timeout: float | None) -> list[Event]:
-        events = self.commands_received()
-        if events:
-            return events
+        events: list[Event] = []
         while self._todo:
             t0, what, args = self._todo.popleft()
-            if args[0] not in self.workers:  # stopped or lost meanwhile
+            workers = _workers_of((t0, what, args))
+            if any(w not in self.workers for w in workers):  # stopped or lost meanwhile
                 continue
-            if what == "unit":  # it starts when the units ahead of it in the worker's queue have ended
-                t0 = max(t0, self._free_at.get(args[0], t0))
+            if what == "unit":  # it starts when the units ahead of it in its workers' queues have ended
+                t0 = max(t0, *(self._free_at.get(w, t0) for w in workers))
                 if t0 == float("inf"):
                     continue  # behind a hung unit: it never starts
-            out = self._load(*args) if what == "load" else self._execute(*args)
-            if what == "unit":
-                self._free_at[args[0]] = float("inf") if out is None else t0 + out[0]
+                out = self._execute(*args)
+                for w in workers:
+                    self._free_at[w] = float("inf") if out is None else t0 + out[0]
+            else:
+                out = self._load(*args)
             if out is not None:
                 seconds, event = out
-                report = getattr(event, "report", None)
-                if report is not None:  # the unit's times on the logical clock
+                for report in getattr(event, "reports", ()):  # the unit's times on the logical clock
                     report.start, report.end = t0, t0 + seconds
                 self._at(t0 + seconds, event)
         if not self._heap or (timeout is not None and self._heap[0][0] > self._clock + timeout):
@@ -173,7 +186,10 @@ class LocalBackend(Backend):
         t = self._heap[0][0]
         self._clock = max(self._clock, t)
         while self._heap and self._heap[0][0] <= t:
-            events.append(dataclasses.replace(heapq.heappop(self._heap)[2], time=t))
+            event = heapq.heappop(self._heap)[2]
+            if event.time != t:  # the backend's own fresh event: stamped in place (cheaper than a copy)
+                object.__setattr__(event, "time", t)
+            events.append(event)
         return events
 
     def put(self, state: dict[str, Any] | None) -> Any:
@@ -185,3 +201,9 @@ class LocalBackend(Backend):
 
     def now(self) -> float:
         return self._clock
+
+
+def _workers_of(item: tuple[float, str, tuple]) -> tuple[int, ...]:
+    """The workers a queued load or unit runs on."""
+    _, what, args = item
+    return args[0] if what == "unit" else (args[0],)

@@ -26,9 +26,11 @@ from framework.engine._base import (
     UnitFailed,
     WorkerJoined,
     WorkerLost,
+    refuse_plural,
 )
-from framework.engine.worker import UnitReport, UnitTask, Worker, self_contained, unpack_state
+from framework.engine.worker import Worker, self_contained, unpack_state
 from framework.scheduling import TRAIN
+from framework.scheduling.units import UnitReport, UnitTask
 
 _LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
 #: how long `stop_worker` waits for a worker to remove its files before it kills the worker
@@ -297,9 +299,9 @@ class RayBackend(Backend):
         return WorkerLost(time.time(), worker, why, loading=loading, started=started)
 
     # ---- units --------------------------------------------------------------------------------------------------
-    def submit(self, workers: Sequence[int], task: UnitTask, state: Any) -> int:
-        if len(workers) != 1:
-            raise NotImplementedError(f"RayBackend runs a unit on one worker, got a gang of {len(workers)}")
+    def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
+        refuse_plural(self, workers, task)
+        state = states[0]
         ticket = next(self._tickets)
         seq = self._seqs[workers[0]] = self._seqs.get(workers[0], -1) + 1
         state_ref, report_ref = self._actors[workers[0]].enqueue.options(num_returns=2).remote(seq, task, [state])
@@ -308,17 +310,17 @@ class RayBackend(Backend):
 
     def poll(self, timeout: float | None) -> list[Event]:
         deadline = None if timeout is None else time.time() + timeout
+        events: list[Event] = []
         while True:
-            events = self.commands_received()
             waitable = list(self._units) + list(self._loads)
             left = None if deadline is None else max(0.0, deadline - time.time())
-            step = 0.0 if events else (0.2 if left is None else min(left, 0.2))  # commands are seen within 0.2 s
+            step = 0.2 if left is None else min(left, 0.2)
             if waitable:
                 ready, rest = ray.wait(waitable, num_returns=1, timeout=step)
             else:
                 ready, rest = [], []
                 time.sleep(step)
-            if ready or events or (left is not None and left <= 0.2):
+            if ready or (left is not None and left <= 0.2):
                 break
         if ready and rest:  # everything else already finished comes along, in one batch
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
@@ -343,10 +345,10 @@ class RayBackend(Backend):
                 events.append(StateLost(time.time(), unit.ticket, unit.worker, e))
                 continue
             if report.error is not None:
-                events.append(UnitFailed(time.time(), unit.ticket, unit.worker, report))
+                events.append(UnitFailed(time.time(), unit.ticket, unit.worker, (report,)))
             else:
                 state = unit.state_ref if unit.kind == TRAIN else None
-                events.append(UnitDone(time.time(), unit.ticket, unit.worker, report, state))
+                events.append(UnitDone(time.time(), unit.ticket, unit.worker, (report,), (state,)))
         return events
 
     def _joined(self, ref: Any) -> Event:

@@ -18,7 +18,7 @@ import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,22 +26,13 @@ import torch
 
 from framework.data import concat_data, data_len
 from framework.engine.faults import InjectedFault
-from framework.scheduling import EVAL, TRAIN, Unit
+from framework.scheduling.units import TRAIN, Unit, UnitReport, UnitTask, unit_seed
 from framework.trainable import Trainable, accepted_kwargs
 
 # {"model": state_dict, "optimizer", "lr_scheduler", "grad_scaler": state_dicts or None,
 #  "visited": {epoch: [partitions absorbed, in order]}},
 # tensors on CPU; loadable with torch.load(weights_only=True).
 ModelState = dict[str, Any]
-
-
-def unit_seed(seed: int, *parts: int) -> int:
-    """A 63-bit seed derived from the run seed and a tuple of ints (config, epoch, partition, ...).
-
-    The tuple's length is part of the entropy: numpy's `SeedSequence` would otherwise read `(c,)` and `(c, 0)` as one
-    seed, and a config's construction would draw what one of its units draws.
-    """
-    return int(np.random.SeedSequence([seed, len(parts), *parts]).generate_state(1, dtype=np.uint64)[0]) >> 1
 
 
 def seed_everything(s: int) -> None:
@@ -210,30 +201,6 @@ def state_nbytes(state: ModelState | None) -> int:
         elif isinstance(obj, (list, tuple)):
             stack.extend(obj)
     return total
-
-
-@dataclass(frozen=True)
-class UnitTask:
-    """Everything a worker needs to run one unit, besides the config's state."""
-
-    unit: Unit
-    config: dict[str, Any]
-    seed: int  # the run seed
-    fault: str | None = None  # an injected fault to act out (framework.engine.faults.WORKER_ACTIONS)
-
-
-@dataclass
-class UnitReport:
-    """What a worker sends back after a unit (small; the state travels separately through the object store)."""
-
-    unit: Unit
-    worker: int
-    start: float
-    end: float
-    metrics: dict[str, float] = field(default_factory=dict)
-    num_examples: int = 0
-    state_bytes: int = 0
-    error: str | None = None  # traceback of a failure in user code
 
 
 #: the prefix of a worker's activation-cache folder (layer freezing with `cache=True`)
@@ -534,23 +501,6 @@ def self_contained(state: ModelState | None, resolve: Callable[[Any], dict] = la
         return state
     frozen = resolve(state["frozen"]["weights"])
     return {**{k: v for k, v in state.items() if k != "frozen"}, "model": {**state["model"], **frozen}}
-
-
-def epoch_metrics(reports: list[UnitReport]) -> dict[str, float]:
-    """A config's metrics for one epoch: example-weighted means over its units, `train_`/`valid_` prefixed."""
-    out: dict[str, float] = {}
-    for kind, prefix in ((TRAIN, "train_"), (EVAL, "valid_")):
-        sums: dict[str, float] = {}
-        n = 0
-        for r in reports:
-            if r.unit.kind != kind:
-                continue
-            n += r.num_examples
-            for k, v in r.metrics.items():
-                sums[k] = sums.get(k, 0.0) + v * r.num_examples
-        if n:
-            out.update({prefix + k: v / n for k, v in sums.items()})
-    return out
 
 
 def _check_metrics(metrics: Any, fn_name: str) -> dict[str, float]:

@@ -31,10 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from framework.engine.worker import seed_everything, unit_seed
+from framework.engine.worker import seed_everything
 from framework.planner.execution import KeyedModule, build_bridge, trainable_state_dict
 from framework.planner.milp import CostModel
 from framework.planner.transfer import TransferPlan, plan_transfer
+from framework.scheduling.units import unit_seed
 
 Features = torch.Tensor | dict[str, torch.Tensor]
 

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from framework.scheduling._base import (
-    EVAL,
-    KINDS,
-    TRAIN,
-    Assignment,
-    DispatchState,
-    Scheduler,
-    Unit,
-    UnitTimeEstimate,
-    greedy_select,
-)
+from framework.scheduling._base import DispatchState, Scheduler, greedy_select
 from framework.scheduling._plan import (
     FEASIBLE,
     HEURISTIC,
@@ -35,6 +25,18 @@ from framework.scheduling.mwr import MWRScheduler
 from framework.scheduling.plan import PlanScheduler
 from framework.scheduling.randomized import RandomizedScheduler
 from framework.scheduling.seeded import SeededOrderScheduler
+from framework.scheduling.units import (
+    EVAL,
+    KINDS,
+    TRAIN,
+    Assignment,
+    Unit,
+    UnitReport,
+    UnitTask,
+    UnitTimeEstimate,
+    epoch_metrics,
+    unit_seed,
+)
 
 
 def _plan(solver_cls: type[OfflineSolver], name: str) -> Callable[..., Scheduler]:
@@ -105,9 +107,13 @@ __all__ = [
     "SeededOrderScheduler",
     "ShopProblem",
     "Unit",
+    "UnitReport",
+    "UnitTask",
     "UnitTimeEstimate",
+    "epoch_metrics",
     "greedy_select",
     "left_shift",
     "make_scheduler",
     "replay",
+    "unit_seed",
 ]

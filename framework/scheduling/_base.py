@@ -18,36 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-TRAIN = "train"
-EVAL = "eval"
-KINDS = (TRAIN, EVAL)
-
-
-@dataclass(frozen=True, order=True)
-class Unit:
-    """One visit of a config to a partition: train (one pass, one sub-epoch) or eval (no gradients).
-
-    `epoch` is the config's own epoch index (0-based) that this unit belongs to.
-    """
-
-    config_id: int
-    epoch: int
-    partition: int
-    kind: str = TRAIN
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"`kind` is {self.kind!r}, but must be one of {KINDS}")
-
-
-@dataclass(frozen=True)
-class Assignment:
-    unit: Unit
-    worker: int
-
-
-# estimate(unit, worker) -> expected seconds (or any consistent unit of time)
-UnitTimeEstimate = Callable[[Unit, int], float]
+from framework.scheduling.units import TRAIN, Assignment, Unit, UnitTimeEstimate
 
 
 def _uniform_estimate(unit: Unit, worker: int) -> float:
@@ -78,7 +49,7 @@ class DispatchState:
     availability: Mapping[int, Iterable[int]]
     estimate: UnitTimeEstimate = _uniform_estimate
     pending: set[Unit] = field(init=False)
-    running: dict[Unit, int] = field(init=False, default_factory=dict)
+    running: dict[Unit, Assignment] = field(init=False, default_factory=dict)  # member unit -> its assignment
     done: list[Unit] = field(init=False, default_factory=list)
     dropped: set[int] = field(init=False, default_factory=set)
 
@@ -96,10 +67,10 @@ class DispatchState:
         self._work: dict[int, float] = {}
         self.capacity = 1  # units a worker may hold (running + queued); see `set_capacity`
         self._load: dict[int, int] = {}  # worker -> units it holds
-        self._busy_workers: set[int] = set()  # workers whose load reached `capacity`
         self._busy_configs: set[int] = set()
         self.availability = {p: set(ws) for p, ws in self.availability.items()}
         self.workers: set[int] = set().union(*self.availability.values()) if self.availability else set()
+        self._idle: set[int] = set(self.workers)  # live workers with a free slot (load < capacity)
         missing = {u.partition for u in self.units} - set(self.availability)
         if missing:
             raise ValueError(f"partitions {sorted(missing)} have no entry in `availability`")
@@ -125,7 +96,7 @@ class DispatchState:
 
     @property
     def busy_workers(self) -> set[int]:
-        return set(self._busy_workers)
+        return {w for w, n in self._load.items() if n >= self.capacity}
 
     @property
     def busy_configs(self) -> set[int]:
@@ -135,8 +106,9 @@ class DispatchState:
         """Let a worker hold up to `capacity` units (1: only workers with nothing to run are idle)."""
         if capacity < 1:
             raise ValueError(f"`capacity` is {capacity!r}, but must be >= 1")
-        self.capacity = capacity
-        self._busy_workers = {w for w, n in self._load.items() if n >= capacity}
+        if capacity != self.capacity:
+            self.capacity = capacity
+            self._idle = {w for w in self.workers if self._load.get(w, 0) < capacity}
 
     def load(self, worker: int) -> int:
         """Units `worker` holds now (running and queued)."""
@@ -144,8 +116,7 @@ class DispatchState:
 
     def idle_workers(self) -> list[int]:
         """Live workers with a free slot (see `capacity`), in ascending id order."""
-        busy = self._busy_workers
-        return sorted(w for w in self.workers if w not in busy)
+        return sorted(self._idle)
 
     def partitions_of(self, worker: int) -> set[int]:
         return set(self._parts_of.get(worker, ()))
@@ -153,8 +124,7 @@ class DispatchState:
     def is_eligible(self, unit: Unit, worker: int) -> bool:
         return (
             unit in self.pending
-            and worker in self.workers
-            and worker not in self._busy_workers
+            and worker in self._idle
             and unit.config_id not in self._busy_configs
             and worker in self.availability.get(unit.partition, ())
             and (unit.kind == TRAIN or self._train_left.get(unit.config_id, 0) == 0)
@@ -167,7 +137,7 @@ class DispatchState:
 
     def eligible_unsorted(self, worker: int) -> list[Unit]:
         """Same units as `eligible`, in no particular order (cheaper; for policies that rank candidates anyway)."""
-        if worker not in self._dirty or worker not in self.workers or worker in self._busy_workers:
+        if worker not in self._dirty or worker not in self._idle:
             return []
         busy = self._busy_configs
         left = self._train_left
@@ -200,13 +170,12 @@ class DispatchState:
     def candidate_workers(self) -> list[int]:
         """Idle live workers that may have an eligible unit, in ascending id order (a subset of `idle_workers`
         that leaves out every worker known to have nothing eligible)."""
-        busy = self._busy_workers
-        return sorted(w for w in self._dirty if w in self.workers and w not in busy)
+        return sorted(self._dirty & self._idle)
 
     def few_free_configs(self) -> bool:
         """Whether the configs that could run are few next to the idle workers (then look from the configs'
         side: `free_config_units`)."""
-        return 4 * (len(self._by_config) - len(self._busy_configs)) < len(self.workers) - len(self._busy_workers)
+        return 4 * (len(self._by_config) - len(self._busy_configs)) < len(self._idle)
 
     def free_config_units(self) -> dict[int, list[Unit]]:
         """config -> its eligible units (by config order), for every config that is not busy and has one."""
@@ -223,7 +192,7 @@ class DispatchState:
         """Idle live workers that hold the partition of at least one of `units`, in ascending id order."""
         av = self.availability
         held = set().union(*(av.get(u.partition, ()) for u in units))
-        return sorted((held - self._busy_workers) & self.workers)
+        return sorted(held & self._idle)
 
     def sample_eligible(self, worker: int, rng, exclude: set[int], tries: int = 8) -> Unit | None:
         """A uniformly random unit among `eligible(worker)` whose config is not in `exclude` (None: there is none).
@@ -232,7 +201,7 @@ class DispatchState:
         sampling: uniform, and cheap when most are eligible); after `tries` misses it draws from the full list.
         `rng` is a `random.Random`.
         """
-        if worker not in self._dirty or worker not in self.workers or worker in self._busy_workers:
+        if worker not in self._dirty or worker not in self._idle:
             return None
         lists = [self._by_partition.get(p, ()) for p in sorted(self._parts_of.get(worker, ()))]
         total = sum(len(units) for units in lists)
@@ -257,12 +226,22 @@ class DispatchState:
         self._dirty.update(self.availability.get(partition, ()))
 
     def _mark_config(self, config_id: int) -> None:
-        pending = self._by_config.get(config_id, ())
-        if len(self.workers) - len(self._busy_workers) <= len(pending):  # fewer idle workers: mark them all
-            self._dirty.update(self.workers - self._busy_workers)
+        """The config turned free: mark the idle workers that hold one of its pending units' partitions (from
+        whichever side is smaller: the idle workers, or its units)."""
+        pending = self._by_config.get(config_id)
+        idle = self._idle
+        if not pending or not idle:
             return
+        if len(idle) < len(pending):
+            parts = {u.partition for u in pending}
+            held = self._parts_of
+            self._dirty.update(w for w in idle if w in held and not held[w].isdisjoint(parts))
+            return
+        av = self.availability
         for u in pending:
-            self._dirty.update(self.availability.get(u.partition, ()))
+            holders = av[u.partition]
+            if not holders.isdisjoint(idle):
+                self._dirty |= holders & idle
 
     def remaining(self, config_id: int) -> list[Unit]:
         """Units of a config still pending (not running, not done)."""
@@ -295,32 +274,45 @@ class DispatchState:
         """Partitions with pending units that no live worker holds (the run must wait for one)."""
         return {u.partition for u in self.pending if not self.availability.get(u.partition)}
 
+    def can_start(self, assignment: Assignment) -> bool:
+        """Whether every member's unit is eligible on every worker of `assignment` now (a gang's workers all hold
+        the partition and have a free slot; a pack's configs are all free)."""
+        if len(assignment.workers) == 1 and len(assignment.members) == 1:
+            return self.is_eligible(assignment.unit, assignment.workers[0])
+        return all(self.is_eligible(u, w) for u in assignment.units for w in assignment.workers)
+
     # ---- transitions driven by the engine or the simulator ------------------------------------------------------
     def start(self, assignment: Assignment) -> None:
-        unit, worker = assignment.unit, assignment.worker
-        if not self.is_eligible(unit, worker):
-            raise ValueError(f"{unit} is not eligible on worker {worker}")
-        self.pending.remove(unit)
-        self._unlist(unit)
-        self._unindex_config(unit)
-        if self._cost is not None:
-            self._work[unit.config_id] -= self._cost[unit]
-        self.running[unit] = worker
-        n = self._load[worker] = self._load.get(worker, 0) + 1
-        if n >= self.capacity:
-            self._busy_workers.add(worker)
-        self._busy_configs.add(unit.config_id)
+        """Start `assignment`: its member units leave Q for Q', its workers each take one slot."""
+        if not self.can_start(assignment):
+            raise ValueError(f"{assignment.unit} (members {assignment.members}) is not eligible on workers "
+                             f"{assignment.workers}")
+        for unit in assignment.units:
+            self.pending.remove(unit)
+            self._unlist(unit)
+            self._unindex_config(unit)
+            if self._cost is not None:
+                self._work[unit.config_id] -= self._cost[unit]
+            self.running[unit] = assignment
+            self._busy_configs.add(unit.config_id)
+        for worker in assignment.workers:
+            n = self._load[worker] = self._load.get(worker, 0) + 1
+            if n >= self.capacity:
+                self._idle.discard(worker)
 
     def _release(self, unit: Unit) -> None:
-        worker = self.running.pop(unit)
-        n = self._load[worker] = self._load[worker] - 1
-        if n == 0:
-            del self._load[worker]
-        if n < self.capacity:
-            self._busy_workers.discard(worker)
+        a = self.running.pop(unit)
         self._busy_configs.discard(unit.config_id)
-        self._dirty.add(worker)
         self._mark_config(unit.config_id)
+        if len(a.members) > 1 and any(u in self.running for u in a.units):
+            return  # the workers stay taken until the pack's last member leaves
+        for worker in a.workers:
+            n = self._load[worker] = self._load[worker] - 1
+            if n == 0:
+                del self._load[worker]
+            if n < self.capacity and worker in self.workers:
+                self._idle.add(worker)
+            self._dirty.add(worker)
 
     def complete(self, unit: Unit) -> None:
         self._release(unit)
@@ -352,10 +344,11 @@ class DispatchState:
 
     def remove_worker(self, worker: int) -> list[Unit]:
         """A worker died or was drained: requeue what it ran and forget its partitions. Returns requeued units."""
-        lost = [u for u, w in self.running.items() if w == worker]
+        lost = [u for u, a in self.running.items() if worker in a.workers]  # a gang loses all its workers' pass
         for u in lost:
             self.requeue(u)
         self.workers.discard(worker)
+        self._idle.discard(worker)
         for p in self._parts_of.pop(worker, ()):
             self.availability[p].discard(worker)
         return lost
@@ -363,6 +356,8 @@ class DispatchState:
     def add_worker(self, worker: int, partitions: Iterable[int]) -> None:
         """A worker joined (elasticity) or came back, holding `partitions`."""
         self.workers.add(worker)
+        if self._load.get(worker, 0) < self.capacity:
+            self._idle.add(worker)
         for p in partitions:
             self.availability.setdefault(p, set()).add(worker)
             self._parts_of.setdefault(worker, set()).add(p)
@@ -371,6 +366,7 @@ class DispatchState:
     def drain_worker(self, worker: int) -> None:
         """Give `worker` no new units (elastic scale-in); a unit it is running finishes and completes normally."""
         self.workers.discard(worker)
+        self._idle.discard(worker)
         for p in self._parts_of.pop(worker, ()):
             self.availability[p].discard(worker)
 
@@ -447,6 +443,6 @@ def greedy_select(
         unit = pick(w, candidates)
         if unit is None:
             continue
-        out.append(Assignment(unit, w))
+        out.append(Assignment(unit, (w,)))
         taken_configs.add(unit.config_id)
     return out

@@ -25,6 +25,6 @@ class LPTScheduler(Scheduler):
             cands = [u for u in state.eligible_unsorted(w) if u.config_id not in taken]
             if cands:
                 u = min(cands, key=lambda u: (-float(est(u, w)), u))
-                out.append(Assignment(u, w))
+                out.append(Assignment(u, (w,)))
                 taken.add(u.config_id)
         return out

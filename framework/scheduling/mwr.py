@@ -37,7 +37,7 @@ class MWRScheduler(Scheduler):
                 if best_key is None or k < best_key:
                     best, best_key = u, k
             if best is not None:
-                out.append(Assignment(best, w))
+                out.append(Assignment(best, (w,)))
                 taken.add(best.config_id)
         return out
 

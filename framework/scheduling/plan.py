@@ -93,14 +93,14 @@ class PlanScheduler(Scheduler):
         for w in state.idle_workers():
             head = self._head(state, w)
             if head is not None and head is not _WAIT and head.config_id not in taken and state.is_eligible(head, w):
-                out.append(Assignment(head, w))
+                out.append(Assignment(head, (w,)))
                 taken.add(head.config_id)
                 continue
             if any_orphans or head is None:
                 cands = self._orphans(state, w, taken)
                 if cands:
                     u = max(cands, key=lambda u: (state.work_left(u.config_id), -u.config_id, -u.partition))
-                    out.append(Assignment(u, w))
+                    out.append(Assignment(u, (w,)))
                     taken.add(u.config_id)
         if not out and not state.running and state.pending:
             out = _mwr_fallback(state)
@@ -117,6 +117,6 @@ def _mwr_fallback(state: DispatchState) -> list[Assignment]:
         cands = [u for u in state.eligible_unsorted(w) if u.config_id not in taken]
         if cands:
             u = max(cands, key=lambda u: (state.work_left(u.config_id), -u.config_id, -u.partition))
-            out.append(Assignment(u, w))
+            out.append(Assignment(u, (w,)))
             taken.add(u.config_id)
     return out

@@ -32,7 +32,7 @@ class RandomizedScheduler(Scheduler):
         for w in state.candidate_workers():  # each draws uniformly among its eligible units (by rejection)
             unit = state.sample_eligible(w, self._rng, taken)
             if unit is not None:
-                out.append(Assignment(unit, w))
+                out.append(Assignment(unit, (w,)))
                 taken.add(unit.config_id)
         return out
 
@@ -55,6 +55,6 @@ class RandomizedScheduler(Scheduler):
             cands = sorted((u for c, us in units.items() if c not in taken for u in us if u.partition in held),
                            key=lambda u: (u.config_id, u.epoch, u.partition, u.kind))
             unit = self._rng.choice(cands)
-            out.append(Assignment(unit, w))
+            out.append(Assignment(unit, (w,)))
             taken.add(unit.config_id)
         return out

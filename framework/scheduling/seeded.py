@@ -48,6 +48,6 @@ class SeededOrderScheduler(Scheduler):
                      and (u.kind != TRAIN or nxt.get(u.config_id) == u)]
             if cands:
                 u = max(cands, key=lambda u: (state.work_left(u.config_id), -u.config_id, -u.partition, u.kind))
-                out.append(Assignment(u, w))
+                out.append(Assignment(u, (w,)))
                 taken.add(u.config_id)
         return out

@@ -54,7 +54,6 @@ def test_procedure_never_reactivates_stopped_configs(procedure_case, objective):
     stopped: set[int] = set()
     while not engine.done:
         engine.train_round()
-        engine.decide()
         for s in engine.states:
             if s.id in stopped:
                 assert s.status == STOPPED

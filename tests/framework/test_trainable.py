@@ -11,9 +11,10 @@ import torch
 
 from framework import Trainable
 from framework.data import PartitionedDataset
-from framework.engine.worker import UnitTask, Worker, unpack_state
+from framework.engine.worker import Worker, unpack_state
 from framework.examples import classifier_eval_fn, mlp_model_fn, scheduled_model_fn, scheduled_train_fn
 from framework.scheduling import EVAL, TRAIN, Unit
+from framework.scheduling.units import UnitTask
 from framework.trainable import accepted_kwargs
 
 CONFIG = {"in_features": 4, "hidden": 8, "classes": 2, "lr": 0.1, "epochs": 4, "amp": True, "batch_size": 8}

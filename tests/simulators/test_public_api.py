@@ -52,15 +52,16 @@ def test_a_spent_procedure_is_refused():
 
 def test_a_simulated_hang_is_an_injected_fault_its_backend_reports():
     # day-long units are healthy; the one hang injected is reported when it should have ended, and runs again
-    from framework.driver import Driver, DriverOptions, MemoryRunLog
+    from framework.driver import Driver, MemoryRunLog
     from framework.engine.faults import Fault, FaultPlan
+    from framework.options import RunOptions
     from framework.scheduling import TRAIN
     from simulators.backend import SimulatedBackend
 
     w = _shop(np.full((2, 2), 86_400.0))
     plan = FaultPlan([Fault("hang", config_id=0, epoch=0, kind=TRAIN)])
     log = MemoryRunLog()
-    options = DriverOptions(max_worker_restarts=1, queue_depth=1)
+    options = RunOptions(max_worker_restarts=1, queue_depth=1)
     driver = Driver(SimulatedBackend(w), automl.GridSearch({"x": [0, 1]}, epochs=1), log, {0: [0], 1: [1]}, [0, 1],
                     options, plan, eval_partitions=[])
     driver.run()

@@ -51,8 +51,8 @@ def test_dispatch_state_remove_worker_returns_only_its_running_unit():
     s = DispatchState(units, {0: [0], 1: [1]})
     from framework.scheduling import Assignment
 
-    s.start(Assignment(Unit(0, 0, 0), 0))
-    s.start(Assignment(Unit(1, 0, 1), 1))
+    s.start(Assignment(Unit(0, 0, 0), (0,)))
+    s.start(Assignment(Unit(1, 0, 1), (1,)))
     assert s.remove_worker(1) == [Unit(1, 0, 1)]
     assert Unit(1, 0, 1) in s.pending and Unit(0, 0, 0) in s.running
 

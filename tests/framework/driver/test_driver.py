@@ -15,12 +15,14 @@ import torch
 
 import automl
 from automl import ACTIVE, FAILED, STOPPED, Decision, Procedure
-from framework.driver import Driver, DriverOptions, MemoryRunLog
+from framework.driver import Driver, MemoryRunLog
+from framework.driver.commands import QueueCommands
 from framework.engine._base import UnitDone, WorkerLost
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.options import RunOptions
 from framework.scheduling import EVAL, TRAIN
 from simulators import validate_schedule
 
@@ -47,7 +49,8 @@ def _run(procedure: Procedure, faults: FaultPlan | None = None, workers: int = P
     backend = LocalBackend(FNS, _entries(), num_threads=1, unit_time=unit_time)
     log = MemoryRunLog()
     placement = {w: [p for p in range(P) if p % workers == w] for w in range(workers)}
-    driver = Driver(backend, procedure, log, placement, list(range(P)), DriverOptions(**options), faults)
+    options = {"queue_depth": 1, **options}  # these schedules were written for one unit per worker at a time
+    driver = Driver(backend, procedure, log, placement, list(range(P)), RunOptions(**options), faults)
     driver.run()
     return driver, log
 
@@ -109,7 +112,7 @@ def test_a_killed_worker_names_the_unit_it_ran_and_the_one_whose_report_died_wit
     plan = FaultPlan([Fault("kill_worker", worker=0, nth=2)])
     backend = _RepliesDieWithTheWorker(FNS, _entries(), num_threads=1)
     log = MemoryRunLog()
-    driver = Driver(backend, _grid(), log, {0: list(range(P))}, list(range(P)), DriverOptions(queue_depth=2), plan)
+    driver = Driver(backend, _grid(), log, {0: list(range(P))}, list(range(P)), RunOptions(queue_depth=2), plan)
     driver.run()
     [(_, killed)] = plan.fired
     [failed] = _events(log, "worker_failed")
@@ -216,24 +219,57 @@ def test_a_live_worker_that_dies_loading_a_reassigned_partition_loses_its_units_
 
 
 def test_commands_add_and_drain_workers_at_known_rounds():
-    driver: Driver | None = None
+    commands = QueueCommands()
 
     def on_event(kind: str, detail: dict) -> None:
         if kind == "round_committed" and detail["round"] == 0:
-            driver.add_workers(1, partitions=[0, 1, 2])
+            commands.put("add_workers", count=1, partitions=[0, 1, 2])
         if kind == "round_committed" and detail["round"] == 1:
-            driver.drain_worker(0)
+            commands.put("drain_worker", worker=0)
 
     backend = LocalBackend(FNS, _entries(), num_threads=1)
     log = MemoryRunLog()
-    driver = Driver(backend, _grid(epochs=3), log, {w: [w] for w in range(P)}, list(range(P)), DriverOptions(),
-                    FaultPlan(on_event=on_event))
+    driver = Driver(backend, _grid(epochs=3), log, {w: [w] for w in range(P)}, list(range(P)),
+                    RunOptions(queue_depth=1), FaultPlan(on_event=on_event), commands=commands)
     driver.run()
     _assert_complete(driver, log)
     done = log.schedule()
     assert (done[done.epoch == 1].worker == 3).any()  # the new worker took units from the next round on
     assert not (done[done.epoch == 2].worker == 0).any()  # the drained one took none after it left
     assert [d["num_workers"] for d in _events(log, "workers_changed")] == [4, 3]
+    logged = _events(log, "command")
+    assert [(d["name"], d["applied"], d["outcome"]) for d in logged] == [
+        ("add_workers", True, "started workers [3]"), ("drain_worker", True, "worker 0 draining")]
+
+
+def test_an_invalid_command_is_rejected_with_its_reason_and_the_run_goes_on():
+    commands = QueueCommands()
+
+    def on_event(kind: str, detail: dict) -> None:
+        if kind == "round_committed" and detail["round"] == 0:
+            commands.put("drain_worker", worker=9)
+            commands.put("add_workers", count=0)
+            commands.put("add_workers", partitions=[7])
+            commands.put("reboot")
+            commands.put("drain_worker", worker=1)
+
+    log = MemoryRunLog()
+    driver = Driver(LocalBackend(FNS, _entries(), num_threads=1), _grid(epochs=2), log, {w: [w] for w in range(P)},
+                    list(range(P)), RunOptions(queue_depth=1, reassign_partitions=True),
+                    FaultPlan(on_event=on_event), commands=commands)
+    driver.run()
+    _assert_complete(driver, log)
+    logged = [(d["name"], d["applied"], d["outcome"]) for d in _events(log, "command")]
+    assert logged[:4] == [
+        ("drain_worker", False, "worker 9 does not live (live workers: [0, 1, 2])"),
+        ("add_workers", False, "`count` is 0, but must be an int >= 1"),
+        ("add_workers", False, "`partitions` is [7], but must be a non-empty list of the run's partitions [0, 1, 2]"),
+        ("reboot", False, "unknown command 'reboot'; known: ['add_workers', 'drain_worker', 'kill_worker']"),
+    ]
+    assert logged[4] == ("drain_worker", True, "worker 1 draining")
+    # the rejected commands were applied at the same point as the one that was: before the next dispatch
+    rounds = [d["round"] for d in _events(log, "round_committed")]
+    assert rounds == [-1, 0, 1]
 
 
 class _Scripted(Procedure):
@@ -311,7 +347,7 @@ def test_the_same_scripted_workload_gives_the_same_schedule_on_local_and_simulat
     def schedule(backend) -> pd.DataFrame:
         log = MemoryRunLog()
         d = Driver(backend, Three(2), log, {w: [w] for w in range(P)}, list(range(P)),
-                   DriverOptions(scheduler="randomized", seed=5), eval_partitions=[], estimate=wl.duration)
+                   RunOptions(scheduler="randomized", seed=5, queue_depth=1), eval_partitions=[], estimate=wl.duration)
         d.run()
         return log.schedule()
 
@@ -338,7 +374,7 @@ def test_the_checkpoint_policy_decides_which_states_reach_the_disk(policy):
     backend = LocalBackend(FNS, _entries(), num_threads=1, unit_time=lambda u, w: 1.0)
     log = _CountingLog()
     driver = Driver(backend, _grid(epochs=2), log, {w: [w] for w in range(P)}, list(range(P)),
-                    DriverOptions(checkpoint=policy, queue_depth=2))
+                    RunOptions(checkpoint=policy, queue_depth=2))
     driver.run()
     _assert_complete(driver, log)
     configs = range(len(SPACE["lr"]))
@@ -393,7 +429,7 @@ def test_a_resume_after_some_configs_stopped_finishes_its_completeness_check(tmp
     def driver(catalog, ckpt, procedure):
         backend = LocalBackend(FNS, _entries(), num_threads=1)
         return Driver(backend, procedure, SQLiteRunLog(catalog, ckpt), {w: [w] for w in range(P)}, list(range(P)),
-                      DriverOptions(checkpoint="unit"))
+                      RunOptions(checkpoint="unit", queue_depth=1))
 
     catalog = SQLiteCatalog(str(tmp_path / "run.db"))
     ckpt = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
@@ -429,7 +465,8 @@ def test_a_clone_without_a_usable_checkpoint_restarts_from_its_donor_weights_whi
         procedure = _Scripted([Decision(add=[{"lr": 0.05, **_fixed()}] * 2),
                                Decision(clone=[(1, {"lr": 0.1, **_fixed()})])])
         driver = Driver(LocalBackend(FNS, _entries(), num_threads=1), procedure, _UnreadableLog({2}),
-                        {w: [w] for w in range(P)}, list(range(P)), DriverOptions(deterministic=True), faults)
+                        {w: [w] for w in range(P)}, list(range(P)), RunOptions(deterministic=True, queue_depth=1),
+                        faults)
         driver.run()
         return driver, driver.run_state
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from framework.engine.worker import UnitReport, epoch_metrics
 from framework.scheduling import EVAL, TRAIN, Unit
+from framework.scheduling.units import UnitReport, epoch_metrics
 
 
 def _report(partition: int, kind: str, n: int, **metrics: float) -> UnitReport:

@@ -10,13 +10,14 @@ import pytest
 import torch
 
 import automl
-from framework.driver import Driver, DriverOptions, SQLiteRunLog
+from framework.driver import Driver, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.local import LocalBackend
 from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
 from framework.examples import classifier_train_fn
+from framework.options import RunOptions
 from tests.framework.driver.test_driver import FNS, P, _entries
 
 SPACE = {"lr": [0.01, 0.05], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
@@ -34,7 +35,7 @@ def _noisy_train_fn(model, optimizer, data, config):
 def _driver(catalog, ckpt, procedure, fns=FNS, checkpoint="unit"):
     backend = LocalBackend(fns, _entries(), num_threads=1)
     return Driver(backend, procedure, SQLiteRunLog(catalog, ckpt), {w: [w] for w in range(P)}, list(range(P)),
-                  DriverOptions(seed=SEED, checkpoint=checkpoint))
+                  RunOptions(seed=SEED, checkpoint=checkpoint, queue_depth=1))
 
 
 @pytest.fixture

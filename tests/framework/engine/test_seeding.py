@@ -6,7 +6,7 @@ import itertools
 import subprocess
 import sys
 
-from framework.engine.worker import unit_seed
+from framework.scheduling.units import unit_seed
 
 
 def test_unit_seed_is_a_pure_function_of_its_arguments():
@@ -31,7 +31,7 @@ def test_unit_seed_differs_between_run_seeds():
 
 
 def test_unit_seed_is_the_same_in_a_fresh_process():
-    code = "from framework.engine.worker import unit_seed; print(unit_seed(123, 4, 5, 6, 1))"
+    code = "from framework.scheduling.units import unit_seed; print(unit_seed(123, 4, 5, 6, 1))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert int(out) == unit_seed(123, 4, 5, 6, 1)
 

@@ -15,14 +15,12 @@ from framework.data import PartitionedDataset
 from framework.engine.worker import (
     CACHE_PREFIX,
     PackedState,
-    UnitTask,
     Worker,
-    epoch_metrics,
     pack_state,
     unpack_state,
 )
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
-from framework.scheduling import EVAL, TRAIN, Unit
+from framework.scheduling import EVAL, TRAIN, Unit, UnitTask, epoch_metrics
 
 CONFIG = {"in_features": 4, "hidden": 8, "classes": 2, "lr": 0.1}
 

@@ -20,8 +20,8 @@ def _lopsided_state() -> DispatchState:
 def test_mwr_idle_worker_takes_config_with_most_work_left_not_longest_unit():
     state = _lopsided_state()
     assert (state.work_left(0), state.work_left(1)) == (8.0, 5.0)
-    assert MWRScheduler().select(state) == [Assignment(Unit(0, 0, 0), 0)]
-    assert LPTScheduler().select(state) == [Assignment(Unit(1, 0, 0), 0)]  # the longest unit is the other one
+    assert MWRScheduler().select(state) == [Assignment(Unit(0, 0, 0), (0,))]
+    assert LPTScheduler().select(state) == [Assignment(Unit(1, 0, 0), (0,))]  # the longest unit is the other one
 
 
 def test_mwr_priority_follows_remaining_not_initial_work():
@@ -41,7 +41,7 @@ def test_mwr_ties_on_work_left_go_to_longest_unit_on_this_worker_then_lowest_con
     units = [Unit(c, 0, q) for c in range(3) for q in range(2)]
     state = DispatchState(units, {0: [0, 1], 1: [1]}, lambda u, w: float(times[u.config_id, w]))
     assert state.work_left(0) == state.work_left(1) == state.work_left(2) == 2.0
-    assert MWRScheduler().select(state) == [Assignment(Unit(0, 0, 0), 0), Assignment(Unit(1, 0, 0), 1)]
+    assert MWRScheduler().select(state) == [Assignment(Unit(0, 0, 0), (0,)), Assignment(Unit(1, 0, 0), (1,))]
 
 
 def test_mwr_work_left_counts_each_unit_at_its_fastest_holder():
@@ -50,7 +50,7 @@ def test_mwr_work_left_counts_each_unit_at_its_fastest_holder():
     times = np.array([[10.0, 1.0], [3.0, 3.0]])
     units = [Unit(c, 0, q) for c in range(2) for q in range(2)]
     state = DispatchState(units, {0: [0, 1], 1: [1]}, lambda u, w: float(times[u.config_id, w]))
-    assert MWRScheduler().select(state)[0] == Assignment(Unit(1, 0, 0), 0)
+    assert MWRScheduler().select(state)[0] == Assignment(Unit(1, 0, 0), (0,))
 
 
 def test_mwr_round_reaches_lower_bound_where_least_work_first_does_not():

@@ -126,10 +126,10 @@ def test_a_worker_with_a_free_slot_is_idle_and_a_reserved_config_is_busy():
     units = [Unit(c, 0, q) for c in range(3) for q in range(2)]
     state = DispatchState(units, {0: [0], 1: [1]})
     state.set_capacity(2)
-    state.start(Assignment(Unit(0, 0, 0), 0))
+    state.start(Assignment(Unit(0, 0, 0), (0,)))
     assert state.load(0) == 1 and 0 in state.idle_workers()  # it may queue one more
     assert not state.is_eligible(Unit(0, 0, 1), 1)  # config 0 is held by worker 0: it runs nowhere else
-    state.start(Assignment(Unit(1, 0, 0), 0))
+    state.start(Assignment(Unit(1, 0, 0), (0,)))
     assert state.load(0) == 2 and 0 not in state.idle_workers() and not state.is_eligible(Unit(2, 0, 0), 0)
     state.set_capacity(1)
     assert state.idle_workers() == [1]  # the first pass of a dispatch serves workers with nothing to run

@@ -1,0 +1,72 @@
+"""Checks of what `ModelSelection` takes besides the run's options (those are `framework.options.RunOptions`): the
+user's functions, the dataset, the procedure, the fault plan and where the run's directory goes. Each raises the
+`TypeError`/`ValueError` that names the argument, its value and the rule, before any work starts."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from automl import Procedure
+from framework.data import PartitionedDataset, encode_entry
+from framework.engine.faults import FaultPlan
+from framework.result import CATALOG_FILE
+from framework.storage import RunStorage, run_name, unusable_dir
+
+
+def check_user_code(model_fn: Any, train_fn: Any, eval_fn: Any, input_fn: Any, extract: Any) -> None:
+    for arg, fn in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn)):
+        if not callable(fn):
+            raise TypeError(f"`{arg}` is {fn!r}, but must be callable")
+    if input_fn is not None and not callable(input_fn):
+        raise TypeError(f"`input_fn` is {input_fn!r}, but must be callable or None")
+    if extract is not None and not callable(extract):
+        raise TypeError(f"`extract` is {extract!r}, but must be callable (e.g. a torch.nn.Module) or None")
+
+
+def check_dataset(dataset: Any) -> PartitionedDataset:
+    if not isinstance(dataset, PartitionedDataset):
+        raise TypeError(f"`dataset` is a {type(dataset).__name__}, but must be a framework.PartitionedDataset")
+    if not dataset.in_memory:  # file entries are stored in run.db for replay and resume: JSON must hold them
+        for entry in (*dataset.train, *dataset.valid):
+            encode_entry(entry)
+    return dataset
+
+
+def resolve_procedure(procedure: Any) -> Procedure:
+    """`procedure` itself, or the one a `"module:Class"` string names."""
+    if isinstance(procedure, Procedure):
+        return procedure
+    if isinstance(procedure, str):
+        from automl import load_procedure
+
+        try:
+            return load_procedure(procedure)
+        except (TypeError, ValueError) as e:  # its words name `spec`: say which argument that was
+            raise type(e)(f"`procedure` is {procedure!r}: {e}") from e
+    raise TypeError(f"`procedure` is {procedure!r}, but must be an automl.Procedure (or a 'module:Class' string)")
+
+
+def check_faults(faults: Any) -> FaultPlan:
+    if faults is not None and not isinstance(faults, FaultPlan):
+        raise TypeError(f"`faults` is {faults!r}, but must be a framework.engine.faults.FaultPlan or None")
+    return faults if faults is not None else FaultPlan()
+
+
+def new_run_storage(storage_path: str | None, name: str | None, procedure: Procedure) -> RunStorage:
+    """Where a new run goes (see `ModelSelection`'s `storage_path` and `name`): a folder that can be made and that
+    holds no run yet, locally or at its URI. Checked now, else `run` would fail only after Ray started."""
+    if name is not None and (not isinstance(name, str) or name in ("", ".", "..") or os.sep in name):
+        raise ValueError(f"`name` is {name!r}, but must be a non-empty folder name without {os.sep!r}")
+    storage = RunStorage(storage_path, name or run_name(type(procedure).__name__.lower()))
+    why = unusable_dir(storage.local)
+    if why is not None:
+        raise ValueError(f"`storage_path` is {storage_path!r}, but the run's folder {storage.local!r} cannot be "
+                         f"made: {why}")
+    if os.path.exists(os.path.join(storage.local, CATALOG_FILE)) or storage.remote_exists():
+        raise FileExistsError(
+            f"`storage_path` {storage.where!r} already holds a run; choose a new directory or use "
+            "ModelSelection.resume()"
+        )
+    return storage
+

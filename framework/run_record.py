@@ -1,0 +1,163 @@
+"""What a run records about itself when it starts, and what `ModelSelection.resume` reads back.
+
+`record_run` writes the catalog's meta: the run's options (`RunOptions.to_meta`), its placement, dataset, procedure,
+and the names of its functions and code. `load_run` verifies a run directory and reads those back as the pieces of
+a `ModelSelection` that continues it; `is_finished` and `reopen_run` are the other steps of a resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from automl import Procedure
+from framework.data import PartitionedDataset
+from framework.engine.catalog import SQLiteCatalog, check_verified, confine
+from framework.engine.checkpoint import CheckpointStore
+from framework.engine.rebuild import rebuild_checkpoints
+from framework.engine.signing import loads_signed
+from framework.options import RunOptions
+from framework.result import CATALOG_FILE
+from framework.storage import RunStorage, git_revision
+from framework.trainable import function_ref
+
+
+def extract_ref(extract: Callable | None) -> str | None:
+    """What the run log records about `extract`: a function's `module:qualname`, or an object's class."""
+    if extract is None:
+        return None
+    if hasattr(extract, "__qualname__"):
+        return function_ref(extract)
+    return function_ref(type(extract))
+
+
+def code_digest() -> str:
+    """sha256 over this package's source files (framework, automl, simulators): names the code that ran even
+    where no git revision is known."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for pkg in ("framework", "automl", "simulators"):
+        for dirpath, dirs, files in sorted(os.walk(os.path.join(root, pkg))):
+            dirs.sort()
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    h.update(os.path.relpath(path, root).encode())
+                    with open(path, "rb") as fh:
+                        h.update(fh.read())
+    return h.hexdigest()
+
+
+def record_run(
+    catalog: SQLiteCatalog,
+    options: RunOptions,
+    *,
+    placement: Mapping[int, list[int]],
+    procedure: Procedure,
+    dataset: PartitionedDataset,
+    fns: Mapping[str, Any],
+    storage_uri: str | None,
+    start_time: float,
+) -> None:
+    """Write a new run's meta. `fns`: what the workers run; `model_fn`, `train_fn`, `eval_fn` and `input_fn` are
+    recorded by name (the names replay imports; the catalog signs every meta row, so a run directory cannot make
+    replay call others), `extract` by its name or class."""
+    assert options.storage_path is not None
+    data_desc = dataset.save(os.path.join(options.storage_path, "data"))
+    catalog.set_meta(
+        start_time=start_time, **options.to_meta(), num_threads=options.num_threads,
+        placement={str(k): v for k, v in placement.items()}, extract=extract_ref(fns.get("extract")),
+        synchronous=options.deterministic or getattr(procedure, "synchronous", True),
+        procedure=type(procedure).__name__, dataset=data_desc, git_revision=git_revision(),
+        code_digest=code_digest(), storage_uri=storage_uri,
+        functions={n: function_ref(fns.get(n)) for n in ("model_fn", "train_fn", "eval_fn", "input_fn")},
+    )
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """What `load_run` read from a run directory: enough to build the `ModelSelection` that continues it."""
+
+    storage: RunStorage
+    options: RunOptions  # the recorded options, with resume's overrides
+    procedure: Procedure
+    dataset: PartitionedDataset
+
+
+def load_run(
+    storage_path: str,
+    procedure: Procedure | str | None,
+    extract: Callable | None,
+    trust_unverified: bool,
+    overrides: Mapping[str, Any],
+) -> LoadedRun:
+    """Verify the run in `storage_path` (a URI is fetched into its local working copy first) and read it back; see
+    `ModelSelection.resume`. `overrides` are `RunOptions.RESUMABLE` options; options the run did not record take
+    `RunOptions`' defaults (`RunOptions.from_meta`)."""
+    storage = RunStorage(storage_path, "resumed")
+    if storage.uri is not None and not os.path.exists(os.path.join(storage.local, CATALOG_FILE)):
+        storage.pull()  # another machine's run: its mirror (a local working copy is never older than it)
+    path = storage.local
+    if not os.path.exists(os.path.join(path, CATALOG_FILE)):
+        raise FileNotFoundError(f"`storage_path` {storage_path!r} holds no {CATALOG_FILE}: nothing to resume")
+    catalog = SQLiteCatalog(os.path.join(path, CATALOG_FILE), readonly=True)
+    try:
+        check_verified(catalog, "resume", trust_unverified)
+        meta = catalog.meta()
+        _, blob, signature = catalog.last_round()
+    finally:
+        catalog.close()
+    if meta.get("checkpoint") == "off":
+        raise ValueError(f"the run in {storage_path!r} was made with checkpoint='off': it wrote no states to "
+                         "resume from (only each config's final one)")
+    if procedure is None:
+        if blob is None:
+            raise RuntimeError(f"the run in {storage_path!r} committed no round yet; pass `procedure=` to resume")
+        procedure = loads_signed(blob, signature)
+    if meta.get("extract") is not None and extract is None:
+        raise ValueError(
+            f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
+            "extract= to resume()"
+        )
+    options = RunOptions.from_meta(meta, **overrides)
+    dataset = PartitionedDataset.load(confine(path, "data", "the data folder"), meta["dataset"])
+    dataset.availability = {int(k): v for k, v in meta["placement"].items()} if options.executor == "mop" else None
+    return LoadedRun(storage, options, procedure, dataset)
+
+
+def is_finished(storage_path: str) -> bool:
+    """Whether the run committed its last decision: no config is active after it (the procedure adds configs in
+    the same commit that stops the others, so none active means it had nothing more to train)."""
+    catalog = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
+    try:
+        return catalog.last_round()[0] >= 0 and not (catalog.configs().status == "active").any()
+    finally:
+        catalog.close()
+
+
+def reopen_run(catalog: SQLiteCatalog, ckpt: CheckpointStore, options: RunOptions, fns: dict[str, Any],
+               entries: dict[int, tuple[list, list]], *, trust_unverified: bool, partial_removed: int) -> None:
+    """A resumed run, once its writer has the catalog open: verified again (what changed since `load_run` checked is
+    not trusted; on failure the catalog and `ckpt` are closed), its `resumed` event logged, and its damaged newest
+    checkpoints rebuilt from the log where the result matches the recorded checksum (`framework.engine.rebuild`),
+    re-running at most one epoch's training units per config. Not with layer freezing, and not for a GPU run in a
+    driver without CUDA (the checksum could not match)."""
+    try:
+        check_verified(catalog, "resume", trust_unverified)
+    except BaseException:
+        ckpt.close()
+        catalog.close()
+        raise
+    catalog.add_event("resumed", pid=os.getpid(), partial_checkpoints_removed=partial_removed)
+    gpu = float(options.worker_resources.get("GPU", 0)) > 0
+    if options.freezing is not None or (gpu and not torch.cuda.is_available()):
+        return
+    rebuild_checkpoints(catalog, fns, entries, seed=options.seed, num_threads=options.num_threads,
+                        device="cuda" if gpu else "cpu", max_units=len(entries),
+                        write=lambda line: print(line, file=sys.stderr, flush=True))

@@ -1,0 +1,156 @@
+"""The unit of work and its messages, in one torch-free module: what the policies, the driver, the backends and
+the simulators all speak.
+
+A *unit* is one visit of a config to a partition for one epoch: a training pass (a sub-epoch) or an evaluation.
+An *assignment* says where units run, and is plural from the start:
+
+    Assignment(unit, workers=(3,))                  one config on one worker (Cerebro's unit; every policy today)
+    Assignment(unit, workers=(3, 5))                a gang: the workers share the partition's pass, data-parallel
+    Assignment(unit, workers=(3,), members=(0, 4, 7))
+                                                    a pack: configs 0, 4 and 7 hop together as one state, and each
+                                                    absorbs the same partition in the one pass
+
+`unit` is the pack's lead member's unit (`members[0]`); `Assignment.units` lists every member's. The bookkeeping
+stays per (config, partition), so the MOP invariants, the completeness check, replay and resume hold for gangs and
+packs unchanged; the schedule log keeps one row per (config, worker) and names the gang or pack by `group`.
+
+`UnitTask` is what a worker needs to run an assignment besides the states; `UnitReport` what it sends back, one
+per member. Nothing here imports torch or Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TRAIN = "train"
+EVAL = "eval"
+KINDS = (TRAIN, EVAL)
+
+
+@dataclass(frozen=True, order=True)
+class Unit:
+    """One visit of a config to a partition: train (one pass, one sub-epoch) or eval (no gradients).
+
+    `epoch` is the config's own epoch index (0-based) that this unit belongs to.
+    """
+
+    config_id: int
+    epoch: int
+    partition: int
+    kind: str = TRAIN
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"`kind` is {self.kind!r}, but must be one of {KINDS}")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """`unit` runs on `workers` (a gang when more than one) for every config of `members` (a pack when more than
+    one; default: the unit's own config). See the module docstring."""
+
+    unit: Unit
+    workers: tuple[int, ...]
+    members: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            object.__setattr__(self, "members", (self.unit.config_id,))
+        elif self.members[0] != self.unit.config_id:
+            raise ValueError(f"`members` is {self.members!r}, but must start with the unit's config "
+                             f"{self.unit.config_id}")
+        if type(self.workers) is not tuple or not self.workers:
+            raise TypeError(f"`workers` is {self.workers!r}, but must be a non-empty tuple of worker ids")
+        if len(set(self.workers)) != len(self.workers) or len(set(self.members)) != len(self.members):
+            raise ValueError(f"an assignment names a worker or a member twice: workers {self.workers}, "
+                             f"members {self.members}")
+
+    @property
+    def worker(self) -> int:
+        """The first worker (the only one, outside a gang)."""
+        return self.workers[0]
+
+    @property
+    def units(self) -> tuple[Unit, ...]:
+        """Every member's unit, in `members` order."""
+        if len(self.members) == 1:
+            return (self.unit,)
+        u = self.unit
+        return tuple(Unit(c, u.epoch, u.partition, u.kind) for c in self.members)
+
+    @property
+    def plural(self) -> bool:
+        """A gang or a pack."""
+        return len(self.workers) > 1 or len(self.members) > 1
+
+
+# estimate(unit, worker) -> expected seconds (or any consistent unit of time)
+UnitTimeEstimate = Callable[[Unit, int], float]
+
+
+@dataclass(frozen=True)
+class UnitTask:
+    """Everything a worker needs to run one assignment, besides the states: the unit, the configs (one per member,
+    in `members` order), the run seed, the gang's workers, and an injected fault to act out
+    (`framework.engine.faults.WORKER_ACTIONS`)."""
+
+    unit: Unit
+    config: dict[str, Any]
+    seed: int  # the run seed
+    fault: str | None = None
+    members: tuple[int, ...] = ()  # the pack's configs (default: the unit's own)
+    configs: tuple[dict[str, Any], ...] = ()  # their configs (default: `config`)
+    workers: tuple[int, ...] = ()  # the gang (default: the worker it is sent to)
+
+    @property
+    def units(self) -> tuple[Unit, ...]:
+        if len(self.members) <= 1:
+            return (self.unit,)
+        u = self.unit
+        return tuple(Unit(c, u.epoch, u.partition, u.kind) for c in self.members)
+
+
+@dataclass
+class UnitReport:
+    """What a worker sends back after a unit, per member (small; the state travels separately). `group`: the gang
+    or pack it ran in (None: a unit of its own)."""
+
+    unit: Unit
+    worker: int
+    start: float
+    end: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    num_examples: int = 0
+    state_bytes: int = 0
+    error: str | None = None  # traceback of a failure in user code
+    group: int | None = None
+
+
+def unit_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed derived from the run seed and a tuple of ints (config, epoch, partition, ...).
+
+    The tuple's length is part of the entropy: numpy's `SeedSequence` would otherwise read `(c,)` and `(c, 0)` as one
+    seed, and a config's construction would draw what one of its units draws.
+    """
+    return int(np.random.SeedSequence([seed, len(parts), *parts]).generate_state(1, dtype=np.uint64)[0]) >> 1
+
+
+def epoch_metrics(reports: list[UnitReport]) -> dict[str, float]:
+    """A config's metrics for one epoch: example-weighted means over its units, `train_`/`valid_` prefixed."""
+    out: dict[str, float] = {}
+    for kind, prefix in ((TRAIN, "train_"), (EVAL, "valid_")):
+        sums: dict[str, float] = {}
+        n = 0
+        for r in reports:
+            if r.unit.kind != kind:
+                continue
+            n += r.num_examples
+            for k, v in r.metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * r.num_examples
+        if n:
+            out.update({prefix + k: v / n for k, v in sums.items()})
+    return out
