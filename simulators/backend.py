@@ -4,7 +4,8 @@ Units take the workload's unit time (times `Noise`), nothing is trained: a unit'
 `objective(config, epoch)` (the same contract as `simulators.run_procedure_offline`), its state is a small dict with the visit
 record. Worker failures, returns and joins are scheduled `WorkerEvent`s on the same clock: a failure is reported as
 a lost worker, a return or a join as the offer of that worker with its partitions (`WorkerOffered`). Everything else (the event
-heap, same-time events delivered together, hung units) is `LocalBackend`'s.
+heap, same-time events delivered together, hung units) is `framework.engine.clock.ClockBackend`'s, which
+`LocalBackend` shares, so the simulation imports neither torch nor the engine's `Worker`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from framework.engine._base import (
     WorkerLost,
     WorkerOffered,
 )
-from framework.engine.local import LocalBackend
+from framework.engine.clock import ClockBackend
 from framework.scheduling import TRAIN, Unit
 from framework.scheduling.units import UnitReport, UnitTask
 from simulators.workload import Workload
@@ -103,7 +104,7 @@ class CostModel:
         return pass_s / k + (self.comm_s * 2 * (k - 1) / k if k > 1 else 0.0)
 
 
-class SimulatedBackend(LocalBackend):
+class SimulatedBackend(ClockBackend):
     """Simulated workers for `workload` (see the module docstring).
 
     Args:
@@ -116,6 +117,8 @@ class SimulatedBackend(LocalBackend):
             or a non-finite `*loss*`, fails the unit's config. None: units report no metrics.
         lose_state: (config_id, epoch, partition) of train units that find their config's state object gone.
         cost: how long gang and pack units take (`CostModel`); units of their own take the workload's time.
+
+    A state handle is the state itself (a small dict, `ClockBackend.get`).
     """
 
     def __init__(

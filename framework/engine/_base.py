@@ -174,14 +174,13 @@ class Backend(abc.ABC):
     def get(self, handle: Any, *, self_contained: bool = False) -> dict[str, Any] | None:
         """The state behind `handle` (`self_contained`: shared pieces fetched in, fit for a checkpoint)."""
 
+    @abc.abstractmethod
     def save(self, handle: Any, path: str, worker: int | None = None) -> Callable[[], tuple[str, int]]:
         """Start writing the state behind `handle` as a self-contained checkpoint file at `path` (atomically);
         returns a function that waits for the write and returns (sha256, bytes), which the checkpoint store's
         threads call. `worker`: the worker that produced the state, which a backend may have write it at once (off
-        the driver's data path); by default the waiting function does the writing."""
-        from framework.engine.checkpoint import write_atomic
-
-        return lambda: write_atomic(self.get(handle, self_contained=True), path)
+        the driver's data path). A backend without such a path returns `framework.engine.checkpoint.write_later`,
+        whose waiting function does the writing (this contract imports no implementation, so it has no default)."""
 
     @abc.abstractmethod
     def now(self) -> float:

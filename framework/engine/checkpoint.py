@@ -1,4 +1,8 @@
-"""Checkpoint files: atomic writes with a checksum, safe loads (`weights_only=True`), off the critical path."""
+"""Checkpoint files: atomic writes with a checksum, safe loads (`weights_only=True`), off the critical path.
+
+torch is imported where a file is written or read, not with this module: the driver and the simulators import the
+checkpoint store's vocabulary (`CorruptCheckpointError`, `CheckpointStore`) without loading torch.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,12 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from framework.engine.catalog import SQLiteCatalog, UnsafePathError, confine
+
+if TYPE_CHECKING:
+    from framework.engine._base import Backend
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -33,6 +38,8 @@ PARTIAL = ".tmp."  # in the name of a file being written (`write_atomic`); one l
 
 def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
     """torch.save to a temp file, fsync, rename over `path`. Returns (sha256, bytes)."""
+    import torch
+
     tmp = f"{path}{PARTIAL}{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "wb") as f:
         torch.save(state, f)
@@ -41,6 +48,12 @@ def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
     digest, size = _sha256(tmp), os.path.getsize(tmp)
     os.replace(tmp, path)
     return digest, size
+
+
+def write_later(backend: Backend, handle: Any, path: str) -> Callable[[], tuple[str, int]]:
+    """What `Backend.save` returns for a backend that has no faster path: a function that fetches the state behind
+    `handle` self-contained and writes it (`write_atomic`) when the checkpoint store's thread calls it."""
+    return lambda: write_atomic(backend.get(handle, self_contained=True), path)
 
 
 def remove_partial(directory: str) -> int:
@@ -88,6 +101,8 @@ def load_verified(path: str, sha256: str) -> dict[str, Any]:
     actual = _sha256(path)
     if actual != sha256:
         raise CorruptCheckpointError(f"checkpoint {path} is corrupt: sha256 {actual[:12]}... != recorded {sha256[:12]}...")
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - whatever the weights-only unpickler refuses is unusable, like a bad checksum

@@ -28,6 +28,7 @@ from framework.engine._base import (
     WorkerLost,
     refuse_plural,
 )
+from framework.engine.checkpoint import write_later
 from framework.engine.worker import Worker, self_contained, unpack_state
 from framework.scheduling import TRAIN
 from framework.scheduling.units import UnitReport, UnitTask
@@ -379,14 +380,14 @@ class RayBackend(Backend):
         state); if that worker is gone by then, the driver writes it."""
         actor = self._actors.get(worker) if worker is not None else None
         if actor is None:
-            return super().save(handle, path, worker)
+            return write_later(self, handle, path)
         ref = actor.save_ref.remote([handle], path)
 
         def wait() -> tuple[str, int]:
             try:
                 return ray.get(ref)
             except ray.exceptions.RayActorError:
-                return Backend.save(self, handle, path, worker)()
+                return write_later(self, handle, path)()
 
         return wait
 
