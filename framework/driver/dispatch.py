@@ -109,6 +109,7 @@ class Dispatcher:
             t0 = time.perf_counter()
             self.state.set_capacity(capacity)
             chosen = self.scheduler.select(self.state)
+            self.state.clear_changes()
             self.decision_s += time.perf_counter() - t0
             self.select_calls += 1
             yield from chosen

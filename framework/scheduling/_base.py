@@ -56,11 +56,11 @@ class DispatchState:
     def __post_init__(self) -> None:
         self.units = sorted(set(self.units))
         self.pending = set(self.units)
-        # partition -> its pending units, sorted (so a worker's eligible units come out in order, unsorted)
+        # partition -> its pending units that may run once their config is free (the eligibility index below),
+        # sorted: what a worker's draws pick from
         self._by_partition: dict[int, list[Unit]] = {}
         self._by_config: dict[int, set[Unit]] = {}
-        for u in self.units:  # already sorted
-            self._by_partition.setdefault(u.partition, []).append(u)
+        for u in self.units:
             self._by_config.setdefault(u.config_id, set()).add(u)
         # config -> estimated pending work, built lazily on the first `work_left` call, then kept up to date
         self._cost: dict[Unit, float] | None = None
@@ -82,11 +82,161 @@ class DispatchState:
         for p, ws in self.availability.items():
             for w in ws:
                 self._parts_of.setdefault(w, set()).add(p)
+        # The eligibility index, kept up to date by every transition so no query scans what cannot run:
+        # config -> partition -> its pending unit there that may run once the config is free (a training unit, or
+        # an eval unit once its training units are done; at most one per partition), partition -> how many of
+        # those belong to free configs, and the free configs that have one.
+        self._cpart: dict[int, dict[int, Unit]] = {}
+        self._nfree: dict[int, int] = {}
+        self._free: set[int] = set()
+        # what changed since the policy last looked (`changes`): everything, at first
+        self._changed_workers: set[int] = set(self.workers)
+        self._changed_configs: set[int] = set()
+        self._to_mark: set[int] = set()  # configs turned free whose idle holders `_dirty` has not taken in yet
+        for u in self.units:
+            if self._kind_ok(u):
+                self._enter(u)
         # Workers that may have an eligible unit. A worker leaves the set when a look finds nothing eligible for
         # it, and comes back on every change that can make a unit eligible for it (it turns idle, a config of one
         # of its partitions turns free, a unit of one of its partitions is added or re-queued, it joins), so
         # `eligible` skips the rest at no cost: large runs ask for few workers' units per completion.
         self._dirty: set[int] = set(self.workers)
+        # partition -> its idle holders, ascending
+        self._idle_by_part: dict[int, list[int]] = {}
+        self._rebuild_idle_index()
+
+    # ---- idle workers ----------------------------------------------------------------------------------------------
+    def _rebuild_idle_index(self) -> None:
+        self._idle_by_part = {p: sorted(ws & self._idle) for p, ws in self.availability.items()}
+
+    def _to_idle(self, w: int) -> None:
+        if w in self._idle or w not in self.workers:
+            return
+        self._idle.add(w)
+        self._changed_workers.add(w)
+        self._dirty.add(w)
+        by_part = self._idle_by_part
+        for p in self._parts_of.get(w, ()):
+            bisect.insort(by_part.setdefault(p, []), w)
+
+    def _from_idle(self, w: int) -> None:
+        if w not in self._idle:
+            return
+        self._idle.discard(w)
+        by_part = self._idle_by_part
+        for p in self._parts_of.get(w, ()):
+            hs = by_part[p]
+            del hs[bisect.bisect_left(hs, w)]
+
+    def next_idle_holder(self, config_id: int, after: int = -1) -> int | None:
+        """The smallest idle worker with an id above `after` that holds a partition of one of the config's eligible
+        units (None: there is none)."""
+        mine = self._cpart.get(config_id)
+        if not mine:
+            return None
+        best = None
+        idle = self._idle
+        if len(idle) < 3 * len(mine):  # few idle workers: look from their side (a set test each, in C)
+            held = self._parts_of
+            for w in idle:
+                if w > after and (best is None or w < best) and not held.get(w, _NONE).isdisjoint(mine):
+                    best = w
+            return best
+        by_part = self._idle_by_part
+        for p in mine:
+            hs = by_part.get(p)
+            if hs:
+                i = bisect.bisect_right(hs, after) if after >= hs[0] else 0
+                if i < len(hs) and (best is None or hs[i] < best):
+                    best = hs[i]
+        return best
+
+    def changes(self) -> tuple[list[int], list[int]]:
+        """What changed since the policy last looked (`Dispatcher` clears it after each `select`): the idle workers
+        that turned idle or joined, and the free configs that turned free or gained an eligible unit, ascending.
+        A dense policy (one that never leaves an eligible unit waiting next to an idle holder) has assigned every
+        other pair already, so it may look at these alone."""
+        idle, free = self._idle, self._free
+        return (sorted(w for w in self._changed_workers if w in idle),
+                sorted(c for c in self._changed_configs if c in free))
+
+    def clear_changes(self) -> None:
+        self._changed_workers.clear()
+        self._changed_configs.clear()
+
+    # ---- the eligibility index ------------------------------------------------------------------------------------
+    def _kind_ok(self, u: Unit) -> bool:
+        return u.kind == TRAIN or self._train_left.get(u.config_id, 0) == 0
+
+    def _enter(self, u: Unit) -> None:
+        """Pending `u` may run once its config is free."""
+        c = u.config_id
+        mine = self._cpart.get(c)
+        if mine is None:
+            mine = self._cpart[c] = {}
+        if u.partition in mine:  # a second one on the partition (never in a round's units): keep the first
+            return
+        mine[u.partition] = u
+        self._list(u)
+        if c not in self._busy_configs:
+            self._nfree[u.partition] = self._nfree.get(u.partition, 0) + 1
+            self._free.add(c)
+            self._changed_configs.add(c)
+            self._to_mark.add(c)
+
+    def _leave(self, u: Unit) -> None:
+        """`u` no longer waits to run (started, dropped, or its eval waits again for training)."""
+        c = u.config_id
+        mine = self._cpart.get(c)
+        if mine is None or mine.get(u.partition) != u:
+            return
+        del mine[u.partition]
+        self._unlist(u)
+        if c not in self._busy_configs:
+            self._nfree[u.partition] -= 1
+        if not mine:
+            del self._cpart[c]
+            self._free.discard(c)
+
+    def _set_busy(self, c: int) -> None:
+        self._busy_configs.add(c)
+        self._free.discard(c)
+        nfree = self._nfree
+        for p in self._cpart.get(c, ()):
+            nfree[p] -= 1
+
+    def _set_free(self, c: int) -> None:
+        self._busy_configs.discard(c)
+        mine = self._cpart.get(c)
+        if mine:
+            self._free.add(c)
+            self._changed_configs.add(c)
+            self._to_mark.add(c)
+            nfree = self._nfree
+            for p in mine:
+                nfree[p] = nfree.get(p, 0) + 1
+
+    def _train_changed(self, c: int, before: int) -> None:
+        """Config `c`'s count of pending training units went from `before` to its current value: its pending eval
+        units become eligible (the count reached 0) or wait again (it left 0)."""
+        after = self._train_left.get(c, 0)
+        if (before == 0) == (after == 0):
+            return
+        evals = sorted(u for u in self._by_config.get(c, ()) if u.kind != TRAIN)  # a fixed order, whatever the hash
+        for u in evals:
+            if after == 0:
+                self._enter(u)
+            else:
+                self._leave(u)
+
+    def _add_pending(self, u: Unit) -> None:
+        self.pending.add(u)
+        self._by_config.setdefault(u.config_id, set()).add(u)
+        if self._kind_ok(u):
+            self._enter(u)
+        self._mark_partition(u.partition)
+        if self._cost is not None and u in self._cost:
+            self._work[u.config_id] = self._work.get(u.config_id, 0.0) + self._cost[u]
 
     # ---- queries used by policies -------------------------------------------------------------------------------
     @property
@@ -109,6 +259,8 @@ class DispatchState:
         if capacity != self.capacity:
             self.capacity = capacity
             self._idle = {w for w in self.workers if self._load.get(w, 0) < capacity}
+            self._rebuild_idle_index()
+            self._changed_workers |= self._idle  # whoever is idle at the new capacity is new to the policy
 
     def load(self, worker: int) -> int:
         """Units `worker` holds now (running and queued)."""
@@ -127,29 +279,45 @@ class DispatchState:
             and worker in self._idle
             and unit.config_id not in self._busy_configs
             and worker in self.availability.get(unit.partition, ())
-            and (unit.kind == TRAIN or self._train_left.get(unit.config_id, 0) == 0)
+            and self._kind_ok(unit)
         )
+
+    def can_start(self, assignment: Assignment) -> bool:
+        """Whether every member's unit is eligible on every worker of `assignment` now (a gang's workers all hold
+        the partition and have a free slot; a pack's configs are all free)."""
+        if len(assignment.workers) == 1 and len(assignment.members) == 1:
+            return self.is_eligible(assignment.unit, assignment.workers[0])
+        return all(self.is_eligible(u, w) for u in assignment.units for w in assignment.workers)
 
     def eligible(self, worker: int) -> list[Unit]:
         """Pending units that `worker` may start now, in a deterministic (sorted) order."""
         units = self.eligible_unsorted(worker)
-        return sorted(units, key=_unit_key) if len(self._parts_of.get(worker, ())) > 1 else units
+        return sorted(units, key=_unit_key) if len(units) > 1 else units
+
+    def _free_count(self, parts: Iterable[int]) -> int:
+        nfree = self._nfree
+        return sum(nfree.get(p, 0) for p in parts)
 
     def eligible_unsorted(self, worker: int) -> list[Unit]:
         """Same units as `eligible`, in no particular order (cheaper; for policies that rank candidates anyway)."""
-        if worker not in self._dirty or worker not in self._idle:
+        if worker not in self._idle:
             return []
-        busy = self._busy_configs
-        left = self._train_left
-        out = [
-            u
-            for p in self._parts_of.get(worker, ())
-            for u in self._by_partition.get(p, ())
-            if u.config_id not in busy and (u.kind == TRAIN or left.get(u.config_id, 0) == 0)
-        ]
-        if not out:
+        parts = self._parts_of.get(worker, ())
+        n = self._free_count(parts)
+        if n == 0:
             self._dirty.discard(worker)  # nothing for it until a change marks it again
-        return out
+            return []
+        return self._collect(parts)
+
+    def _collect(self, parts: Iterable[int]) -> list[Unit]:
+        """The eligible units of `parts`: from the free configs' side or the partitions' side, whichever is
+        shorter to walk."""
+        busy = self._busy_configs
+        lists = [self._by_partition.get(p, ()) for p in parts]
+        if len(self._free) * len(lists) < sum(len(units) for units in lists):
+            cpart = self._cpart
+            return [mine[p] for c in self._free for mine in (cpart[c],) for p in parts if p in mine]
+        return [u for units in lists for u in units if u.config_id not in busy]
 
     def _unindex_config(self, unit: Unit) -> None:
         units = self._by_config.get(unit.config_id)
@@ -170,23 +338,20 @@ class DispatchState:
     def candidate_workers(self) -> list[int]:
         """Idle live workers that may have an eligible unit, in ascending id order (a subset of `idle_workers`
         that leaves out every worker known to have nothing eligible)."""
+        for c in self._to_mark:
+            if c in self._free:
+                self._mark_config(c)
+        self._to_mark.clear()
         return sorted(self._dirty & self._idle)
 
     def few_free_configs(self) -> bool:
         """Whether the configs that could run are few next to the idle workers (then look from the configs'
         side: `free_config_units`)."""
-        return 4 * (len(self._by_config) - len(self._busy_configs)) < len(self._idle)
+        return 4 * len(self._free) < len(self._idle)
 
     def free_config_units(self) -> dict[int, list[Unit]]:
         """config -> its eligible units (by config order), for every config that is not busy and has one."""
-        busy, left = self._busy_configs, self._train_left
-        out = {}
-        for c in sorted(self._by_config):
-            if c not in busy:
-                mine = [u for u in self._by_config[c] if u.kind == TRAIN or left.get(c, 0) == 0]
-                if mine:
-                    out[c] = mine
-        return out
+        return {c: sorted(self._cpart[c].values(), key=_unit_key) for c in sorted(self._free)}
 
     def idle_holders(self, units: Iterable[Unit]) -> list[int]:
         """Idle live workers that hold the partition of at least one of `units`, in ascending id order."""
@@ -197,28 +362,36 @@ class DispatchState:
     def sample_eligible(self, worker: int, rng, exclude: set[int], tries: int = 8) -> Unit | None:
         """A uniformly random unit among `eligible(worker)` whose config is not in `exclude` (None: there is none).
 
-        Draws pending units of the worker's partitions at random and keeps the first eligible one (rejection
-        sampling: uniform, and cheap when most are eligible); after `tries` misses it draws from the full list.
-        `rng` is a `random.Random`.
+        Knows from the index how many units are eligible; draws pending units of the worker's partitions at random
+        and keeps the first eligible one (rejection sampling: uniform, and cheap when most are eligible), else
+        (or after `tries` misses) draws from the eligible units themselves. `rng` is a `random.Random`.
         """
-        if worker not in self._dirty or worker not in self._idle:
+        if worker not in self._idle:
             return None
-        lists = [self._by_partition.get(p, ()) for p in sorted(self._parts_of.get(worker, ()))]
-        total = sum(len(units) for units in lists)
-        busy, left = self._busy_configs, self._train_left
-        for _ in range(tries if total else 0):
-            i = rng.randrange(total)
-            for units in lists:
-                if i < len(units):
-                    u = units[i]
-                    break
-                i -= len(units)
-            if u.config_id not in busy and u.config_id not in exclude and (u.kind == TRAIN or left.get(u.config_id, 0) == 0):
-                return u
-        units = [u for units in lists for u in units  # a fixed order (each list sorted): no sort needed to draw
-                 if u.config_id not in busy and (u.kind == TRAIN or left.get(u.config_id, 0) == 0)]
-        if not units:
+        parts = sorted(self._parts_of.get(worker, ()))
+        n = self._free_count(parts)
+        if n == 0:
             self._dirty.discard(worker)  # nothing for it until a change marks it again
+            return None
+        if exclude:  # the configs taken earlier in this select are still free: count theirs out
+            cpart = self._cpart
+            n -= sum(1 for c in exclude if c in self._free for p in parts if p in cpart[c])
+            if n == 0:
+                return None
+        lists = [self._by_partition.get(p, ()) for p in parts]
+        total = sum(len(units) for units in lists)
+        busy = self._busy_configs
+        if total <= tries * n:  # at least one draw in `tries` hits, on average
+            for _ in range(2 * tries):
+                i = rng.randrange(total)
+                for units in lists:
+                    if i < len(units):
+                        u = units[i]
+                        break
+                    i -= len(units)
+                if u.config_id not in busy and u.config_id not in exclude:
+                    return u
+        units = sorted(self._collect(parts), key=_unit_key)  # a fixed order to draw from
         units = [u for u in units if u.config_id not in exclude] if exclude else units
         return rng.choice(units) if units else None
 
@@ -226,20 +399,19 @@ class DispatchState:
         self._dirty.update(self.availability.get(partition, ()))
 
     def _mark_config(self, config_id: int) -> None:
-        """The config turned free: mark the idle workers that hold one of its pending units' partitions (from
+        """The config turned free: mark the idle workers that hold one of its eligible units' partitions (from
         whichever side is smaller: the idle workers, or its units)."""
-        pending = self._by_config.get(config_id)
+        mine = self._cpart.get(config_id)
         idle = self._idle
-        if not pending or not idle:
+        if not mine or not idle:
             return
-        if len(idle) < len(pending):
-            parts = {u.partition for u in pending}
+        if len(idle) < len(mine):
             held = self._parts_of
-            self._dirty.update(w for w in idle if w in held and not held[w].isdisjoint(parts))
+            self._dirty.update(w for w in idle if w in held and not held[w].isdisjoint(mine))
             return
         av = self.availability
-        for u in pending:
-            holders = av[u.partition]
+        for p in mine:
+            holders = av[p]
             if not holders.isdisjoint(idle):
                 self._dirty |= holders & idle
 
@@ -274,13 +446,6 @@ class DispatchState:
         """Partitions with pending units that no live worker holds (the run must wait for one)."""
         return {u.partition for u in self.pending if not self.availability.get(u.partition)}
 
-    def can_start(self, assignment: Assignment) -> bool:
-        """Whether every member's unit is eligible on every worker of `assignment` now (a gang's workers all hold
-        the partition and have a free slot; a pack's configs are all free)."""
-        if len(assignment.workers) == 1 and len(assignment.members) == 1:
-            return self.is_eligible(assignment.unit, assignment.workers[0])
-        return all(self.is_eligible(u, w) for u in assignment.units for w in assignment.workers)
-
     # ---- transitions driven by the engine or the simulator ------------------------------------------------------
     def start(self, assignment: Assignment) -> None:
         """Start `assignment`: its member units leave Q for Q', its workers each take one slot."""
@@ -289,56 +454,53 @@ class DispatchState:
                              f"{assignment.workers}")
         for unit in assignment.units:
             self.pending.remove(unit)
-            self._unlist(unit)
             self._unindex_config(unit)
+            self._leave(unit)
             if self._cost is not None:
                 self._work[unit.config_id] -= self._cost[unit]
             self.running[unit] = assignment
-            self._busy_configs.add(unit.config_id)
+            self._set_busy(unit.config_id)
         for worker in assignment.workers:
             n = self._load[worker] = self._load.get(worker, 0) + 1
             if n >= self.capacity:
-                self._idle.discard(worker)
+                self._from_idle(worker)
 
     def _release(self, unit: Unit) -> None:
         a = self.running.pop(unit)
-        self._busy_configs.discard(unit.config_id)
-        self._mark_config(unit.config_id)
+        self._set_free(unit.config_id)
         if len(a.members) > 1 and any(u in self.running for u in a.units):
             return  # the workers stay taken until the pack's last member leaves
         for worker in a.workers:
             n = self._load[worker] = self._load[worker] - 1
             if n == 0:
                 del self._load[worker]
-            if n < self.capacity and worker in self.workers:
-                self._idle.add(worker)
+            self._changed_workers.add(worker)  # a slot of its freed up
             self._dirty.add(worker)
+            if n < self.capacity:
+                self._to_idle(worker)
 
     def complete(self, unit: Unit) -> None:
         self._release(unit)
         self.done.append(unit)
         if unit.kind == TRAIN:
-            self._train_left[unit.config_id] -= 1
+            c = unit.config_id
+            self._train_left[c] -= 1
+            self._train_changed(c, self._train_left[c] + 1)
 
     def requeue(self, unit: Unit) -> None:
         """The unit's worker failed (or the unit must be re-run whole): back from Q' to Q (Cerebro 5.6)."""
         self._release(unit)
         if unit.config_id not in self.dropped:
-            self.pending.add(unit)
-            self._list(unit)
-            self._by_config.setdefault(unit.config_id, set()).add(unit)
-            self._mark_partition(unit.partition)
-            if self._cost is not None:
-                self._work[unit.config_id] = self._work.get(unit.config_id, 0.0) + self._cost[unit]
+            self._add_pending(unit)
 
     def drop_config(self, config_id: int) -> None:
         """Remove a config (failed or stopped) from the round: its pending units are discarded."""
         self.dropped.add(config_id)
-        gone = {u for u in self.pending if u.config_id == config_id}
-        self.pending -= gone
+        gone = sorted(self._by_config.get(config_id, ()))
+        self.pending -= set(gone)
         for u in gone:
-            self._unlist(u)
             self._unindex_config(u)
+            self._leave(u)
         if self._cost is not None:
             self._work[config_id] = 0.0
 
@@ -347,60 +509,63 @@ class DispatchState:
         lost = [u for u, a in self.running.items() if worker in a.workers]  # a gang loses all its workers' pass
         for u in lost:
             self.requeue(u)
+        self._from_idle(worker)
         self.workers.discard(worker)
-        self._idle.discard(worker)
         for p in self._parts_of.pop(worker, ()):
             self.availability[p].discard(worker)
         return lost
 
     def add_worker(self, worker: int, partitions: Iterable[int]) -> None:
         """A worker joined (elasticity) or came back, holding `partitions`."""
+        self._from_idle(worker)  # (re-indexed below with its partitions)
         self.workers.add(worker)
-        if self._load.get(worker, 0) < self.capacity:
-            self._idle.add(worker)
         for p in partitions:
             self.availability.setdefault(p, set()).add(worker)
             self._parts_of.setdefault(worker, set()).add(p)
+        if self._load.get(worker, 0) < self.capacity:
+            self._to_idle(worker)
+        self._changed_workers.add(worker)
         self._dirty.add(worker)
 
     def drain_worker(self, worker: int) -> None:
         """Give `worker` no new units (elastic scale-in); a unit it is running finishes and completes normally."""
+        self._from_idle(worker)
         self.workers.discard(worker)
-        self._idle.discard(worker)
         for p in self._parts_of.pop(worker, ()):
             self.availability[p].discard(worker)
 
     def add_units(self, units: Iterable[Unit]) -> None:
         """More units join the state while it runs (a config's next epoch, without a barrier). `units` becomes
         every unit pending or running, the new ones included, so a policy's `start_round` sees what is left."""
-        new = set(units) - self.pending - set(self.running)
+        new = sorted(set(units) - self.pending - set(self.running))
         for u in new:
             if u.partition not in self.availability:
                 raise ValueError(f"partition {u.partition} of {u} has no entry in `availability`")
-            self.pending.add(u)
-            self._list(u)
-            self._by_config.setdefault(u.config_id, set()).add(u)
+        for u in new:  # training first: an eval unit added with its epoch waits for it
             if u.kind == TRAIN:
-                self._train_left[u.config_id] = self._train_left.get(u.config_id, 0) + 1
+                before = self._train_left.get(u.config_id, 0)
+                self._train_left[u.config_id] = before + 1
+                self._train_changed(u.config_id, before)
             self.dropped.discard(u.config_id)
-            self._mark_partition(u.partition)
-        self.units = sorted(self.pending | set(self.running))
         self._cost = None  # rebuilt on the next `work_left`
+        for u in new:
+            self._add_pending(u)
+        self.units = sorted(self.pending | set(self.running))
 
     def reopen(self, unit: Unit) -> None:
         """A completed training unit's effect was lost (state object and checkpoint gone): it must run again."""
         self.done.remove(unit)
-        self.pending.add(unit)
-        self._list(unit)
-        self._by_config.setdefault(unit.config_id, set()).add(unit)
-        self._mark_partition(unit.partition)
+        if unit.kind == TRAIN:
+            before = self._train_left.get(unit.config_id, 0)
+            self._train_left[unit.config_id] = before + 1
+            self._train_changed(unit.config_id, before)
         if unit not in self.units:  # it left `units` when more were added (`add_units`)
             bisect.insort(self.units, unit)
             self._cost = None
-        if self._cost is not None:
-            self._work[unit.config_id] = self._work.get(unit.config_id, 0.0) + self._cost[unit]
-        if unit.kind == TRAIN:
-            self._train_left[unit.config_id] += 1
+        self._add_pending(unit)
+
+
+_NONE: frozenset[int] = frozenset()
 
 
 def _unit_key(u: Unit) -> tuple[int, int, int, str]:

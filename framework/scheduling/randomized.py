@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import bisect
+import heapq
 import random
 
 from framework.scheduling._base import Assignment, DispatchState, Scheduler
@@ -25,36 +25,35 @@ class RandomizedScheduler(Scheduler):
         self._rng = random.Random(seed)
 
     def select(self, state: DispatchState) -> list[Assignment]:
-        if state.few_free_configs():
-            return self._from_configs(state)
+        """Idle workers in id order, each drawing uniformly among its eligible units (configs taken earlier in this
+        call excluded). Only what changed since the last call is looked at (`DispatchState.changes`): the policy
+        is dense, so every other idle worker has nothing eligible. The workers to ask are the changed ones and,
+        for each changed config, its smallest idle holder, then its next one each time that one took another
+        config: a heap of heads, so a completion costs a few draws whatever the numbers of workers and configs."""
+        workers, configs = state.changes()
+        heads = [(w, -1) for w in workers]  # (worker, changed config it heads for, or -1: a changed worker)
+        for c in configs:
+            h = state.next_idle_holder(c)
+            if h is not None:
+                heads.append((h, c))
+        heapq.heapify(heads)
         out: list[Assignment] = []
         taken: set[int] = set()
-        for w in state.candidate_workers():  # each draws uniformly among its eligible units (by rejection)
-            unit = state.sample_eligible(w, self._rng, taken)
-            if unit is not None:
-                out.append(Assignment(unit, (w,)))
-                taken.add(unit.config_id)
-        return out
-
-    def _from_configs(self, state: DispatchState) -> list[Assignment]:
-        """Few free configs, many idle workers (the last rounds of HyperBand on hundreds of workers): the same
-        draws as letting every idle worker in id order take a random unit among its candidates, but found from
-        the configs: the next worker to draw is the smallest idle holder of a config not taken yet."""
-        units = state.free_config_units()
-        holders = {c: state.idle_holders(us) for c, us in units.items()}
-        out: list[Assignment] = []
-        taken: set[int] = set()
-        last = -1
-        while len(taken) < len(units):
-            heads = [hs[i] for c, hs in holders.items() if c not in taken
-                     for i in (bisect.bisect_right(hs, last),) if i < len(hs)]
-            if not heads:
-                break
-            w = last = min(heads)
-            held = state.partitions_of(w)
-            cands = sorted((u for c, us in units.items() if c not in taken for u in us if u.partition in held),
-                           key=lambda u: (u.config_id, u.epoch, u.partition, u.kind))
-            unit = self._rng.choice(cands)
-            out.append(Assignment(unit, (w,)))
-            taken.add(unit.config_id)
+        asked: set[int] = set()
+        while heads:
+            w, c = heapq.heappop(heads)
+            if c >= 0 and c in taken:
+                continue
+            if w not in asked:
+                asked.add(w)
+                unit = state.sample_eligible(w, self._rng, taken)
+                if unit is not None:
+                    out.append(Assignment(unit, (w,)))
+                    taken.add(unit.config_id)
+            if c >= 0 and c not in taken:  # its head took another config (or nothing of its): ask its next holder
+                h = state.next_idle_holder(c, after=w)
+                while h is not None and h in asked:
+                    h = state.next_idle_holder(c, after=h)
+                if h is not None:
+                    heapq.heappush(heads, (h, c))
         return out

@@ -153,11 +153,12 @@ def test_simulate_selection_runs_a_procedure_through_the_driver_with_failures():
     space = {"lr": automl.loguniform(1e-3, 1e-1)}
     proc = automl.HyperBand(space, max_epochs=3, eta=3, seed=0, iterations=2)
     w = replicate(heterogeneous(sum(b.rungs[0].n for b in proc.brackets), 8, seed=0), factor=2, seed=0)
-    events = [WorkerEvent(2.0, 3, "fail"), WorkerEvent(4.0, 3, RETURN), WorkerEvent(6.0, 5, "fail")]
+    first = float(w.times.min()) / 2  # every worker is inside its first unit (10 configs, 8 workers)
+    events = [WorkerEvent(first, 3, "fail"), WorkerEvent(4.0, 3, RETURN), WorkerEvent(first, 5, "fail")]
     r = simulate_selection(proc, w, lambda c, e: {"valid_loss": abs(np.log10(c["lr"]) + 2) + 1 / (1 + e)},
                            events=events)
     assert len(r.configs) == 2 * 5 and set(r.configs.status) == {"stopped"}
-    assert len(r.failed) >= 1 and validate_schedule(r.schedule, w.availability).ok
+    assert len(r.failed) == 2 and validate_schedule(r.schedule, w.availability).ok
     done = r.schedule
     for row in r.configs.itertuples():  # every epoch a config trained visited every partition exactly once
         mine = done[done.config_id == row.config_id]

@@ -327,9 +327,9 @@ def test_deterministic_runs_give_the_same_metrics_whatever_the_timing():
     assert a == b and not sa[["start", "end"]].equals(sb[["start", "end"]])
     order = lambda s: [tuple(g.partition) for _, g in s[s.kind == TRAIN].groupby(["config_id", "epoch"])]  # noqa: E731
     assert order(sa) == order(sb)
-    _, fa = histories(uniform)
-    _, fb = histories(skewed)
-    assert order(fa) != order(fb)  # timing-driven dispatch: the visit order follows the timing
+    # timing-driven dispatch: the visit order follows the timing (for some seeds: 3 configs on 3 workers leave a
+    # randomized dispatch few orders to choose from)
+    assert any(order(histories(uniform, seed=s)[1]) != order(histories(skewed, seed=s)[1]) for s in range(4))
 
 
 def test_the_same_scripted_workload_gives_the_same_schedule_on_local_and_simulated_backends():
