@@ -23,7 +23,7 @@ from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, Uni
 from framework.scheduling.units import UnitReport, unit_seed
 
 
-@dataclass
+@dataclass(slots=True)
 class Flight:
     """An assignment on its way: where it runs, when it started (backend clock), driver-side faults to act out."""
 

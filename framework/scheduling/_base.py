@@ -79,6 +79,7 @@ class DispatchState:
             if u.kind == TRAIN:
                 self._train_left[u.config_id] = self._train_left.get(u.config_id, 0) + 1
         self._parts_of: dict[int, set[int]] = {}  # worker -> partitions it holds (the reverse of `availability`)
+        self._sorted_parts: dict[int, tuple[int, ...]] = {}  # the same, sorted (a cache)
         for p, ws in self.availability.items():
             for w in ws:
                 self._parts_of.setdefault(w, set()).add(p)
@@ -127,6 +128,19 @@ class DispatchState:
         for p in self._parts_of.get(w, ()):
             hs = by_part[p]
             del hs[bisect.bisect_left(hs, w)]
+
+    def idle_holders_of(self, config_id: int) -> list[int]:
+        """The idle workers that hold a partition of one of the config's eligible units, ascending (from whichever
+        side is cheaper: the idle workers, or the config's partitions)."""
+        mine = self._cpart.get(config_id)
+        if not mine:
+            return []
+        idle = self._idle
+        if len(idle) < 4 * len(mine):  # a set test per idle worker, in C
+            held = self._parts_of
+            return sorted(w for w in idle if not held.get(w, _NONE).isdisjoint(mine))
+        by_part = self._idle_by_part
+        return sorted(set().union(*[by_part[p] for p in mine if by_part.get(p)]))
 
     def next_idle_holder(self, config_id: int, after: int = -1) -> int | None:
         """The smallest idle worker with an id above `after` that holds a partition of one of the config's eligible
@@ -178,8 +192,11 @@ class DispatchState:
             return
         mine[u.partition] = u
         self._list(u)
-        if c not in self._busy_configs:
-            self._nfree[u.partition] = self._nfree.get(u.partition, 0) + 1
+        n = self._nfree.get(u.partition, 0)
+        if c in self._busy_configs:
+            self._nfree[u.partition] = n
+        else:
+            self._nfree[u.partition] = n + 1
             self._free.add(c)
             self._changed_configs.add(c)
             self._to_mark.add(c)
@@ -214,7 +231,7 @@ class DispatchState:
             self._to_mark.add(c)
             nfree = self._nfree
             for p in mine:
-                nfree[p] = nfree.get(p, 0) + 1
+                nfree[p] += 1  # every partition with an eligible unit has a count (`_enter`)
 
     def _train_changed(self, c: int, before: int) -> None:
         """Config `c`'s count of pending training units went from `before` to its current value: its pending eval
@@ -292,7 +309,7 @@ class DispatchState:
     def eligible(self, worker: int) -> list[Unit]:
         """Pending units that `worker` may start now, in a deterministic (sorted) order."""
         units = self.eligible_unsorted(worker)
-        return sorted(units, key=_unit_key) if len(units) > 1 else units
+        return sorted(units) if len(units) > 1 else units
 
     def _free_count(self, parts: Iterable[int]) -> int:
         nfree = self._nfree
@@ -327,11 +344,11 @@ class DispatchState:
                 del self._by_config[unit.config_id]
 
     def _list(self, unit: Unit) -> None:
-        bisect.insort(self._by_partition.setdefault(unit.partition, []), unit, key=_unit_key)
+        bisect.insort(self._by_partition.setdefault(unit.partition, []), unit)
 
     def _unlist(self, unit: Unit) -> None:
         units = self._by_partition[unit.partition]
-        i = bisect.bisect_left(units, _unit_key(unit), key=_unit_key)
+        i = bisect.bisect_left(units, unit)
         if i < len(units) and units[i] == unit:
             del units[i]
 
@@ -351,7 +368,7 @@ class DispatchState:
 
     def free_config_units(self) -> dict[int, list[Unit]]:
         """config -> its eligible units (by config order), for every config that is not busy and has one."""
-        return {c: sorted(self._cpart[c].values(), key=_unit_key) for c in sorted(self._free)}
+        return {c: sorted(self._cpart[c].values()) for c in sorted(self._free)}
 
     def idle_holders(self, units: Iterable[Unit]) -> list[int]:
         """Idle live workers that hold the partition of at least one of `units`, in ascending id order."""
@@ -368,7 +385,9 @@ class DispatchState:
         """
         if worker not in self._idle:
             return None
-        parts = sorted(self._parts_of.get(worker, ()))
+        parts = self._sorted_parts.get(worker)
+        if parts is None:
+            parts = self._sorted_parts[worker] = tuple(sorted(self._parts_of.get(worker, ())))
         n = self._free_count(parts)
         if n == 0:
             self._dirty.discard(worker)  # nothing for it until a change marks it again
@@ -391,7 +410,7 @@ class DispatchState:
                     i -= len(units)
                 if u.config_id not in busy and u.config_id not in exclude:
                     return u
-        units = sorted(self._collect(parts), key=_unit_key)  # a fixed order to draw from
+        units = self._collect(parts)  # a fixed order to draw from (sets of ints and sorted lists)
         units = [u for u in units if u.config_id not in exclude] if exclude else units
         return rng.choice(units) if units else None
 
@@ -511,6 +530,7 @@ class DispatchState:
             self.requeue(u)
         self._from_idle(worker)
         self.workers.discard(worker)
+        self._sorted_parts.pop(worker, None)
         for p in self._parts_of.pop(worker, ()):
             self.availability[p].discard(worker)
         return lost
@@ -519,6 +539,7 @@ class DispatchState:
         """A worker joined (elasticity) or came back, holding `partitions`."""
         self._from_idle(worker)  # (re-indexed below with its partitions)
         self.workers.add(worker)
+        self._sorted_parts.pop(worker, None)
         for p in partitions:
             self.availability.setdefault(p, set()).add(worker)
             self._parts_of.setdefault(worker, set()).add(p)
@@ -531,6 +552,7 @@ class DispatchState:
         """Give `worker` no new units (elastic scale-in); a unit it is running finishes and completes normally."""
         self._from_idle(worker)
         self.workers.discard(worker)
+        self._sorted_parts.pop(worker, None)
         for p in self._parts_of.pop(worker, ()):
             self.availability[p].discard(worker)
 
@@ -566,10 +588,6 @@ class DispatchState:
 
 
 _NONE: frozenset[int] = frozenset()
-
-
-def _unit_key(u: Unit) -> tuple[int, int, int, str]:
-    return (u.config_id, u.epoch, u.partition, u.kind)  # Unit's own order, compared as a plain tuple (faster)
 
 
 class Scheduler(abc.ABC):

@@ -31,17 +31,18 @@ class RandomizedScheduler(Scheduler):
         for each changed config, its smallest idle holder, then its next one each time that one took another
         config: a heap of heads, so a completion costs a few draws whatever the numbers of workers and configs."""
         workers, configs = state.changes()
-        heads = [(w, -1) for w in workers]  # (worker, changed config it heads for, or -1: a changed worker)
+        heads = [(w, -1, 0) for w in workers]  # (worker, changed config it heads for or -1, its index in holders)
+        holders: dict[int, list[int]] = {}  # a changed config's idle holders, once its first one was not enough
         for c in configs:
             h = state.next_idle_holder(c)
             if h is not None:
-                heads.append((h, c))
+                heads.append((h, c, 0))
         heapq.heapify(heads)
         out: list[Assignment] = []
         taken: set[int] = set()
         asked: set[int] = set()
         while heads:
-            w, c = heapq.heappop(heads)
+            w, c, i = heapq.heappop(heads)
             if c >= 0 and c in taken:
                 continue
             if w not in asked:
@@ -51,9 +52,12 @@ class RandomizedScheduler(Scheduler):
                     out.append(Assignment(unit, (w,)))
                     taken.add(unit.config_id)
             if c >= 0 and c not in taken:  # its head took another config (or nothing of its): ask its next holder
-                h = state.next_idle_holder(c, after=w)
-                while h is not None and h in asked:
-                    h = state.next_idle_holder(c, after=h)
-                if h is not None:
-                    heapq.heappush(heads, (h, c))
+                hs = holders.get(c)
+                if hs is None:
+                    hs = holders[c] = state.idle_holders_of(c)
+                i += 1
+                while i < len(hs) and hs[i] in asked:
+                    i += 1
+                if i < len(hs):
+                    heapq.heappush(heads, (hs[i], c, i))
         return out

@@ -20,6 +20,7 @@ per member. Nothing here imports torch or Ray.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,21 +32,23 @@ EVAL = "eval"
 KINDS = (TRAIN, EVAL)
 
 
-@dataclass(frozen=True, order=True)
-class Unit:
+_UnitFields = collections.namedtuple("Unit", ["config_id", "epoch", "partition", "kind"], defaults=(TRAIN,))
+
+
+class Unit(_UnitFields):
     """One visit of a config to a partition: train (one pass, one sub-epoch) or eval (no gradients).
 
-    `epoch` is the config's own epoch index (0-based) that this unit belongs to.
+    `Unit(config_id, epoch, partition, kind="train")`, where `epoch` is the config's own epoch index (0-based) that
+    this unit belongs to. A named tuple: hashed, compared and ordered (by its fields, in order) at C speed, since
+    the driver keys its sets and maps by units hundreds of thousands of times a run.
     """
 
-    config_id: int
-    epoch: int
-    partition: int
-    kind: str = TRAIN
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"`kind` is {self.kind!r}, but must be one of {KINDS}")
+    def __new__(cls, config_id: int, epoch: int, partition: int, kind: str = TRAIN) -> Unit:
+        if kind not in KINDS:
+            raise ValueError(f"`kind` is {kind!r}, but must be one of {KINDS}")
+        return super().__new__(cls, config_id, epoch, partition, kind)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ class Assignment:
     members: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.members and type(self.workers) is tuple and len(self.workers) == 1:  # the common case, fast
+            object.__setattr__(self, "members", (self.unit.config_id,))
+            return
         if not self.members:
             object.__setattr__(self, "members", (self.unit.config_id,))
         elif self.members[0] != self.unit.config_id:
@@ -92,7 +98,7 @@ class Assignment:
 UnitTimeEstimate = Callable[[Unit, int], float]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class UnitTask:
     """Everything a worker needs to run one assignment, besides the states: the unit, the configs (one per member,
     in `members` order), the run seed, the gang's workers, and an injected fault to act out
@@ -114,7 +120,7 @@ class UnitTask:
         return tuple(Unit(c, u.epoch, u.partition, u.kind) for c in self.members)
 
 
-@dataclass
+@dataclass(slots=True)
 class UnitReport:
     """What a worker sends back after a unit, per member (small; the state travels separately). `group`: the gang
     or pack it ran in (None: a unit of its own)."""
