@@ -120,8 +120,12 @@ class Dispatcher:
     def launch(self, a: Assignment) -> bool:
         """Start `a` on the dispatch state (its units leave the queue); returns whether it queues behind another
         unit of one of its workers. The caller submits it to the backend and records the ticket (`fly`)."""
-        queued = any(self.state.load(w) for w in a.workers)
-        self.state.start(a)
+        state = self.state
+        queued = False
+        for w in a.workers:
+            if state.load(w):
+                queued = True
+        state.start(a)
         return queued
 
     def fly(self, ticket: int, flight: Flight) -> None:

@@ -97,19 +97,27 @@ class ClockBackend(Backend):
 
     def poll(self, timeout: float | None) -> list[Event]:
         events: list[Event] = []
+        live, free_at = self.workers, self._free_at
         while self._todo:
             t0, what, args = self._todo.popleft()
-            workers = _workers_of((t0, what, args))
-            if any(w not in self.workers for w in workers):  # stopped or lost meanwhile
-                continue
             if what == "unit":  # it starts when the units ahead of it in its workers' queues have ended
-                t0 = max(t0, *(self._free_at.get(w, t0) for w in workers))
-                if t0 == float("inf"):
+                workers = args[0]
+                if len(workers) == 1:
+                    if workers[0] not in live:  # stopped or lost meanwhile
+                        continue
+                    t0 = max(t0, free_at.get(workers[0], t0))
+                elif any(w not in live for w in workers):
+                    continue
+                else:
+                    t0 = max(t0, *(free_at.get(w, t0) for w in workers))
+                if t0 == _NEVER:
                     continue  # behind a hung unit: it never starts
                 out = self._execute(*args)
                 for w in workers:
-                    self._free_at[w] = float("inf") if out is None else t0 + out[0]
+                    free_at[w] = _NEVER if out is None else t0 + out[0]
             else:
+                if args[0] not in live:
+                    continue
                 out = self._load(*args)
             if out is not None:
                 seconds, event = out
@@ -140,6 +148,9 @@ class ClockBackend(Backend):
 
     def now(self) -> float:
         return self._clock
+
+
+_NEVER = float("inf")
 
 
 def _workers_of(item: tuple[float, str, tuple]) -> tuple[int, ...]:
