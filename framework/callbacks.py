@@ -97,16 +97,20 @@ class CallbackList:
         self.on_error = on_error  # on_error(kind, **detail): the run's event log
         self._broken: set[int] = set()
         self._hooks: dict[str, list[int]] = {}  # hook -> callbacks that override it
+        self._propagate: set[int] = set()  # callbacks whose errors end the run (the fault plan's observer)
         for cb in callbacks:
             self.add(cb)
 
     def __bool__(self) -> bool:
         return bool(self.callbacks)
 
-    def add(self, callback: Callback) -> None:
-        """Call `callback` after the ones added before it."""
+    def add(self, callback: Callback, propagate: bool = False) -> None:
+        """Call `callback` after the ones added before it. `propagate`: what it raises ends the run (a test
+        harness's observer), instead of switching it off with a warning."""
         i = len(self.callbacks)
         self.callbacks.append(callback)
+        if propagate:
+            self._propagate.add(i)
         for hook in HOOKS:
             if getattr(type(callback), hook, None) is not getattr(Callback, hook):
                 self._hooks.setdefault(hook, []).append(i)
@@ -119,6 +123,8 @@ class CallbackList:
             try:
                 getattr(cb, hook)(*args)
             except Exception:  # noqa: BLE001 - a tracker's failure must not end the run
+                if i in self._propagate:
+                    raise
                 self._broken.add(i)
                 tb = traceback.format_exc()
                 warnings.warn(f"callback {type(cb).__name__}.{hook} raised and is switched off for this run:\n{tb}",

@@ -43,7 +43,7 @@ class CommandSource(abc.ABC):
         """Commands given since the last call, in order (non-blocking)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """The run ended: release what the source holds."""
+        """The run ended (the driver calls it): release what the source holds."""
 
 
 class QueueCommands(CommandSource):
@@ -92,8 +92,13 @@ def _add(run: RunState, args: Mapping[str, Any]) -> str:
         if unknown or not parts:
             raise CommandRejected(f"`partitions` is {parts!r}, but must be a non-empty list of the run's partitions "
                                   f"{sorted(known)}")
-    if worker is not None and (worker in run.workers.holds or worker in run.workers.loading):
-        raise CommandRejected(f"worker {worker} lives already")
+    if worker is not None:
+        if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
+            raise CommandRejected(f"`worker` is {worker!r}, but must be a worker id (an int >= 0)")
+        if count != 1:
+            raise CommandRejected(f"`count` is {count!r}, but must be 1 when `worker` names the worker to start")
+        if worker in run.workers.holds or worker in run.workers.loading:
+            raise CommandRejected(f"worker {worker} lives already")
     started = add_workers(run, count, list(parts) if parts is not None else None, worker)
     return f"started workers {started}"
 

@@ -80,7 +80,8 @@ def end_flight(run: RunState, ticket: int, now: float) -> Flight | None:
     nothing leaves. None: the ticket's worker was declared lost meanwhile (its units re-queued)."""
     f = run.dispatch.land(ticket, now)
     if f is not None:
-        finish_drain(run, f.worker)
+        for w in f.workers:
+            finish_drain(run, w)
     return f
 
 

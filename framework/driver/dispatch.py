@@ -142,29 +142,33 @@ class Dispatcher:
         f = self.flights.pop(ticket, None)
         if f is None:
             return None
-        for w in f.workers:
-            queue = self._queues[w]
-            queue.remove(ticket)
-            if queue:
-                g = self.flights[queue[0]]  # submission order: the first queued one is next
-                if g.queued:
-                    g.started, g.queued = now, False
-            else:
-                del self._queues[w]
+        self._dequeue(ticket, f, now)
         return f
 
-    def ground(self, worker: int) -> list[tuple[int, Flight]]:
-        """Every flight of a worker that is gone, in submission order; none of them will land."""
+    def ground(self, worker: int, now: float) -> list[tuple[int, Flight]]:
+        """Every flight of a worker that is gone, in submission order; none of them will land. The gang partners'
+        next queued units start now."""
         out = self.flights_of(worker)
         for ticket, f in out:
             del self.flights[ticket]
-            for w in f.workers:
-                queue = self._queues.get(w, [])
-                if ticket in queue:
-                    queue.remove(ticket)
-                if not queue:
-                    self._queues.pop(w, None)
+            self._dequeue(ticket, f, now, gone=worker)
         return out
+
+    def _dequeue(self, ticket: int, f: Flight, now: float, gone: int | None = None) -> None:
+        """`ticket` leaves its workers' queues; the next unit queued on each (but worker `gone`) starts now."""
+        for w in f.workers:
+            queue = self._queues.get(w)
+            if queue is None or ticket not in queue:
+                continue
+            queue.remove(ticket)
+            if not queue:
+                del self._queues[w]
+                continue
+            if w == gone:
+                continue
+            g = self.flights[queue[0]]
+            if g.queued and all(self._queues[v][0] == queue[0] for v in g.workers if v in self._queues):
+                g.started, g.queued = now, False  # a gang's unit starts once it heads every one of its queues
 
     def flights_of(self, worker: int) -> list[tuple[int, Flight]]:
         return [(t, self.flights[t]) for t in self._queues.get(worker, ())]

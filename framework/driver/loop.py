@@ -90,7 +90,9 @@ class Driver:
             dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth), round=-1,
             synchronous=synchronous,
         )
-        run.observers = CallbackList([_PlanObserver(faults)] if faults.on_event else [], on_error=run.event)
+        run.observers = CallbackList(on_error=run.event)
+        if faults.on_event is not None:
+            run.observers.add(_PlanObserver(faults), propagate=True)
         for observer in observers:
             run.observers.add(observer)
 
@@ -151,6 +153,7 @@ class Driver:
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
                 run.run_deferred()
                 run.account_cpu()
+                self.commands.close()
                 commit.check_complete(run)
                 return True  # nothing open: every config has stopped or failed (an active config always has units)
             if stop_at is not None and run.round >= stop_at:
@@ -187,15 +190,28 @@ class Driver:
         stalled = sorted(state.stalled_partitions()) if state is not None else []
         run.event("waiting_for_holder", partitions=stalled)
         run.write(f"units of partitions {stalled} wait for a worker that holds them (add_workers() to provide one)")
-        # a simulated clock waits for the next scheduled event (a worker that returns, however late), if any
-        events = run.backend.poll(run.options.holder_wait_s if run.backend.wall_clock else None)
-        if not events:
-            within = f"joined within {run.options.holder_wait_s:g} s" if run.backend.wall_clock else "is scheduled to join"
-            raise RuntimeError(
-                f"stalled: no worker holds partitions {stalled} and none {within} "
-                f"(at t={run.backend.now():g}; {len(state.pending) if state else 0} units pending)")
-        for ev in events:
-            HANDLERS[type(ev)](run, ev)
+        # wait for an event or a command (an `add_workers` answers the notice); a simulated clock waits for the next
+        # scheduled event (a worker that returns, however late), if any
+        deadline = run.backend.now() + run.options.holder_wait_s
+        while True:
+            applied = [commands.apply(run, command) for command in self.commands.poll()]
+            if any(applied) and (run.workers.loading or run.dispatch.flights):
+                return
+            left = deadline - run.backend.now()
+            if run.backend.wall_clock and left <= 0:
+                events = []
+            else:
+                events = run.backend.poll(min(left, COMMAND_WAIT_S) if run.backend.wall_clock else None)
+            if events:
+                for ev in events:
+                    HANDLERS[type(ev)](run, ev)
+                return
+            if not run.backend.wall_clock or left <= 0:
+                break
+        within = f"joined within {run.options.holder_wait_s:g} s" if run.backend.wall_clock else "is scheduled to join"
+        raise RuntimeError(
+            f"stalled: no worker holds partitions {stalled} and none {within} "
+            f"(at t={run.backend.now():g}; {len(state.pending) if state else 0} units pending)")
 
     # ---- what the caller reads ----------------------------------------------------------------------------------
     @property

@@ -45,7 +45,7 @@ def worker_lost(run: RunState, worker: int, why: str, started: tuple[int, ...] |
     if worker not in run.workers.holds and worker not in run.workers.loading:
         return  # already handled
     now = run.backend.now()
-    flights = run.dispatch.ground(worker)
+    flights = run.dispatch.ground(worker, now)
     if started is None:
         started = tuple(ticket for ticket, f in flights if not f.queued)
     labels: dict[str, list[str]] = {"requeued": [], "lost_results": [], "unstarted": []}

@@ -40,7 +40,7 @@ def on_unit_ended(run: RunState, ev: UnitDone | UnitFailed) -> None:
     f = end_flight(run, ev.ticket, ev.time)
     if f is None:
         return  # its worker was declared lost meanwhile: the unit was re-queued
-    for unit, report, state in zip(f.assignment.units, ev.reports, ev.states):
+    for unit, report, state in zip(f.assignment.units, ev.reports, ev.states, strict=True):
         if report.error is None:
             unit_done(run, f, unit, report, state)
         else:
@@ -76,7 +76,7 @@ def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: 
             checkpoint(run, c, unit.epoch, units, handle, f.worker)
 
     run.observers.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
-                       report.end - report.start, report.metrics)
+                       report.end - report.start, dict(report.metrics))
     run.deferred.append(record)  # done once the next units are on their way
     c.open -= 1
     if c.open == 0:

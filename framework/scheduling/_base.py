@@ -43,6 +43,11 @@ class DispatchState:
     Policies see a worker with a free slot as *idle*: `idle_workers`, `candidate_workers` and `eligible` count slots,
     not running units. The engine asks the policy twice per dispatch (`framework.driver.dispatch`): first with
     `capacity` 1, so workers with nothing to run are served first, then with its queue depth.
+
+    An assignment may be plural (`framework.scheduling.units`): a gang takes a slot on each of its workers, every
+    one of which must hold the partition; a pack starts every member's unit at once and keeps its worker until its
+    last member leaves. Every transition keeps an eligibility index up to date, so no query scans what cannot run,
+    and records what changed since the policy last looked (`changes`), which a dense policy may look at alone.
     """
 
     units: Iterable[Unit]
@@ -88,20 +93,15 @@ class DispatchState:
         # an eval unit once its training units are done; at most one per partition), partition -> how many of
         # those belong to free configs, and the free configs that have one.
         self._cpart: dict[int, dict[int, Unit]] = {}
+        self._shadowed: dict[tuple[int, int], list[Unit]] = {}  # (config, partition) -> later units waiting behind
         self._nfree: dict[int, int] = {}
         self._free: set[int] = set()
         # what changed since the policy last looked (`changes`): everything, at first
         self._changed_workers: set[int] = set(self.workers)
         self._changed_configs: set[int] = set()
-        self._to_mark: set[int] = set()  # configs turned free whose idle holders `_dirty` has not taken in yet
         for u in self.units:
             if self._kind_ok(u):
                 self._enter(u)
-        # Workers that may have an eligible unit. A worker leaves the set when a look finds nothing eligible for
-        # it, and comes back on every change that can make a unit eligible for it (it turns idle, a config of one
-        # of its partitions turns free, a unit of one of its partitions is added or re-queued, it joins), so
-        # `eligible` skips the rest at no cost: large runs ask for few workers' units per completion.
-        self._dirty: set[int] = set(self.workers)
         # partition -> its idle holders, ascending
         self._idle_by_part: dict[int, list[int]] = {}
         self._rebuild_idle_index()
@@ -115,7 +115,6 @@ class DispatchState:
             return
         self._idle.add(w)
         self._changed_workers.add(w)
-        self._dirty.add(w)
         by_part = self._idle_by_part
         for p in self._parts_of.get(w, ()):
             bisect.insort(by_part.setdefault(p, []), w)
@@ -142,28 +141,18 @@ class DispatchState:
         by_part = self._idle_by_part
         return sorted(set().union(*[by_part[p] for p in mine if by_part.get(p)]))
 
-    def next_idle_holder(self, config_id: int, after: int = -1) -> int | None:
-        """The smallest idle worker with an id above `after` that holds a partition of one of the config's eligible
-        units (None: there is none)."""
+    def first_idle_holder(self, config_id: int) -> int | None:
+        """The smallest idle worker that holds a partition of one of the config's eligible units (None: there is
+        none); cheaper than `idle_holders_of(config_id)[0]`, and most often all a policy needs."""
         mine = self._cpart.get(config_id)
         if not mine:
             return None
-        best = None
         idle = self._idle
         if len(idle) < 3 * len(mine):  # few idle workers: look from their side (a set test each, in C)
             held = self._parts_of
-            for w in idle:
-                if w > after and (best is None or w < best) and not held.get(w, _NONE).isdisjoint(mine):
-                    best = w
-            return best
+            return min((w for w in idle if not held.get(w, _NONE).isdisjoint(mine)), default=None)
         by_part = self._idle_by_part
-        for p in mine:
-            hs = by_part.get(p)
-            if hs:
-                i = bisect.bisect_right(hs, after) if after >= hs[0] else 0
-                if i < len(hs) and (best is None or hs[i] < best):
-                    best = hs[i]
-        return best
+        return min((hs[0] for p in mine if (hs := by_part.get(p))), default=None)
 
     def changes(self) -> tuple[list[int], list[int]]:
         """What changed since the policy last looked (`Dispatcher` clears it after each `select`): the idle workers
@@ -188,7 +177,10 @@ class DispatchState:
         mine = self._cpart.get(c)
         if mine is None:
             mine = self._cpart[c] = {}
-        if u.partition in mine:  # a second one on the partition (never in a round's units): keep the first
+        if u.partition in mine:  # a second one on the partition (a config's next epoch opened early): it waits
+            waiting = self._shadowed.setdefault((c, u.partition), [])
+            if mine[u.partition] != u and u not in waiting:
+                waiting.append(u)
             return
         mine[u.partition] = u
         self._list(u)
@@ -199,13 +191,15 @@ class DispatchState:
             self._nfree[u.partition] = n + 1
             self._free.add(c)
             self._changed_configs.add(c)
-            self._to_mark.add(c)
 
     def _leave(self, u: Unit) -> None:
         """`u` no longer waits to run (started, dropped, or its eval waits again for training)."""
         c = u.config_id
         mine = self._cpart.get(c)
         if mine is None or mine.get(u.partition) != u:
+            shadowed = self._shadowed.get((c, u.partition))
+            if shadowed and u in shadowed:
+                shadowed.remove(u)
             return
         del mine[u.partition]
         self._unlist(u)
@@ -214,6 +208,18 @@ class DispatchState:
         if not mine:
             del self._cpart[c]
             self._free.discard(c)
+        if self._shadowed:  # a unit it hid on the partition takes its place
+            waiting = self._shadowed.pop((c, u.partition), [])
+            for v in sorted(waiting):
+                if v in self.pending and self._kind_ok(v):
+                    waiting.remove(v)
+                    if waiting:
+                        self._shadowed[(c, u.partition)] = waiting
+                    self._enter(v)
+                    break
+            else:
+                if waiting:
+                    self._shadowed[(c, u.partition)] = waiting
 
     def _set_busy(self, c: int) -> None:
         self._busy_configs.add(c)
@@ -228,7 +234,6 @@ class DispatchState:
         if mine:
             self._free.add(c)
             self._changed_configs.add(c)
-            self._to_mark.add(c)
             nfree = self._nfree
             for p in mine:
                 nfree[p] += 1  # every partition with an eligible unit has a count (`_enter`)
@@ -251,7 +256,6 @@ class DispatchState:
         self._by_config.setdefault(u.config_id, set()).add(u)
         if self._kind_ok(u):
             self._enter(u)
-        self._mark_partition(u.partition)
         if self._cost is not None and u in self._cost:
             self._work[u.config_id] = self._work.get(u.config_id, 0.0) + self._cost[u]
 
@@ -322,7 +326,6 @@ class DispatchState:
         parts = self._parts_of.get(worker, ())
         n = self._free_count(parts)
         if n == 0:
-            self._dirty.discard(worker)  # nothing for it until a change marks it again
             return []
         return self._collect(parts)
 
@@ -353,28 +356,9 @@ class DispatchState:
             del units[i]
 
     def candidate_workers(self) -> list[int]:
-        """Idle live workers that may have an eligible unit, in ascending id order (a subset of `idle_workers`
-        that leaves out every worker known to have nothing eligible)."""
-        for c in self._to_mark:
-            if c in self._free:
-                self._mark_config(c)
-        self._to_mark.clear()
-        return sorted(self._dirty & self._idle)
-
-    def few_free_configs(self) -> bool:
-        """Whether the configs that could run are few next to the idle workers (then look from the configs'
-        side: `free_config_units`)."""
-        return 4 * len(self._free) < len(self._idle)
-
-    def free_config_units(self) -> dict[int, list[Unit]]:
-        """config -> its eligible units (by config order), for every config that is not busy and has one."""
-        return {c: sorted(self._cpart[c].values()) for c in sorted(self._free)}
-
-    def idle_holders(self, units: Iterable[Unit]) -> list[int]:
-        """Idle live workers that hold the partition of at least one of `units`, in ascending id order."""
-        av = self.availability
-        held = set().union(*(av.get(u.partition, ()) for u in units))
-        return sorted(held & self._idle)
+        """Idle live workers with an eligible unit, in ascending id order (a subset of `idle_workers`)."""
+        nfree = self._nfree
+        return [w for w in sorted(self._idle) if any(nfree.get(p, 0) for p in self._parts_of.get(w, ()))]
 
     def sample_eligible(self, worker: int, rng, exclude: set[int], tries: int = 8) -> Unit | None:
         """A uniformly random unit among `eligible(worker)` whose config is not in `exclude` (None: there is none).
@@ -390,7 +374,6 @@ class DispatchState:
             parts = self._sorted_parts[worker] = tuple(sorted(self._parts_of.get(worker, ())))
         n = self._free_count(parts)
         if n == 0:
-            self._dirty.discard(worker)  # nothing for it until a change marks it again
             return None
         if exclude:  # the configs taken earlier in this select are still free: count theirs out
             cpart = self._cpart
@@ -413,26 +396,6 @@ class DispatchState:
         units = self._collect(parts)  # a fixed order to draw from (sets of ints and sorted lists)
         units = [u for u in units if u.config_id not in exclude] if exclude else units
         return rng.choice(units) if units else None
-
-    def _mark_partition(self, partition: int) -> None:
-        self._dirty.update(self.availability.get(partition, ()))
-
-    def _mark_config(self, config_id: int) -> None:
-        """The config turned free: mark the idle workers that hold one of its eligible units' partitions (from
-        whichever side is smaller: the idle workers, or its units)."""
-        mine = self._cpart.get(config_id)
-        idle = self._idle
-        if not mine or not idle:
-            return
-        if len(idle) < len(mine):
-            held = self._parts_of
-            self._dirty.update(w for w in idle if w in held and not held[w].isdisjoint(mine))
-            return
-        av = self.availability
-        for p in mine:
-            holders = av[p]
-            if not holders.isdisjoint(idle):
-                self._dirty |= holders & idle
 
     def remaining(self, config_id: int) -> list[Unit]:
         """Units of a config still pending (not running, not done)."""
@@ -487,14 +450,13 @@ class DispatchState:
     def _release(self, unit: Unit) -> None:
         a = self.running.pop(unit)
         self._set_free(unit.config_id)
-        if len(a.members) > 1 and any(u in self.running for u in a.units):
+        if len(a.members) > 1 and any(self.running.get(u) is a for u in a.units):
             return  # the workers stay taken until the pack's last member leaves
         for worker in a.workers:
             n = self._load[worker] = self._load[worker] - 1
             if n == 0:
                 del self._load[worker]
             self._changed_workers.add(worker)  # a slot of its freed up
-            self._dirty.add(worker)
             if n < self.capacity:
                 self._to_idle(worker)
 
@@ -546,7 +508,6 @@ class DispatchState:
         if self._load.get(worker, 0) < self.capacity:
             self._to_idle(worker)
         self._changed_workers.add(worker)
-        self._dirty.add(worker)
 
     def drain_worker(self, worker: int) -> None:
         """Give `worker` no new units (elastic scale-in); a unit it is running finishes and completes normally."""

@@ -34,7 +34,7 @@ class RandomizedScheduler(Scheduler):
         heads = [(w, -1, 0) for w in workers]  # (worker, changed config it heads for or -1, its index in holders)
         holders: dict[int, list[int]] = {}  # a changed config's idle holders, once its first one was not enough
         for c in configs:
-            h = state.next_idle_holder(c)
+            h = state.first_idle_holder(c)
             if h is not None:
                 heads.append((h, c, 0))
         heapq.heapify(heads)

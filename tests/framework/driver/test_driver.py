@@ -482,3 +482,29 @@ def test_a_clone_without_a_usable_checkpoint_restarts_from_its_donor_weights_whi
         assert all(torch.equal(weights[k], expected[k]) for k in expected)  # not model_fn's: its donor's, trained
     else:  # a barrier lets a config's older states go with its first unit: the clone fails, and says why
         assert clone.status == FAILED and "no longer held" in faulted.log.configs[2]["error"]
+
+
+def test_a_command_answers_a_wait_for_a_partition_holder():
+    # the only worker dies and none restarts: the run waits for a holder, and an add_workers given then is applied
+    commands = QueueCommands()
+
+    def on_event(kind: str, detail: dict) -> None:
+        if kind == "waiting_for_holder" and not _events(log, "worker_added"):
+            commands.put("add_workers", count=1, partitions=[0, 1, 2])
+
+    log = MemoryRunLog()
+    driver = Driver(LocalBackend(FNS, _entries(), num_threads=1), _grid(epochs=1), log, {0: [0, 1, 2]}, [0, 1, 2],
+                    RunOptions(queue_depth=1, max_worker_restarts=0, reassign_partitions=False),
+                    FaultPlan([Fault("kill_worker", config_id=1, epoch=0)], on_event=on_event), commands=commands)
+    driver.run()
+    _assert_complete(driver, log)
+    assert [d["worker"] for d in _events(log, "worker_added")] == [1]
+
+
+def test_an_error_in_the_fault_plans_observer_ends_the_run():
+    def on_event(kind: str, detail: dict) -> None:
+        if kind == "round_committed":
+            raise AssertionError("the harness saw something wrong")
+
+    with pytest.raises(AssertionError, match="the harness saw something wrong"):
+        _run(_grid(epochs=1), FaultPlan(on_event=on_event))

@@ -138,3 +138,25 @@ def test_a_worker_with_a_free_slot_is_idle_and_a_reserved_config_is_busy():
     state.complete(Unit(0, 0, 0))
     state.set_capacity(2)
     assert state.load(0) == 1 and 0 in state.idle_workers() and state.is_eligible(Unit(0, 0, 1), 1)
+
+
+def test_a_pack_frees_its_worker_when_its_last_member_leaves_even_after_a_member_ran_alone():
+    # pack (1, 0) on worker 0; member 1 is re-queued and runs alone on worker 0; then member 0 completes
+    units = [Unit(c, 0, p) for c in (0, 1) for p in (0, 1)]
+    state = DispatchState(units, {0: [0], 1: [0]})
+    state.set_capacity(3)
+    state.start(Assignment(Unit(1, 0, 0), (0,), (1, 0)))
+    state.requeue(Unit(1, 0, 0))
+    state.start(Assignment(Unit(1, 0, 0), (0,)))
+    state.complete(Unit(0, 0, 0))
+    assert state.load(0) == 1  # the alone run only: the pack's slot is free
+    state.complete(Unit(1, 0, 0))
+    assert state.load(0) == 0 and state.idle_workers() == [0]
+
+
+def test_a_config_s_next_epoch_opened_early_waits_behind_its_unit_on_the_same_partition():
+    state = DispatchState([Unit(0, 0, 0)], {0: [0]})
+    state.add_units([Unit(0, 1, 0)])
+    state.start(Assignment(Unit(0, 0, 0), (0,)))
+    state.complete(Unit(0, 0, 0))
+    assert state.eligible(0) == [Unit(0, 1, 0)] and state.candidate_workers() == [0]
