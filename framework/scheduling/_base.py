@@ -149,8 +149,11 @@ class DispatchState:
             return None
         idle = self._idle
         if len(idle) < 3 * len(mine):  # few idle workers: look from their side (a set test each, in C)
-            held = self._parts_of
-            return min((w for w in idle if not held.get(w, _NONE).isdisjoint(mine)), default=None)
+            held, best = self._parts_of, None
+            for w in idle:
+                if (best is None or w < best) and not held.get(w, _NONE).isdisjoint(mine):  # test only smaller ones
+                    best = w
+            return best
         by_part = self._idle_by_part
         return min((hs[0] for p in mine if (hs := by_part.get(p))), default=None)
 
@@ -178,9 +181,10 @@ class DispatchState:
         if mine is None:
             mine = self._cpart[c] = {}
         if u.partition in mine:  # a second one on the partition (a config's next epoch opened early): it waits
-            waiting = self._shadowed.setdefault((c, u.partition), [])
-            if mine[u.partition] != u and u not in waiting:
-                waiting.append(u)
+            if mine[u.partition] != u:
+                waiting = self._shadowed.setdefault((c, u.partition), [])
+                if u not in waiting:
+                    waiting.append(u)
             return
         mine[u.partition] = u
         self._list(u)
