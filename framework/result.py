@@ -179,12 +179,17 @@ class Result:
 
     # ---- ranking ------------------------------------------------------------------------------------------------
     def _check_ranking(self, metric: str | None, mode: str | None) -> tuple[str, str]:
-        metric, mode = metric or self.metric, mode or self.mode
-        if mode not in ("min", "max"):
-            raise ValueError(f"`mode` is {mode!r}, but must be 'min' or 'max'")
+        given = metric
+        metric = metric or self.metric
         if not self.metrics.empty and metric not in self.metrics:
             reported = sorted(c for c in self.metrics.columns if c.startswith(("train_", "valid_")))
             raise ValueError(f"`metric` is {metric!r}, but the run reported only {reported}")
+        if given is not None and given != self.metric and mode is None:  # the run's mode belongs to its metric
+            raise ValueError(f"`metric` is {given!r}, but `mode` is not given: the run ranks {self.metric!r} with "
+                             f"mode {self.mode!r}, which says nothing of {given!r}; pass mode='min' or mode='max'")
+        mode = mode or self.mode
+        if mode not in ("min", "max"):
+            raise ValueError(f"`mode` is {mode!r}, but must be 'min' or 'max'")
         return metric, mode
 
     def get_dataframe(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> pd.DataFrame:
@@ -214,7 +219,9 @@ class Result:
 
     def get_best_result(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> ConfigResult:
         """The best config by `metric`/`mode` (default: the run's) at its last epoch (`scope="last"`) or its best
-        epoch (`scope="all"`). Raises `NoResultError` when no config has a finite value of the metric."""
+        epoch (`scope="all"`). A `metric` other than the run's needs its `mode` (a `ValueError` otherwise: the run's
+        mode would silently rank it the wrong way round). Raises `NoResultError` when no config has a finite value
+        of the metric."""
         metric, mode = self._check_ranking(metric, mode)
         board = self.get_dataframe(metric, mode, scope)
         board = board[(board.status != "failed") & board[metric].notna()] if metric in board else board.iloc[:0]

@@ -111,3 +111,10 @@ def test_replay_out_that_is_a_file_names_the_flag(tmp_path, capsys):
     assert cli(["replay", run, "--out", str(tmp_path / "a-file")]) == 2
     err = capsys.readouterr().err
     assert f"error: `--out` is '{tmp_path / 'a-file'}', but it is a file" in err and "Traceback" not in err
+
+
+def test_show_of_another_metric_without_its_mode_is_one_line_and_exit_code_2(tmp_path, capsys):
+    run = _run_dir(tmp_path / "run")
+    assert cli(["show", run, "--metric", "valid_accuracy"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "`mode` is not given" in err[0] and "pass mode='min' or mode='max'" in err[0]

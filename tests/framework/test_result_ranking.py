@@ -180,3 +180,25 @@ def test_opening_a_result_never_writes_into_the_run(tmp_path):
     with pytest.raises(Exception, match="is not a run catalog"):
         Result(str(empty))
     assert (empty / CATALOG_FILE).stat().st_size == 0
+
+
+def test_a_metric_other_than_the_run_s_needs_its_mode(tmp_path):
+    # the run ranks valid_accuracy (max); its valid_loss must not be ranked max by default: the worst loss would win
+    catalog = SQLiteCatalog(str(tmp_path / CATALOG_FILE))
+    try:
+        catalog.set_meta(metric="valid_accuracy", mode="max", start_time=0.0)
+        for cid, (acc, loss) in enumerate([(0.9, 0.2), (0.5, 0.9), (0.7, 0.4)]):
+            catalog.add_config(cid, {"q": cid}, "stopped")
+            catalog.add_epoch(cid, 0, 0, {"valid_accuracy": acc, "valid_loss": loss})
+            catalog.update_config(cid, epochs=1)
+    finally:
+        catalog.close()
+    result = Result(str(tmp_path))
+    with pytest.raises(ValueError, match="`metric` is 'valid_loss', but `mode` is not given: the run ranks "
+                                         "'valid_accuracy' with mode 'max'"):
+        result.get_best_result(metric="valid_loss")
+    with pytest.raises(ValueError, match="pass mode='min' or mode='max'"):
+        result.get_dataframe(metric="valid_loss")
+    assert result.get_best_result(metric="valid_loss", mode="min").config_id == 0
+    assert result.get_best_result(metric="valid_loss", mode="max").config_id == 1
+    assert result.get_best_result(metric="valid_accuracy").config_id == 0  # the run's own metric needs no mode
