@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=fmt)
     rep.add_argument("storage_path", help="run directory (or the URI it was mirrored to)")
     rep.add_argument("--out", default=None,
-                     help="a new output directory (None: <storage_path>/replay, or replay-2, replay-3, ... if taken)")
+                     help="a new output directory (None: <storage_path>-replay beside the run, or -replay-2, ... if taken)")
     rep.add_argument("--device", default=None, help="where to train: cpu, cuda, cuda:1 (None: the run's device)")
     rep.add_argument("--trust-unverified", action="store_true",
                      help="replay a run whose run.db does not verify under this machine's key (one from someone "

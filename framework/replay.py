@@ -133,7 +133,8 @@ def replay(
 
     User functions default to the ones the run recorded (`module:qualname`); functions defined in `__main__` or
     inside other functions must be passed explicitly. The replay is written to `out_path`, which must not hold a run
-    yet (default: `<storage_path>/replay`, or `replay-2`, `replay-3`, ... when taken); `storage_path` may be the URI a
+    yet (default: `<storage_path>-replay` next to the run, or `-replay-2`, `-replay-3`, ... when taken: nothing is
+    written into the run); `storage_path` may be the URI a
     run was mirrored to (its replay then goes to a new folder under `~/modelhopper_runs` unless `out_path` says
     otherwise, and the temporary copy it reads is removed at the end). A run made with `ModelSelection(extract=...)`
     needs the same `extract`.
@@ -224,9 +225,8 @@ def _replay_dir(
     order = [Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind) for r in rows]
     workers = {Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind): int(r.worker) for r in rows}
 
-    if out_path is None:  # inside the run: a `replay` folder planted as a link out of it is refused
-        out_path = _free_folder(os.path.join(storage_path, "replay"))
-        confine(storage_path, os.path.basename(out_path), "the replay folder")
+    if out_path is None:  # next to the run, never inside it: reading a run writes nothing into it
+        out_path = _free_folder(os.path.normpath(storage_path) + "-replay")
     os.makedirs(os.path.join(out_path, CHECKPOINT_DIR), exist_ok=True)
     # a replay of a run that did not verify is not signed either: nothing re-signs what it could not verify
     dst = SQLiteCatalog(os.path.join(out_path, CATALOG_FILE), sign=not unverified)

@@ -84,7 +84,11 @@ def test_task_parallel_executor_holds_full_data_on_every_worker(ray_cluster, dig
 def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=3, seed=1)
     result = _run(ds, tmp_path, "run", automl.GridSearch(SPACE, epochs=2), seed=7)
+    before = sorted(os.listdir(result.storage_path))
     again = framework.replay(result.storage_path)
+    # next to the run, never inside it: reading a run writes nothing into it
+    assert again.storage_path == os.path.normpath(result.storage_path) + "-replay"
+    assert sorted(os.listdir(result.storage_path)) == before
     for cid in result.configs:
         a, b = result.load_state(cid), again.load_state(cid)
         assert a["visited"] == b["visited"]

@@ -151,11 +151,13 @@ def test_result_files_planted_as_links_out_of_the_run_are_replaced_not_written_t
     for name in ("metrics.csv", "learning_curves.png", "configs.json"):
         os.remove(os.path.join(run, name))
         os.symlink(victim, os.path.join(run, name))
-    os.symlink(tmp_path, os.path.join(run, "replay"))  # replay's default folder, linked out of the run
     framework.Result.open(run).write()
     assert victim.read_text() == "keep me" and not os.path.islink(os.path.join(run, "metrics.csv"))
-    with pytest.raises(CatalogError, match="the replay folder"):
-        framework.replay(run, **FNS)
+    # replay writes next to the run, never into it: a folder planted in the run cannot redirect it
+    os.symlink(tmp_path, os.path.join(run, "replay"))
+    before = sorted(os.listdir(run))
+    again = framework.replay(run, **FNS)
+    assert again.storage_path == os.path.normpath(run) + "-replay" and sorted(os.listdir(run)) == before
     assert not (tmp_path / "run.db").exists()
 
 
