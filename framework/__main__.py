@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -94,10 +95,21 @@ def _positive_int(s: str) -> int:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
+    """The installed package's version (the source tree's, when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("modelhopper")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog="python -m framework", description="Model hopper parallelism on Ray.",
+    parser = argparse.ArgumentParser(prog=prog, description="Model hopper parallelism on Ray.",
                                      formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a small model selection on an embedded local Ray", formatter_class=fmt)
     demo.add_argument("--workers", type=_positive_int, default=2, help="partitions and worker actors")
@@ -133,12 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
 USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m framework") -> int:
     from framework.engine.catalog import CatalogError
     from framework.engine.signing import SignatureError
     from framework.result import NoResultError
 
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
 
     def warn(message, category, filename, lineno, file=None, line=None) -> None:  # one line, as errors are
@@ -152,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         msg = e
         print(f"{parser.prog} {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `show RUN | head`: the reader left; no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def entry() -> None:
+    """The `modelhopper` console script."""
+    sys.exit(main(prog="modelhopper"))
 
 
 if __name__ == "__main__":

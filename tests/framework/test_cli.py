@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -118,3 +120,31 @@ def test_show_of_another_metric_without_its_mode_is_one_line_and_exit_code_2(tmp
     assert cli(["show", run, "--metric", "valid_accuracy"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "`mode` is not given" in err[0] and "pass mode='min' or mode='max'" in err[0]
+
+
+def test_version_and_the_console_script(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        cli(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"python -m framework {version('modelhopper')}"
+    script = os.path.join(os.path.dirname(sys.executable), "modelhopper")
+    out = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"modelhopper {version('modelhopper')}"
+
+
+def test_show_into_a_closed_pipe_prints_no_traceback(tmp_path):
+    # a leaderboard larger than a pipe's buffer, so the reader leaves while `show` still writes
+    os.makedirs(tmp_path / "run")
+    catalog = SQLiteCatalog(str(tmp_path / "run" / CATALOG_FILE))
+    catalog.set_meta(metric="valid_loss", mode="min", start_time=0.0)
+    for cid in range(3000):
+        catalog.add_config(cid, {"lr": cid, "name": "x" * 40}, "stopped")
+        catalog.add_epoch(cid, 0, 0, {"valid_loss": cid / 3000})
+        catalog.update_config(cid, epochs=1)
+    catalog.close()
+    run = str(tmp_path / "run")
+    code = f"import sys; from framework.__main__ import main; sys.exit(main(['show', {run!r}]))"
+    out = subprocess.run(f"{sys.executable!r} -c {code!r} | head -c 1 > /dev/null", shell=True, capture_output=True,
+                         text=True, timeout=120)
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
