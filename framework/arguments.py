@@ -5,6 +5,7 @@ user's functions, the dataset, the procedure, the fault plan and where the run's
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from automl import Procedure
@@ -33,17 +34,25 @@ def check_dataset(dataset: Any) -> PartitionedDataset:
     return dataset
 
 
-def resolve_procedure(procedure: Any) -> Procedure:
-    """`procedure` itself, or the one a `"module:Class"` string names."""
+def resolve_procedure(procedure: Any, procedure_args: Mapping[str, Any] | None = None) -> Procedure:
+    """`procedure` itself, or the one a registered name or `"module:Class"` string names, constructed with
+    `procedure_args`."""
+    if procedure_args is not None and not isinstance(procedure_args, Mapping):
+        raise TypeError(f"`procedure_args` is {procedure_args!r}, but must be a dict of keyword arguments or None")
     if isinstance(procedure, Procedure):
+        if procedure_args:
+            raise TypeError(f"`procedure_args` is {dict(procedure_args)!r}, but `procedure` is an instance already: "
+                            "pass a name or a 'module:Class' string with it")
         return procedure
     if isinstance(procedure, str):
         from automl import load_procedure
 
         try:
-            return load_procedure(procedure)
-        except (TypeError, ValueError) as e:  # its words name `spec`: say which argument that was
-            raise type(e)(f"`procedure` is {procedure!r}: {e}") from e
+            return load_procedure(procedure, **dict(procedure_args or {}))
+        except (TypeError, ValueError) as e:  # its words name `spec` and options: say which arguments those were
+            given = " with `procedure_args`" if procedure_args else ""
+            hint = " (give them as procedure_args={...})" if "needs the option" in str(e) else ""
+            raise type(e)(f"`procedure` is {procedure!r}{given}: {e}{hint}") from e
     raise TypeError(f"`procedure` is {procedure!r}, but must be an automl.Procedure (or a 'module:Class' string)")
 
 

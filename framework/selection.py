@@ -53,7 +53,8 @@ class ModelSelection:
             may return `num_examples`, a positive int; a metric that is NaN or infinite fails the config).
         eval_fn: `eval_fn(model, data, config) -> dict`, called under `torch.no_grad()`.
         dataset: a `PartitionedDataset` (its `replicas` / `availability` say which workers hold which partition).
-        procedure: an `automl.Procedure` (GridSearch, RandomSearch, HyperBand, ...), or a `"module:Class"` string.
+        procedure: an `automl.Procedure` (GridSearch, RandomSearch, HyperBand, ...), a registered name ("grid",
+            "hyperband", ...) or a `"module:Class"` string, constructed with `procedure_args` (a dict of keywords).
         input_fn: `input_fn(entry) -> data`, run on the worker to load a partition (default: the entry itself).
         storage_path: where the run's directory goes: a local path, a URI that `pyarrow.fs` opens (`s3://...`,
             `gs://...`, `file:///...`; the run works in a local copy that is mirrored there, see
@@ -108,6 +109,7 @@ class ModelSelection:
         deterministic: bool = _D.deterministic, queue_depth: int = _D.queue_depth,
         checkpoint: str | float = _D.checkpoint, data_on_device: bool = _D.data_on_device,
         callbacks: list[Callback] | None = None, name: str | None = None,
+        procedure_args: Mapping[str, Any] | None = None,
     ) -> None:
         check_user_code(model_fn, train_fn, eval_fn, input_fn, extract)
         check_dataset(dataset)
@@ -122,7 +124,7 @@ class ModelSelection:
         self.placement = dataset.placement(n) if executor == "mop" else {0: list(range(n))}
         self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
         self.dataset, self.extract, self.progress = dataset, extract, progress
-        self.procedure = resolve_procedure(procedure)
+        self.procedure = resolve_procedure(procedure, procedure_args)
         self.faults = check_faults(faults)
         self.callbacks = check_callbacks(callbacks)
         self.storage = new_run_storage(storage_path, name, self.procedure)

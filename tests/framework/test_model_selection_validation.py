@@ -203,8 +203,25 @@ def test_validation_rejects_a_bool_retry_count(arg):
 
 def test_validation_rejects_a_procedure_string_that_needs_options():
     with pytest.raises(TypeError, match=r"`procedure` is 'automl:GridSearch': GridSearch needs the option\(s\) "
-                                        r"\['space', 'epochs'\]"):
+                                        r"\['space', 'epochs'\], which were not given; .* procedure_args="):
         _make(procedure="automl:GridSearch")
+
+
+@pytest.mark.parametrize("procedure", ["grid", "automl:GridSearch", "automl.grid:GridSearch"])
+def test_a_procedure_by_name_takes_its_arguments(procedure, tmp_path):
+    sel = _make(procedure=procedure, procedure_args={"space": {"lr": [0.1, 0.2]}, "epochs": 2},
+                storage_path=str(tmp_path / "run"))
+    assert isinstance(sel.procedure, automl.GridSearch) and sel.procedure.planned_epochs() == 4
+
+
+def test_procedure_args_with_a_missing_or_unknown_option_name_it():
+    with pytest.raises(TypeError, match=r"`procedure` is 'grid' with `procedure_args`: GridSearch needs the "
+                                        r"option\(s\) \['epochs'\]"):
+        _make(procedure="grid", procedure_args={"space": {"lr": [0.1]}})
+    with pytest.raises(TypeError, match=r"GridSearch got unknown option\(s\) \['epoch'\]"):
+        _make(procedure="grid", procedure_args={"space": {"lr": [0.1]}, "epochs": 1, "epoch": 1})
+    with pytest.raises(TypeError, match=r"`procedure_args` is \{'epochs': 1\}, but `procedure` is an instance"):
+        _make(procedure_args={"epochs": 1})
 
 
 def test_validation_rejects_a_procedure_string_that_does_not_import():
