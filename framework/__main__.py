@@ -124,8 +124,9 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     show.add_argument("--top", type=_positive_int, default=None, help="show only the best N configs (None: all)")
     show.add_argument("--metric", default=None, help="rank by this metric (None: the run's)")
     show.add_argument("--mode", choices=("min", "max"), default=None, help="min or max (None: the run's)")
-    show.add_argument("--scope", choices=("last", "all"), default="last",
-                      help="rank each config by its last epoch or by its best epoch")
+    show.add_argument("--scope", default="last",
+                      help="rank each config by its last epoch (last), its best (all), or the mean over all or its "
+                           "last N epochs (avg, last-N-avg)")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(func=_show)
     rep = sub.add_parser("replay", help="re-run a finished run from its schedule log (bit-identical on CPU)",

@@ -31,8 +31,20 @@ CATALOG_FILE = "run.db"
 #: what a config's `status` says in a Result: it trained its budget, a procedure stopped it early for its results,
 #: its user code failed, or it was still training when the run ended (a crashed run)
 OUTCOMES = ("completed", "pruned", "failed", "active")
-SCOPES = ("last", "all")
+SCOPES = ("last", "all", "avg", "last-5-avg", "last-10-avg")  # and any "last-N-avg"
 logger = logging.getLogger(__name__)
+
+
+def _scope_window(scope: str) -> int | None:
+    """How many last epochs a scope averages (0: all), or None for a scope that ranks one epoch."""
+    if scope in ("last", "all"):
+        return None
+    if scope == "avg":
+        return 0
+    parts = scope.split("-")
+    if len(parts) == 3 and parts[0] == "last" and parts[2] == "avg" and parts[1].isdigit() and int(parts[1]) >= 1:
+        return int(parts[1])
+    raise ValueError(f"`scope` is {scope!r}, but must be one of {list(SCOPES)} or 'last-N-avg' with N >= 1")
 
 
 class NoResultError(LookupError):
@@ -193,23 +205,28 @@ class Result:
         return metric, mode
 
     def get_dataframe(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> pd.DataFrame:
-        """One row per config, best first (failed configs last): its last epoch (`scope="last"`) or its best epoch
-        by `metric` (`scope="all"`), with its metrics, `config/<name>` columns, status and epochs trained.
-        `metric`/`mode` default to the run's."""
+        """One row per config, best first (failed configs last): its last epoch (`scope="last"`), its best epoch
+        by `metric` (`scope="all"`), or its last epoch ranked by the mean of `metric` over all its epochs
+        (`scope="avg"`) or over its last N (`scope="last-N-avg"`, as in Ray Tune), that mean in a `score` column;
+        with its metrics, `config/<name>` columns, status and epochs trained. `metric`/`mode` default to the run's."""
         metric, mode = self._check_ranking(metric, mode)
-        if scope not in SCOPES:
-            raise ValueError(f"`scope` is {scope!r}, but must be one of {list(SCOPES)}")
+        window = _scope_window(scope)
         status = self.status.set_index("config_id")[["status", "epochs"]].rename(columns={"epochs": "epochs_trained"})
         if self.metrics.empty:
             return pd.DataFrame(columns=["config_id", "epoch", metric, "status", "epochs_trained"])
         m = self.metrics.sort_values(["config_id", "epoch"])
-        if scope == "last":
-            rows = m.groupby("config_id").tail(1)
-        else:
+        key = metric
+        if scope == "all":
             ranked = m.sort_values(metric, ascending=mode == "min", na_position="last", kind="stable")
             rows = ranked.groupby("config_id").head(1)
+        else:
+            rows = m.groupby("config_id").tail(1)
+        if window is not None:  # the mean of the last `window` epochs (0: all of them), NaNs left out
+            tail = m.groupby("config_id").tail(window) if window else m
+            rows = rows.assign(score=rows.config_id.map(tail.groupby("config_id")[metric].mean()))
+            key = "score"
         rows = rows.set_index("config_id").join(status)
-        ok = rows[rows.status != "failed"].sort_values(metric, ascending=mode == "min", na_position="last",
+        ok = rows[rows.status != "failed"].sort_values(key, ascending=mode == "min", na_position="last",
                                                        kind="stable")
         return pd.concat([ok, rows[rows.status == "failed"]]).reset_index()
 
@@ -218,8 +235,8 @@ class Result:
         return self.get_dataframe()
 
     def get_best_result(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> ConfigResult:
-        """The best config by `metric`/`mode` (default: the run's) at its last epoch (`scope="last"`) or its best
-        epoch (`scope="all"`). A `metric` other than the run's needs its `mode` (a `ValueError` otherwise: the run's
+        """The best config by `metric`/`mode` (default: the run's) at its last epoch (`scope="last"`), its best
+        epoch (`scope="all"`), or by the mean over all or its last N epochs (`scope="avg"`, `"last-N-avg"`). A `metric` other than the run's needs its `mode` (a `ValueError` otherwise: the run's
         mode would silently rank it the wrong way round). Raises `NoResultError` when no config has a finite value
         of the metric."""
         metric, mode = self._check_ranking(metric, mode)

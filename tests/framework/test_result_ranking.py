@@ -139,7 +139,7 @@ def test_get_dataframe_scope_last_ranks_last_epochs_and_scope_all_best_epochs(tm
     assert (r.config_id, r.epoch, r.config, r.status, r.epochs) == (0, 0, {"q": 0}, "completed", 2)
     assert r.metrics == {"valid_loss": 0.1, "train_loss": 1.0}
     assert result.get_best_result(metric="valid_loss", mode="max").config_id == 0  # 0.6 at its last epoch
-    with pytest.raises(ValueError, match=r"`scope` is 'best', but must be one of \['last', 'all'\]"):
+    with pytest.raises(ValueError, match=r"`scope` is 'best', but must be one of \['last', 'all', 'avg', "):
         result.get_dataframe(scope="best")
     with pytest.raises(ValueError, match=r"`mode` is 'up', but must be 'min' or 'max'"):
         result.get_best_result(mode="up")
@@ -202,3 +202,24 @@ def test_a_metric_other_than_the_run_s_needs_its_mode(tmp_path):
     assert result.get_best_result(metric="valid_loss", mode="min").config_id == 0
     assert result.get_best_result(metric="valid_loss", mode="max").config_id == 1
     assert result.get_best_result(metric="valid_accuracy").config_id == 0  # the run's own metric needs no mode
+
+
+@pytest.mark.parametrize("scope, best", [("last", 2), ("all", 0), ("avg", 1), ("last-2-avg", 1), ("last-1-avg", 2)])
+def test_scopes_rank_by_the_last_the_best_or_a_mean_of_epochs(tmp_path, scope, best):
+    curves = {0: [0.1, 0.9, 0.9], 1: [0.5, 0.5, 0.5], 2: [0.9, 0.9, 0.3]}
+    result = Result(_run_dir(tmp_path, "min", curves))
+    r = result.get_best_result(scope=scope)
+    assert r.config_id == best
+    if scope.endswith("avg"):
+        board = result.get_dataframe(scope=scope)
+        window = 3 if scope == "avg" else int(scope.split("-")[1])
+        expected = {c: sum(v[-window:]) / window for c, v in curves.items()}
+        assert dict(zip(board.config_id, board.score)) == pytest.approx(expected)
+        assert r.metrics["valid_loss"] == curves[best][-1]  # the config's metrics are its last epoch's
+
+
+@pytest.mark.parametrize("scope", ["first", "last-0-avg", "last-x-avg", "avg-5"])
+def test_an_unknown_scope_is_refused(tmp_path, scope):
+    result = Result(_run_dir(tmp_path, "min", {0: [0.1]}))
+    with pytest.raises(ValueError, match=rf"`scope` is '{scope}', but must be one of .* or 'last-N-avg' with N >= 1"):
+        result.get_best_result(scope=scope)
