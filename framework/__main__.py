@@ -105,9 +105,16 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (exit code 2), as every other error of the CLI."""
+
+    def error(self, message: str):  # noqa: ANN201 - argparse's signature
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog=prog, description="Model hopper parallelism on Ray.",
+    parser = _Parser(prog=prog, description="Model hopper parallelism on Ray.",
                                      formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -148,3 +148,11 @@ def test_show_into_a_closed_pipe_prints_no_traceback(tmp_path):
     out = subprocess.run(f"{sys.executable!r} -c {code!r} | head -c 1 > /dev/null", shell=True, capture_output=True,
                          text=True, timeout=120)
     assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("argv", [["show"], ["show", "x", "--top", "0"], ["nonsense"], ["demo", "--workers", "two"]])
+def test_a_bad_flag_or_argument_is_one_line_and_exit_code_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("python -m framework") and "error:" in err[0]
