@@ -12,12 +12,10 @@ when a layer freezes can differ between a run and its replay.)
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -33,25 +31,11 @@ from framework.options import RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
 from framework.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
-from framework.trainable import function_ref
+from framework.trainable import function_ref, import_ref
 
 REPLAY_WORKER = 0  # the one worker of a replay; the log keeps each unit's original worker
 #: what replay reads from a run's meta (`ModelSelection` records them at the start of every run)
 _META_NEEDED = ("functions", "dataset", "executor", "seed", "metric", "mode")
-
-
-def _import_ref(ref: str | None, name: str) -> Callable | None:
-    if ref is None:
-        return None
-    module, _, qualname = ref.partition(":")
-    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(
-            f"`{name}` was {ref!r} in the run, which cannot be imported again; pass `{name}=` to replay()"
-        )
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 class LoggedDecisions(Procedure):
@@ -201,10 +185,10 @@ def _replay_dir(
             f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
             "extract= to replay()"
         )
-    model_fn = model_fn or _import_ref(fns["model_fn"], "model_fn")
-    train_fn = train_fn or _import_ref(fns["train_fn"], "train_fn")
-    eval_fn = eval_fn or _import_ref(fns["eval_fn"], "eval_fn")
-    input_fn = input_fn or _import_ref(fns.get("input_fn"), "input_fn")
+    model_fn = model_fn or import_ref(fns["model_fn"], "model_fn")
+    train_fn = train_fn or import_ref(fns["train_fn"], "train_fn")
+    eval_fn = eval_fn or import_ref(fns["eval_fn"], "eval_fn")
+    input_fn = input_fn or import_ref(fns.get("input_fn"), "input_fn")
     ds = PartitionedDataset.load(confine(storage_path, "data", "the data folder"), meta["dataset"])
     held = ds.worker_entries(per_partition=meta["executor"] == "mop")
 

@@ -25,7 +25,7 @@ from framework.engine.catalog import (
     describe_problems,
 )
 from framework.engine.checkpoint import load_latest_verified
-from framework.trainable import Trainable
+from framework.trainable import Trainable, import_ref
 
 CATALOG_FILE = "run.db"
 #: what a config's `status` says in a Result: it trained its budget, a procedure stopped it early for its results,
@@ -304,12 +304,20 @@ class Result:
         Which file was loaded is logged (logger `framework.result`, INFO), or warned about when it is not the latest
         (see `load_state`, whose `["checkpoint"]` entry says the same)."""
         config_id = self.get_best_result().config_id if config_id is None else config_id
-        model_fn = model_fn or self._model_fn
-        if model_fn is None:
-            raise ValueError("`model_fn` is None: pass the model_fn used for the run to build the model")
+        model_fn = model_fn or self._model_fn or self._recorded_model_fn()
         model = Trainable.of(model_fn(self.configs[config_id])).model
         model.load_state_dict(self.load_state(config_id)["model"])
         return model
+
+    def _recorded_model_fn(self) -> Callable:
+        """The model_fn the run recorded (signed), imported: only when the run verifies."""
+        ref = (self.meta.get("functions") or {}).get("model_fn")
+        if ref is None:
+            raise ValueError("`model_fn` is None and the run records none: pass the model_fn used for the run")
+        if not self.verified:
+            raise ValueError(f"`model_fn` is None and the run in {self.storage_path!r} does not verify, so the "
+                             f"model_fn it names ({ref}) is not imported: pass model_fn=")
+        return import_ref(ref, "model_fn", "load_model()")
 
     # ---- files --------------------------------------------------------------------------------------------------
     def write(self) -> dict[str, str]:

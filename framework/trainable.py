@@ -8,6 +8,7 @@ behaves on MOP as it does in one process.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -91,6 +92,20 @@ def function_ref(fn: Callable | None) -> str | None:
     if fn is None:
         return None
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
+
+
+def import_ref(ref: str | None, name: str, where: str = "replay()") -> Callable | None:
+    """The function a run log names (`function_ref`), imported again; None for None. Only call it for a run whose
+    catalog verifies: importing runs the module's code."""
+    if ref is None:
+        return None
+    module, _, qualname = ref.partition(":")
+    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"`{name}` was {ref!r} in the run, which cannot be imported again; pass `{name}=` to {where}")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def accepted_kwargs(fn: Callable, offered: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import urllib.parse
 import warnings
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -346,3 +347,20 @@ def test_fuzz_an_edited_finished_run_never_runs_code_or_leaves_the_run(finished_
 @given(edits=st.lists(_edits, min_size=1, max_size=3))
 def test_fuzz_an_edited_crashed_run_never_runs_code_or_leaves_the_run(crashed_run, tmp_path_factory, edits):
     _fuzz(crashed_run, tmp_path_factory, edits)
+
+
+def test_load_model_builds_with_the_model_fn_a_verified_run_records(finished_run, tmp_path):
+    result = framework.Result.open(_copy(finished_run, tmp_path))
+    model = result.load_model()  # no model_fn: the signed one the run names (framework.examples:mlp_model_fn)
+    assert isinstance(model, torch.nn.Module)
+    state = result.load_state(result.best_config_id)["model"]
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+def test_load_model_imports_nothing_a_run_that_does_not_verify_names(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    _sql(run, "UPDATE configs SET config = json_set(config, '$.lr', 5.0) WHERE id = 0")  # a hand edit
+    with pytest.warns(UnverifiedRunWarning):
+        result = framework.Result.open(run)
+    with pytest.raises(ValueError, match="does not verify, so the model_fn it names .* is not imported: pass model_fn="):
+        result.load_model(0)
