@@ -494,11 +494,7 @@ class DispatchState:
         lost = [u for u, a in self.running.items() if worker in a.workers]  # a gang loses all its workers' pass
         for u in lost:
             self.requeue(u)
-        self._from_idle(worker)
-        self.workers.discard(worker)
-        self._sorted_parts.pop(worker, None)
-        for p in self._parts_of.pop(worker, ()):
-            self.availability[p].discard(worker)
+        self.drain_worker(worker)
         return lost
 
     def add_worker(self, worker: int, partitions: Iterable[int]) -> None:

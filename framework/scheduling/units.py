@@ -51,6 +51,13 @@ class Unit(_UnitFields):
         return super().__new__(cls, config_id, epoch, partition, kind)
 
 
+def member_units(unit: Unit, members: tuple[int, ...]) -> tuple[Unit, ...]:
+    """The units of a pack's `members` at `unit`'s epoch, partition and kind (`(unit,)` outside a pack)."""
+    if len(members) <= 1:
+        return (unit,)
+    return tuple(Unit(c, unit.epoch, unit.partition, unit.kind) for c in members)
+
+
 @dataclass(frozen=True)
 class Assignment:
     """`unit` runs on `workers` (a gang when more than one) for every config of `members` (a pack when more than
@@ -83,10 +90,7 @@ class Assignment:
     @property
     def units(self) -> tuple[Unit, ...]:
         """Every member's unit, in `members` order."""
-        if len(self.members) == 1:
-            return (self.unit,)
-        u = self.unit
-        return tuple(Unit(c, u.epoch, u.partition, u.kind) for c in self.members)
+        return member_units(self.unit, self.members)
 
     @property
     def plural(self) -> bool:
@@ -114,10 +118,7 @@ class UnitTask:
 
     @property
     def units(self) -> tuple[Unit, ...]:
-        if len(self.members) <= 1:
-            return (self.unit,)
-        u = self.unit
-        return tuple(Unit(c, u.epoch, u.partition, u.kind) for c in self.members)
+        return member_units(self.unit, self.members)
 
 
 @dataclass(slots=True)
