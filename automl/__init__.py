@@ -19,6 +19,7 @@ from automl._base import (
 from automl.asha import ASHA, asha_promotable, asha_rungs
 from automl.grid import GridSearch
 from automl.hyperband import Bracket, HyperBand, Rung, hyperband_brackets
+from automl.optuna_search import OptunaSearch
 from automl.pbt import PBT, perturb
 from automl.plugins import available_procedures, load_procedure
 from automl.random_search import RandomSearch
@@ -54,6 +55,7 @@ __all__ = [
     "GridSearch",
     "HyperBand",
     "LogUniform",
+    "OptunaSearch",
     "Procedure",
     "RandInt",
     "RandomSearch",

@@ -1,5 +1,6 @@
-"""The Optuna study behind ASHA and TPE: opened lazily, in `<storage_path>/optuna.db` when the run has a storage
-directory (else in memory), named after the procedure class and seed; every epoch reported, every end told."""
+"""The Optuna study behind ASHA, TPE and OptunaSearch: opened lazily, in `<storage_path>/optuna.db` when the run
+has a storage directory (else in memory), named after the procedure class and seed; every epoch reported (single
+objective), every end told (one value per objective)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import abc
 import math
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -21,6 +23,11 @@ class OptunaProcedure(Procedure):
 
     space: SearchSpace
     seed: int
+    #: a define-by-run space: `fn(trial) -> config dict or None` suggests each parameter on an Optuna trial (None:
+    #: the config is `trial.params`); set by OptunaSearch, None when `space` is a `SearchSpace`
+    define_by_run: Callable[[optuna.Trial], dict[str, Any] | None] | None = None
+    #: the pruner the study consults after every reported epoch (None: no pruning)
+    pruner: optuna.pruners.BasePruner | None = None
 
     def __init__(self) -> None:
         self._sampler = self._make_sampler()
@@ -39,6 +46,13 @@ class OptunaProcedure(Procedure):
         """The seed handed to Optuna's sampler: the procedure's seed folded into numpy's range [0, 2**32), which
         Optuna's samplers take (every procedure accepts any int >= 0)."""
         return self.seed % (1 << 32)
+
+    @property
+    def objectives(self) -> list[tuple[str, str]]:
+        """`(metric, mode)` per objective: one, unless the procedure was given lists of metrics and modes."""
+        if isinstance(self.metric, (list, tuple)):
+            return list(zip(self.metric, self.mode))
+        return [(self.metric, self.mode)]
 
     @property
     def study_name(self) -> str:
@@ -73,8 +87,9 @@ class OptunaProcedure(Procedure):
             self._study = optuna.create_study(
                 storage=self._storage_url,
                 sampler=self._sampler,
+                pruner=self.pruner or optuna.pruners.NopPruner(),
                 study_name=self.study_name,
-                direction="minimize" if self.mode == "min" else "maximize",
+                directions=["minimize" if mode == "min" else "maximize" for _, mode in self.objectives],
                 load_if_exists=True,
             )
         return self._study
@@ -87,22 +102,42 @@ class OptunaProcedure(Procedure):
 
     def _ask(self, config_id: int) -> dict[str, Any]:
         """A new trial for config `config_id`; returns its config."""
-        trial = self.study.ask(self.space.to_optuna())
+        if self.define_by_run is None:
+            trial = self.study.ask(self.space.to_optuna())
+            config = self.space.from_optuna(trial.params)
+        else:
+            trial = self.study.ask()
+            try:
+                config = self.define_by_run(trial)
+            except Exception:
+                self.study.tell(trial, state=TrialState.FAIL)
+                raise
+            config = dict(trial.params) if config is None else config
+            if not isinstance(config, dict):
+                self.study.tell(trial, state=TrialState.FAIL)
+                raise TypeError(f"`space` ({self.define_by_run!r}) returned {config!r}, but a define-by-run space "
+                                "must return a config dict or None (then the config is trial.params)")
         trial.set_user_attr("config_id", config_id)  # the engine's id: the trial's row in `Result.metrics`
         self._trial_ids[config_id] = trial._trial_id
         self._trial_numbers[config_id] = trial.number
         self._reported[config_id] = 0
-        return self.space.from_optuna(trial.params)
+        return config
 
     def _report(self, states: list[ConfigState]) -> None:
         """`trial.report(value, step=epoch)` for every epoch not reported yet (steps are 0-based epochs, as in
-        `Result.metrics`)."""
+        `Result.metrics`). Optuna keeps no intermediate values for several objectives: each epoch's values are then
+        a user attribute `epoch_<e>` of the trial instead."""
+        multi = len(self.objectives) > 1
         for s in states:
             done = self._reported.get(s.id)
             if done is None or done >= s.epochs:
                 continue
             trial = optuna.Trial(self.study, self._trial_ids[s.id])
             for e in range(done, s.epochs):
+                if multi:
+                    trial.set_user_attr(f"epoch_{e}", {m: float(s.history[e].get(m, math.nan))
+                                                       for m, _ in self.objectives})
+                    continue
                 value = float(s.history[e].get(self.metric, math.nan))
                 if not math.isnan(value):
                     trial.report(value, step=e)
@@ -117,11 +152,17 @@ class OptunaProcedure(Procedure):
         if pruned:
             self.study.tell(number, state=TrialState.PRUNED)
             return
-        value = state.last(self.metric)
-        if math.isnan(value):
+        values = [state.last(metric) for metric, _ in self.objectives]
+        if any(math.isnan(v) for v in values):
             self.study.tell(number, state=TrialState.FAIL)
         else:
-            self.study.tell(number, value)
+            self.study.tell(number, values if len(values) > 1 else values[0])
+
+    def _should_prune(self, state: ConfigState) -> bool:
+        """Whether the pruner stops the config after its latest reported epoch (never without a pruner)."""
+        if self.pruner is None or state.id not in self._trial_ids or not state.epochs:
+            return False
+        return optuna.Trial(self.study, self._trial_ids[state.id]).should_prune()
 
     def _tell_failed(self, states: list[ConfigState]) -> None:
         for s in states:

@@ -8,7 +8,7 @@
        [project.entry-points."modelhopper.procedures"]
        mysearch = "my_pkg.search:MySearch"
 
-The built-in procedures (grid, random, hyperband, asha, tpe, pbt) are always available by short name, even when
+The built-in procedures (grid, random, hyperband, asha, tpe, optuna, pbt) are always available by short name, even when
 this package is not installed (its own entry points then are not visible).
 """
 
@@ -29,6 +29,7 @@ BUILTINS = {
     "hyperband": "automl.hyperband:HyperBand",
     "asha": "automl.asha:ASHA",
     "tpe": "automl.tpe:TPE",
+    "optuna": "automl.optuna_search:OptunaSearch",
     "pbt": "automl.pbt:PBT",
 }
 

@@ -227,6 +227,16 @@ class SearchSpace:
         """Optuna distributions of the searched (non-constant) parameters."""
         return {n: d.to_optuna() for n, d in self.domains.items() if not isinstance(d, Constant)}
 
+    def to_optuna_params(self, config: dict[str, Any]) -> dict[str, Any]:
+        """An Optuna trial's `params` for a config of the space (the inverse of `from_optuna`): the searched
+        parameters, choices Optuna cannot store encoded by their index."""
+        params: dict[str, Any] = {}
+        for name, d in self.domains.items():
+            if isinstance(d, Constant):
+                continue
+            params[name] = d.index(config[name]) if isinstance(d, Categorical) and not d.optuna_native else config[name]
+        return params
+
     def from_optuna(self, params: dict[str, Any]) -> dict[str, Any]:
         """The config for an Optuna trial's `params` (decodes index-encoded choices, adds the constants)."""
         config: dict[str, Any] = {}

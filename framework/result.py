@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -45,6 +46,28 @@ def _scope_window(scope: str) -> int | None:
     if len(parts) == 3 and parts[0] == "last" and parts[2] == "avg" and parts[1].isdigit() and int(parts[1]) >= 1:
         return int(parts[1])
     raise ValueError(f"`scope` is {scope!r}, but must be one of {list(SCOPES)} or 'last-N-avg' with N >= 1")
+
+
+def pareto_ranks(values: np.ndarray) -> np.ndarray:
+    """Non-dominated sorting (NSGA-II's): for an `(n, k)` array of objectives to minimise, each row's front, 0 for the
+    Pareto front (no other row is at least as good in every objective and better in one), 1 for the front once
+    those are removed, and so on."""
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    ranks = np.full(n, -1, dtype=int)
+    if n == 0:
+        return ranks
+    le = (values[:, None, :] <= values[None, :, :]).all(axis=2)
+    lt = (values[:, None, :] < values[None, :, :]).any(axis=2)
+    dominates = le & lt  # [i, j]: row i dominates row j
+    beaten_by = dominates.sum(axis=0)
+    front, rank = np.flatnonzero(beaten_by == 0), 0
+    while front.size:
+        ranks[front] = rank
+        beaten_by = beaten_by - dominates[front].sum(axis=0)
+        beaten_by[ranks >= 0] = -1
+        front, rank = np.flatnonzero(beaten_by == 0), rank + 1
+    return ranks
 
 
 class NoResultError(LookupError):
@@ -204,11 +227,31 @@ class Result:
             raise ValueError(f"`mode` is {mode!r}, but must be 'min' or 'max'")
         return metric, mode
 
-    def get_dataframe(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> pd.DataFrame:
+    def _check_objectives(self, metric: list[str], mode: Any) -> tuple[list[str], list[str]]:
+        if not isinstance(mode, (list, tuple)) or len(mode) != len(metric):
+            raise ValueError(f"`mode` is {mode!r}, but `metric` is a list of {len(metric)} metrics: pass a list of as "
+                             "many modes ('min' or 'max'), one per metric")
+        if not metric:
+            raise ValueError("`metric` is [], but a list of metrics must name at least one")
+        pairs = [self._check_ranking(m, d) for m, d in zip(metric, mode)]
+        return [m for m, _ in pairs], [d for _, d in pairs]
+
+    def get_dataframe(self, metric: str | list[str] | None = None, mode: str | list[str] | None = None,
+                      scope: str = "last") -> pd.DataFrame:
         """One row per config, best first (failed configs last): its last epoch (`scope="last"`), its best epoch
         by `metric` (`scope="all"`), or its last epoch ranked by the mean of `metric` over all its epochs
         (`scope="avg"`) or over its last N (`scope="last-N-avg"`, as in Ray Tune), that mean in a `score` column;
-        with its metrics, `config/<name>` columns, status and epochs trained. `metric`/`mode` default to the run's."""
+        with its metrics, `config/<name>` columns, status and epochs trained. `metric`/`mode` default to the run's.
+
+        Several objectives: `metric` and `mode` lists of equal length (e.g. `["valid_loss", "valid_time_s"]`,
+        `["min", "min"]`) rank by Pareto dominance instead: a `pareto_rank` column holds each config's front (0: the
+        Pareto front, no other config is at least as good in every metric and better in one; 1: the front once
+        those are removed; ...), rows sorted by it (then by the first metric); with an averaging scope the means
+        are `score/<metric>` columns. Failed configs and configs missing a value have no rank and come last."""
+        if isinstance(metric, (list, tuple)):
+            return self._pareto_dataframe(*self._check_objectives(list(metric), mode), scope)
+        if isinstance(mode, (list, tuple)):
+            raise ValueError(f"`mode` is {mode!r}, a list, but `metric` is {metric!r}: pass a list of metrics too")
         metric, mode = self._check_ranking(metric, mode)
         window = _scope_window(scope)
         status = self.status.set_index("config_id")[["status", "epochs"]].rename(columns={"epochs": "epochs_trained"})
@@ -230,6 +273,34 @@ class Result:
                                                        kind="stable")
         return pd.concat([ok, rows[rows.status == "failed"]]).reset_index()
 
+    def _pareto_dataframe(self, metrics: list[str], modes: list[str], scope: str) -> pd.DataFrame:
+        if scope == "all":
+            raise ValueError("`scope` is 'all', but with several metrics a config has no single best epoch: use "
+                             "'last', 'avg' or 'last-N-avg'")
+        window = _scope_window(scope)
+        status = self.status.set_index("config_id")[["status", "epochs"]].rename(columns={"epochs": "epochs_trained"})
+        if self.metrics.empty:
+            return pd.DataFrame(columns=["config_id", "epoch", *metrics, "pareto_rank", "status", "epochs_trained"])
+        m = self.metrics.sort_values(["config_id", "epoch"])
+        rows = m.groupby("config_id").tail(1)
+        keys = list(metrics)
+        if window is not None:
+            tail = m.groupby("config_id").tail(window) if window else m
+            means = tail.groupby("config_id")[metrics].mean()
+            keys = [f"score/{k}" for k in metrics]
+            rows = rows.assign(**{key: rows.config_id.map(means[k]) for key, k in zip(keys, metrics)})
+        rows = rows.set_index("config_id").join(status)
+        signs = np.array([1.0 if d == "min" else -1.0 for d in modes])
+        values = rows[keys].to_numpy(dtype=float) * signs
+        ranked = (rows.status != "failed").to_numpy() & np.isfinite(values).all(axis=1)
+        rank = pd.Series(pd.NA, index=rows.index, dtype="Int64")
+        rank[ranked] = pareto_ranks(values[ranked])
+        rows.insert(rows.columns.get_loc("status"), "pareto_rank", rank)
+        first = values[:, 0]
+        order = np.lexsort((rows.index.to_numpy(), np.where(np.isnan(first), np.inf, first),
+                            rank.fillna(np.iinfo(np.int64).max).to_numpy()))
+        return rows.iloc[order].reset_index()
+
     def leaderboard(self) -> pd.DataFrame:
         """Latest epoch of every config, best first by the run's metric (failed configs last)."""
         return self.get_dataframe()
@@ -238,7 +309,10 @@ class Result:
         """The best config by `metric`/`mode` (default: the run's) at its last epoch (`scope="last"`), its best
         epoch (`scope="all"`), or by the mean over all or its last N epochs (`scope="avg"`, `"last-N-avg"`). A `metric` other than the run's needs its `mode` (a `ValueError` otherwise: the run's
         mode would silently rank it the wrong way round). Raises `NoResultError` when no config has a finite value
-        of the metric."""
+        of the metric. Several metrics have no single best: `get_best_results` returns their Pareto front."""
+        if isinstance(metric, (list, tuple)) or isinstance(mode, (list, tuple)):
+            raise ValueError(f"`metric` is {metric!r}, but several metrics have no single best config: "
+                             "get_best_results(metric=[...], mode=[...]) returns their Pareto front")
         metric, mode = self._check_ranking(metric, mode)
         board = self.get_dataframe(metric, mode, scope)
         board = board[(board.status != "failed") & board[metric].notna()] if metric in board else board.iloc[:0]
@@ -247,10 +321,24 @@ class Result:
             raise NoResultError(
                 f"no config of the run in {self.storage_path!r} has a value of {metric!r}: {len(self.configs)} "
                 f"configs, {failed} failed (see `result.failures` for their tracebacks)")
-        row = board.iloc[0]
+        return self._config_result(board.iloc[0], board.columns)
+
+    def get_best_results(self, metric: list[str], mode: list[str], scope: str = "last") -> list[ConfigResult]:
+        """The Pareto front of several metrics (`get_dataframe(metric, mode, scope)`'s rows of `pareto_rank` 0), in
+        that order: the configs no other config beats in every metric. Raises `NoResultError` when no config has a
+        finite value of every metric."""
+        if not isinstance(metric, (list, tuple)):
+            raise ValueError(f"`metric` is {metric!r}, but must be a list of metrics (one metric: get_best_result)")
+        board = self.get_dataframe(list(metric), mode, scope)
+        front = board[board.pareto_rank == 0] if "pareto_rank" in board else board.iloc[:0]
+        if front.empty:
+            raise NoResultError(f"no config of the run in {self.storage_path!r} has a value of every one of "
+                                f"{list(metric)}: {len(self.configs)} configs (see `result.failures`)")
+        return [self._config_result(row, board.columns) for _, row in front.iterrows()]
+
+    def _config_result(self, row: pd.Series, columns: pd.Index) -> ConfigResult:
         cid = int(row.config_id)
-        metrics = {k: float(row[k]) for k in board.columns
-                   if k.startswith(("train_", "valid_")) and pd.notna(row[k])}
+        metrics = {k: float(row[k]) for k in columns if k.startswith(("train_", "valid_")) and pd.notna(row[k])}
         return ConfigResult(cid, self.configs[cid], str(row.status), int(row.epoch), metrics,
                             int(row.epochs_trained), self)
 
