@@ -134,6 +134,11 @@ class OptunaProcedure(Procedure):
                 continue
             trial = optuna.Trial(self.study, self._trial_ids[s.id])
             for e in range(done, s.epochs):
+                missing = [m for m, _ in self.objectives if m not in s.history[e]]
+                if missing:
+                    raise ValueError(f"`metric` is {self.metric!r}, but config {s.id} reported only "
+                                     f"{sorted(s.history[e])} at epoch {e}: {type(self).__name__} cannot rank by "
+                                     f"{missing}")
                 if multi:
                     trial.set_user_attr(f"epoch_{e}", {m: float(s.history[e].get(m, math.nan))
                                                        for m, _ in self.objectives})

@@ -167,3 +167,10 @@ def test_optuna_is_a_procedure_name():
 def test_bad_arguments_are_refused_naming_them(kwargs, error, message):
     with pytest.raises(error, match=message):
         automl.OptunaSearch(FLOATS, **{"num_samples": 2, "epochs": 1, **kwargs})
+
+
+def test_a_metric_nobody_reports_stops_the_search_naming_it():
+    search = automl.OptunaSearch(FLOATS, num_samples=2, epochs=1, metric=["valid_loss", "valid_tim"],
+                                 mode=["min", "min"])
+    with pytest.raises(ValueError, match=r"reported only \['train_loss', 'valid_loss', 'valid_time'\] at epoch 0"):
+        simulators.run_procedure_offline(search, two_objectives)
