@@ -1,12 +1,14 @@
 # Two commands for a fresh machine:  `make demo` (runs a small model selection)  and  `make test` (the test suite).
-# TORCH_SPEC picks the torch build: the default is the CPU build; GPU users run e.g.
+# TORCH_SPEC picks the torch build. The default takes torch==2.13.0 from pip's configured index: on a stock Linux
+# pip that is PyPI's CUDA build (several GB; it runs on a CPU too). A CPU-only build, or another CUDA one:
+#   make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 #   make demo TORCH_SPEC="torch==2.5.1 --index-url https://download.pytorch.org/whl/cu121"
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-cluster bench lint clean mutate fuzz
+.PHONY: install demo test test-min test-cluster bench lint clean mutate fuzz
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +24,38 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q tests
+
+# The dependency floors (not part of `make test` or CI): a venv of its own, $(VENV_MIN), with the oldest releases
+# pyproject.toml admits (tools/constraints-min.txt pins them; tests/test_dependencies.py keeps the two in step), then
+# ruff and a subset of the tests that touches every dependency (about 1.5 minutes; the first install takes about one
+# more). torch: TORCH_MIN_SPEC, by default the build `make test` uses; PyPI has the floor only as a CUDA build
+# (about 3 GB with its nvidia-* wheels; it runs on the CPU): make test-min TORCH_MIN_SPEC=torch==2.3.0
+VENV_MIN ?= .venv-min
+TORCH_MIN_SPEC ?= $(TORCH_SPEC)
+MIN_CONSTRAINTS := tools/constraints-min.txt
+MIN_TESTS ?= tests/test_dependencies.py tests/test_imports.py \
+	tests/automl tests/framework/scheduling tests/framework/planner tests/framework/engine tests/framework/freezing \
+	tests/framework/test_trainable.py tests/framework/test_result_ranking.py tests/framework/test_result_pareto.py \
+	tests/framework/test_storage.py tests/simulators/test_simulators.py \
+	tests/integration/test_security.py tests/integration/test_optuna_search_on_engine.py \
+	tests/integration/test_trackers.py \
+	tests/integration/test_model_selection.py::test_mop_grid_search_obeys_invariants_and_writes_results \
+	tests/integration/test_model_selection.py::test_lr_schedule_and_grad_scaler_hop_checkpoint_and_replay_bit_identically
+
+$(VENV_MIN)/.installed: pyproject.toml Makefile $(MIN_CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV_MIN)
+	echo '*' > $(VENV_MIN)/.gitignore
+	$(VENV_MIN)/bin/pip install --quiet --upgrade pip
+	grep -v '^torch==' $(MIN_CONSTRAINTS) > $(VENV_MIN)/constraints.txt
+	$(VENV_MIN)/bin/pip install --quiet -c $(VENV_MIN)/constraints.txt $(TORCH_MIN_SPEC)
+	$(VENV_MIN)/bin/pip install --quiet -c $(VENV_MIN)/constraints.txt -e ".[dev]"
+	touch $@
+
+test-min: $(VENV_MIN)/.installed
+	$(VENV_MIN)/bin/pip install --quiet -c $(VENV_MIN)/constraints.txt $(TORCH_MIN_SPEC)
+	$(VENV_MIN)/bin/python tools/check_min_versions.py $(MIN_CONSTRAINTS)
+	$(VENV_MIN)/bin/ruff check framework automl simulators experiments tests benchmarks
+	$(VENV_MIN)/bin/python -m pytest -q -p no:cacheprovider $(MIN_TESTS)
 
 # a user's cluster workflow end to end (ray start, ray job submit, a node joining); about a minute, not in `test`
 test-cluster: install
@@ -51,4 +85,4 @@ lint: install
 	$(BIN)/ruff check framework automl simulators experiments tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs results .pytest_cache .benchmarks
+	rm -rf $(VENV) $(VENV_MIN) runs results .pytest_cache .benchmarks

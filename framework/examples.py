@@ -117,8 +117,15 @@ def classifier_eval_fn(model: torch.nn.Module, data: Any, config: dict) -> dict:
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's bundled digits (1797 x 64, 10 classes), scaled to [0, 1]; works offline."""
-    from sklearn.datasets import load_digits
+    """scikit-learn's bundled digits (1797 x 64, 10 classes), scaled to [0, 1]; works offline. scikit-learn is an
+    optional dependency: `pip install 'modelhopper[examples]'`."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:  # ModuleNotFoundError, or a scikit-learn that does not import
+        raise ImportError(
+            "framework.examples.digits_arrays loads scikit-learn's bundled digits data set, but scikit-learn cannot "
+            f"be imported ({e}): install it with `pip install 'modelhopper[examples]'` (or `pip install scikit-learn`)"
+        ) from e
 
     x, y = load_digits(return_X_y=True)
     return (x / 16.0).astype(np.float32), y.astype(np.int64)
