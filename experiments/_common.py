@@ -1,5 +1,10 @@
 """What every experiment script shares: defaults in a dataclass overridden from the command line, a `--quick`
-variant, and a record of what ran (config, seed, git revision) next to the results."""
+variant, where the results go, and a record of what ran (config, seed, git revision) next to them.
+
+Results go to `<storage root>/experiments/<script>/<timestamp or --tag>` (the root is `$MODELHOPPER_STORAGE`, else
+`~/modelhopper_runs`: `framework.storage.default_root`), or to `--out`; never to the working directory, which under
+`ray job submit --working-dir .` is Ray's temporary copy of the code.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,15 @@ import inspect
 import json
 import os
 import re
+import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
-from framework.storage import git_revision
+from framework.cli import OneLineParser
+from framework.storage import default_root, git_revision, unusable_dir
 
 T = TypeVar("T")
 
@@ -33,16 +41,50 @@ def field_help(cls: type) -> dict[str, str]:
     return {name: text.strip().replace("%", "%%") for name, text in found}  # argparse formats help with %
 
 
-def parse_config(defaults: type[T], argv: list[str] | None, doc: str | None, quick: dict[str, Any]) -> T:
-    """Build `defaults` from argv: one `--flag` per field, words joined by dashes (tuples take several values,
-    bools --x/--no-x), its help the field's comment and its default shown; `--quick` swaps in `quick` for every field
-    the command line left at its default."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=_Help)
-    fields = [f for f in dataclasses.fields(defaults) if f.name != "quick"]
+def output_dir(script: str, out: str | None = None, tag: str | None = None) -> str:
+    """The folder an experiment writes to, made now: `out` when given, else `<default_root()>/experiments/<script>/`
+    and in it `tag`, or a new folder named by the time (`20250101-120000`, then `-2`, `-3`, ... when taken)."""
+    if out is not None:
+        why = "it is empty (the working directory, which `ray job submit` replaces)" if out == "" else unusable_dir(out)
+        if why is not None:
+            raise ValueError(f"`--out` is {out!r}, but {why}")
+        os.makedirs(out, exist_ok=True)
+        return os.path.abspath(out)
+    base = os.path.join(default_root(), "experiments", script)
+    why = unusable_dir(base)
+    if why is not None:
+        raise ValueError(f"the default output folder {base!r} cannot be made: {why}; set $MODELHOPPER_STORAGE or "
+                         "give --out")
+    if tag is not None:
+        if tag in ("", ".", "..") or "/" in tag or os.sep in tag:
+            raise ValueError(f"`--tag` is {tag!r}, but must be a folder name (not empty, '.' or '..', no '/')")
+        path = os.path.join(base, tag)
+        os.makedirs(path, exist_ok=True)
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, n = os.path.join(base, stamp), 1
+    while True:
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:  # another run started in the same second
+            n += 1
+            path = os.path.join(base, f"{stamp}-{n}")
+
+
+def build_parser(defaults: type, doc: str | None, quick: dict[str, Any]) -> OneLineParser:
+    """One `--flag` per field of `defaults` (words joined by dashes; tuples take several values, bools --x/--no-x),
+    its help the field's trailing comment and its default shown; `--quick`; `--out` and `--tag`."""
+    script = os.path.basename(inspect.getfile(defaults))
+    parser = OneLineParser(prog=script, description=doc, formatter_class=_Help)
     helps = field_help(defaults)
-    for f in fields:
-        flag = f"--{f.name.replace('_', '-')}"
-        text = helps.get(f.name, f.name.replace("_", " "))
+    for f in dataclasses.fields(defaults):
+        if f.name == "quick":
+            continue
+        if f.name not in helps:
+            raise TypeError(f"field `{f.name}` of {defaults.__qualname__} in {script} has no trailing `# comment`: "
+                            "write one, it is the option's --help")
+        flag, text = f"--{f.name.replace('_', '-')}", helps[f.name]
         if isinstance(f.default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=text)
         elif isinstance(f.default, tuple):
@@ -51,22 +93,55 @@ def parse_config(defaults: type[T], argv: list[str] | None, doc: str | None, qui
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default, help=text)
     parser.add_argument("--quick", action="store_true", help=f"a small variant: {quick}")
+    base = os.path.join(default_root(), "experiments", script.removesuffix(".py"))
+    where = parser.add_mutually_exclusive_group()  # no "(default: None)": the help says what happens without them
+    where.add_argument("--out", metavar="DIR", default=argparse.SUPPRESS,
+                       help=f"the results' folder (default: a new one named by the time in {base}, the storage root "
+                            "being $MODELHOPPER_STORAGE, else ~/modelhopper_runs)")
+    where.add_argument("--tag", default=argparse.SUPPRESS,
+                       help=f"name the results' folder {os.path.join(base, 'TAG')} instead of by the time")
+    return parser
+
+
+def parse_config(
+    defaults: type[T],
+    argv: list[str] | None,
+    doc: str | None,
+    quick: dict[str, Any],
+    check: Callable[[T], Any] | None = None,
+) -> tuple[T, str]:
+    """`defaults` built from argv (see `build_parser`; `--quick` swaps in `quick` for every field the command line
+    left at its default) and the folder its results go to (`output_dir`), made and printed. `check(config)` runs
+    first: its `ValueError` or `TypeError`, like a bad flag, is one line on stderr and exit code 2, and then nothing
+    is made."""
+    parser = build_parser(defaults, doc, quick)
     args = parser.parse_args(argv)
+    fields = [f for f in dataclasses.fields(defaults) if f.name != "quick"]
     values = {f.name: getattr(args, f.name) for f in fields}
     if any(f.name == "quick" for f in dataclasses.fields(defaults)):
         values["quick"] = args.quick
     if args.quick:
         values.update({k: v for k, v in quick.items() if values[k] == getattr(defaults, k)})
-    return defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    cfg = defaults(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    try:
+        if check is not None:
+            check(cfg)
+        out = output_dir(parser.prog.removesuffix(".py"), getattr(args, "out", None), getattr(args, "tag", None))
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+    print(f"Results in {out}", flush=True)
+    return cfg, out
 
 
 def record_run(out: str, cfg: Any, **extra: Any) -> str:
-    """Write `run.json` (the config, the git revision and `extra`) into `out`; returns its path."""
+    """Write `run.json` (the config, the git revision and `extra`) into `out` and print where the results are: a
+    script's last call. Returns the file's path."""
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "run.json")
     with open(path, "w") as f:
         json.dump({"config": dataclasses.asdict(cfg), "git_revision": git_revision(), **extra}, f, indent=1,
                   default=str)
+    print(f"Results in {out}", flush=True)
     return path
 
 

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import automl  # noqa: E402
-from framework.scheduling import SeededOrderScheduler  # noqa: E402
+from framework.cli import OneLineParser  # noqa: E402
+from framework.scheduling import SCHEDULERS, SeededOrderScheduler  # noqa: E402
 from simulators import (  # noqa: E402
     FAIL,
     RETURN,
@@ -88,14 +89,14 @@ def deterministic_cost(seeds: int = 5) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = OneLineParser(prog=Path(__file__).name, description=__doc__.splitlines()[0],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--workers", type=int, default=256, help="simulated workers")
     ap.add_argument("--replicas", type=int, default=4, help="workers holding each training partition")
     ap.add_argument("--iterations", type=int, default=20, help="HyperBand iterations (49 configs each)")
     ap.add_argument("--max-epochs", type=int, default=27, help="HyperBand's R")
     ap.add_argument("--failures", type=int, default=16, help="workers that fail (and return 30 s later)")
-    ap.add_argument("--scheduler", default="randomized", help="a name from framework.scheduling.SCHEDULERS")
+    ap.add_argument("--scheduler", default="randomized", choices=list(SCHEDULERS), help="the dispatch policy")
     ap.add_argument("--seed", type=int, default=0, help="seeds the configs, the unit times and the policy")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print the N functions with the most own time in the HyperBand run (cProfile; slower)")

@@ -43,19 +43,18 @@ from simulators import Workload, simulate  # noqa: E402
 
 @dataclass
 class Defaults:
-    workers: tuple = (2, 8, 16, 32)
-    unit_s: tuple = (0.05, 0.5, 2.0)
-    state_mb: tuple = (1.0, 100.0)
-    epochs: int = 3
-    eval_fraction: float = 0.1
-    queue_depth: int = 2
-    checkpoint: str = "epoch"
+    workers: tuple = (2, 8, 16, 32)  # p values: workers (and partitions), one cell each
+    unit_s: tuple = (0.05, 0.5, 2.0)  # seconds each training unit sleeps, one cell each
+    state_mb: tuple = (1.0, 100.0)  # MB of model state a hop moves, one cell each
+    epochs: int = 3  # epochs per config
+    eval_fraction: float = 0.1  # an eval unit's time as a fraction of a training unit's
+    queue_depth: int = 2  # units queued per worker (ModelSelection's queue_depth)
+    checkpoint: str = "epoch"  # when configs are checkpointed (ModelSelection's checkpoint)
     scheduler: str = "mwr"  # dense for equal unit times: the simulator loses nothing to the barrier
     max_state_gb: float = 4.0  # skip cells whose live states (2p configs x state) exceed this
     startup_baseline: bool = True  # also time p bare `python -c "import torch"` processes
-    seed: int = 0
-    keep_runs: bool = False  # keep every cell's run directory under `out`/runs (else a temporary directory)
-    out: str = "results/engine_overhead"
+    seed: int = 0  # seeds the policy and the runs
+    keep_runs: bool = False  # keep every cell's run directory under the output folder's runs/ (else a temporary one)
 
 
 QUICK = dict(workers=(2, 8), unit_s=(0.05, 0.5), state_mb=(1.0,), epochs=2)
@@ -127,12 +126,12 @@ def run_cell(p: int, unit_s: float, state_mb: float, cfg: Defaults, root: str) -
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    cfg = parse_config(Defaults, argv, __doc__, QUICK)
+    cfg, out = parse_config(Defaults, argv, __doc__, QUICK)
     ensure_ray(min_cpus=max(cfg.workers))
     rows = []
     if cfg.keep_runs:
-        os.makedirs(os.path.join(cfg.out, "runs"), exist_ok=True)
-    with (contextlib.nullcontext(os.path.join(cfg.out, "runs")) if cfg.keep_runs
+        os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    with (contextlib.nullcontext(os.path.join(out, "runs")) if cfg.keep_runs
           else tempfile.TemporaryDirectory(prefix="engine-overhead-")) as root:
         for p in cfg.workers:
             base = startup_baseline(p) if cfg.startup_baseline else float("nan")
@@ -147,10 +146,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                     rows.append(row)
                     print(pd.DataFrame([row]).to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
     df = pd.DataFrame(rows)
-    os.makedirs(cfg.out, exist_ok=True)
-    df.to_csv(os.path.join(cfg.out, "engine_overhead.csv"), index=False)
-    record_run(cfg.out, cfg)
+    df.to_csv(os.path.join(out, "engine_overhead.csv"), index=False)
     print("\n" + df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    record_run(out, cfg)
     return df
 
 

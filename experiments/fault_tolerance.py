@@ -36,19 +36,17 @@ from framework.examples import (  # noqa: E402
 
 @dataclass
 class Defaults:
-    rows: int = 8_000
-    features: int = 64
-    workers: int = 4
-    replicas: int = 3
-    epochs: int = 10
+    rows: int = 8_000  # rows of the synthetic classification data set
+    features: int = 64  # its features
+    workers: int = 4  # workers, and partitions of the data
+    replicas: int = 3  # workers that hold each partition
+    epochs: int = 10  # epochs per config
     fail_at: tuple = (2, 3)  # epochs (rounds) at whose start a worker is killed
     return_at: int = 5  # epoch at whose start the failed workers come back
-    # Seconds each training unit spends on an emulated accelerator (a sleep) on top of its real CPU training: with
-    # 4 workers on a 2-core laptop, CPU-bound units cannot run 4 at a time, so without it losing workers would not
-    # show in the epoch times the way it does on a cluster of GPU nodes. 0 trains on the CPU only.
-    device_s: float = 0.4
-    seed: int = 0
-    out: str = "results/fault_tolerance"
+    # With 4 workers on a 2-core laptop, CPU-bound units cannot run 4 at a time, so without an emulated accelerator
+    # losing workers would not show in the epoch times the way it does on a cluster of GPU nodes.
+    device_s: float = 0.4  # seconds on an emulated accelerator (a sleep) each training unit adds; 0: CPU only
+    seed: int = 0  # seeds the data and the run
 
 
 QUICK = dict(rows=4_000, epochs=7, fail_at=(1, 2), return_at=3, device_s=0.25)
@@ -61,8 +59,7 @@ def train_on_emulated_device(model, optimizer, data, config):
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    cfg = parse_config(Defaults, argv, __doc__, QUICK)
-    os.makedirs(cfg.out, exist_ok=True)
+    cfg, out = parse_config(Defaults, argv, __doc__, QUICK)
     ensure_ray(min_cpus=cfg.workers + 2)
     x, y = synthetic_classification(cfg.rows, cfg.features, seed=cfg.seed)
     ds = framework.PartitionedDataset.from_arrays(x, y, num_partitions=cfg.workers, seed=cfg.seed,
@@ -72,7 +69,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     sel = framework.ModelSelection(
         mlp_model_fn, train_on_emulated_device, classifier_eval_fn, ds, automl.GridSearch(space, epochs=cfg.epochs),
         num_workers=cfg.workers, seed=cfg.seed, progress=False, max_worker_restarts=0,
-        storage_path=os.path.join(cfg.out, f"run-{int(time.time())}"),
+        storage_path=os.path.join(out, f"run-{int(time.time())}"),
     )
     killed: list[int] = []
     stop = threading.Event()
@@ -117,9 +114,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for cid in result.configs for ps in result.load_state(cid)["visited"].values()
     )
     print(f"\nevery config absorbed every partition exactly once per epoch: {complete}")
-    table.to_csv(os.path.join(cfg.out, "epochs.csv"), index=False)
-    ev.to_csv(os.path.join(cfg.out, "events.csv"), index=False)
-    record_run(cfg.out, cfg, killed=killed)
+    table.to_csv(os.path.join(out, "epochs.csv"), index=False)
+    ev.to_csv(os.path.join(out, "events.csv"), index=False)
+    record_run(out, cfg, killed=killed)
     return table
 
 

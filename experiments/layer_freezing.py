@@ -8,7 +8,8 @@ epoch e) so that background load on a shared machine hits both alike. Only train
 the same for both and is excluded).
 
 Prints time to the target validation accuracy, final accuracy, and the reference model's overhead; writes config,
-seed, git revision, per-epoch curves and the summary under `--out`.
+seed, git revision, per-epoch curves and the summary into its output folder (`--out`; by default a new one under
+the storage root).
 
     python experiments/layer_freezing.py            # default, a few minutes on 2 cores
     python experiments/layer_freezing.py --quick    # under a minute
@@ -19,7 +20,6 @@ Pure PyTorch: nothing here needs Ray (the freezing package is algorithm code and
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import sys
@@ -35,33 +35,32 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from experiments._common import git_revision, parse_config  # noqa: E402
+from experiments._common import parse_config, record_run  # noqa: E402
 from framework.freezing import FreezingController, FreezingPolicyConfig, split_by_size
 
 
 @dataclass
 class Config:
-    seed: int = 0
-    image_size: int = 16
+    seed: int = 0  # seeds the data, its shifts and noise, the weights and the batch order
+    image_size: int = 16  # digits are upscaled from 8x8 to this many pixels a side
     noise: float = 1.0  # std of the fixed per-image Gaussian pixel noise (images are standardised)
     max_shift: int = 3  # fixed per-image random shift, in pixels
     width: int = 16  # channels of the first stage; doubled per stage
-    epochs: int = 24
-    batch_size: int = 64
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
+    epochs: int = 24  # epochs of each arm
+    batch_size: int = 64  # mini-batch size of both arms
+    lr: float = 0.1  # SGD's initial learning rate
+    momentum: float = 0.9  # SGD's (Nesterov) momentum
+    weight_decay: float = 5e-4  # SGD's weight decay
     lr_milestones: tuple[int, ...] = (12, 20)  # epochs at which the LR is multiplied by `lr_gamma`
-    lr_gamma: float = 0.1
-    target_accuracy: float = 0.83
+    lr_gamma: float = 0.1  # the LR's factor at each milestone
+    target_accuracy: float = 0.83  # validation accuracy whose time to reach is compared
     num_modules: int = 5  # layer modules for split_by_size
     eval_interval: int = 5  # steps between plasticity evaluations (Egeria's T)
     window: int = 3  # Egeria's W (5 missed the speedup goal in our first run: 11.6 %; see the report)
     reference_refresh: int = 10  # evaluations between reference rebuilds
-    reference_mode: str = "dynamic"
-    torch_threads: int = 1  # training thread
-    reference_threads: int = 1  # reference model's background thread
-    out: str = "results/layer_freezing"
+    reference_mode: str = "dynamic"  # the reference model: "dynamic" (int8 dynamic quantization) or "float"
+    torch_threads: int = 1  # threads of the training loop (torch.set_num_threads)
+    reference_threads: int = 1  # threads of the reference model's background thread
     quick: bool = False
 
 
@@ -171,14 +170,13 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(Config, argv, __doc__, QUICK)
+    cfg, out = parse_config(Config, argv, __doc__, QUICK)
+    run_dir = Path(out)
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     x, y, x_val, y_val = load_digits_tensors(cfg)
     initial = resnet(cfg.width)
 
-    run_dir = Path(cfg.out) / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
     cache_root = Path(tempfile.mkdtemp(prefix="egeria-cache-"))
 
     baseline = make_arm("baseline", copy.deepcopy(initial), cfg)
@@ -269,16 +267,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"reference background busy       {100 * background:6.2f} %   of training time (on its own thread)")
     print(f"freeze events (step, kind, module): {controller.events}")
 
-    (run_dir / "config.json").write_text(
-        json.dumps({"config": dataclasses.asdict(cfg), "seed": cfg.seed, "git_revision": git_revision() or "unknown"}, indent=2)
-    )
     curves.to_csv(run_dir / "curves.csv", index=False)
     pd.DataFrame(controller.readings, columns=["step", "module", "plasticity"]).to_csv(
         run_dir / "plasticity.csv", index=False
     )
     summary.to_csv(run_dir / "summary.csv", index=False)
     (run_dir / "figures.json").write_text(json.dumps(figures, indent=2, default=float))
-    print(f"results in {run_dir}")
+    record_run(out, cfg)
 
 
 if __name__ == "__main__":

@@ -32,19 +32,17 @@ from framework.examples import classifier_eval_fn, digits_arrays, scheduled_mode
 
 @dataclass
 class Defaults:
-    seeds: int = 3
-    partitions: int = 2
-    epochs: int = 6
-    replay: bool = True
-    out: str = "results/lr_schedule"
+    seeds: int = 3  # seeds run; each trains both executors
+    partitions: int = 2  # partitions of the data (MOP's workers)
+    epochs: int = 6  # epochs per config (the cosine schedule's length)
+    replay: bool = True  # replay the first MOP run and compare weights and scheduler states bit for bit
 
 
 QUICK = dict(seeds=2, epochs=3)
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    cfg = parse_config(Defaults, argv, __doc__, QUICK)
-    os.makedirs(cfg.out, exist_ok=True)
+    cfg, out = parse_config(Defaults, argv, __doc__, QUICK)
     ensure_ray(min_cpus=cfg.partitions)
     x, y = digits_arrays()
     space = {"hidden": [64], "lr": [0.05, 0.2], "batch_size": [32], "epochs": cfg.epochs, "amp": [True]}
@@ -56,7 +54,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             result = framework.ModelSelection(
                 scheduled_model_fn, scheduled_train_fn, classifier_eval_fn, ds,
                 automl.GridSearch(space, epochs=cfg.epochs), executor=executor, seed=seed, metric="valid_accuracy",
-                mode="max", progress=False, storage_path=os.path.join(cfg.out, f"{executor}-s{seed}-{int(t0)}"),
+                mode="max", progress=False, storage_path=os.path.join(out, f"{executor}-s{seed}-{int(t0)}"),
             ).run()
             last = result.metrics[result.metrics.epoch == cfg.epochs - 1]
             rows.append({"seed": seed, "executor": executor, "best_valid_accuracy": last.valid_accuracy.max(),
@@ -79,8 +77,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             and first.load_state(c)["grad_scaler"] == again.load_state(c)["grad_scaler"]
             for c in first.configs for k in first.load_state(c)["model"])
         print(f"replay of {first.storage_path}: weights, LR scheduler and GradScaler states bit-identical: {same}")
-    df.to_csv(os.path.join(cfg.out, "summary.csv"), index=False)
-    record_run(cfg.out, cfg)
+    df.to_csv(os.path.join(out, "summary.csv"), index=False)
+    record_run(out, cfg)
     return df
 
 

@@ -45,18 +45,17 @@ from simulators import from_schedule_log, simulate  # noqa: E402
 @dataclass
 class Defaults:
     rows: int = 80_000  # with d=64, hidden 256-512, batch 64: one epoch of one config takes a few seconds on 1 core
-    features: int = 64
-    workers: int = 2
-    epochs: int = 4
-    hidden: tuple = (256, 512)
-    lrs: tuple = (0.003, 0.01, 0.03, 0.1)
-    batch_size: int = 64
-    seed: int = 0
+    features: int = 64  # features of the synthetic data set (the MLP's in_features)
+    workers: int = 2  # p: workers of MOP and task parallelism, and partitions of the data
+    epochs: int = 4  # epochs per config
+    hidden: tuple = (256, 512)  # the grid's hidden widths
+    lrs: tuple = (0.003, 0.01, 0.03, 0.1)  # the grid's learning rates
+    batch_size: int = 64  # mini-batch size of every config
+    seed: int = 0  # seeds the data and the runs
     scheduler: str = "mwr"  # randomized (the engine default) is also reported in the README
     tune: bool = True  # also time Ray Tune itself
     repeats: int = 3  # interleaved repetitions of every arm; the table shows medians
-    queue_depth: int = 2
-    out: str = "results/mop_vs_baselines"
+    queue_depth: int = 2  # units queued per worker (ModelSelection's queue_depth)
 
 
 QUICK = dict(rows=8_000, epochs=1, hidden=(64, 128), lrs=(0.01, 0.1), repeats=1)
@@ -67,12 +66,12 @@ def _space(cfg: Defaults) -> dict:
             "in_features": [cfg.features], "classes": [10]}
 
 
-def _run_engine(ds, cfg: Defaults, executor: str, workers: int) -> dict:
+def _run_engine(ds, cfg: Defaults, executor: str, workers: int, out: str) -> dict:
     t0 = time.time()
     result = framework.ModelSelection(
         mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds, automl.GridSearch(_space(cfg), epochs=cfg.epochs),
         num_workers=workers, executor=executor, scheduler=cfg.scheduler, seed=cfg.seed, progress=False,
-        storage_path=os.path.join(cfg.out, f"run-{executor}-{int(t0)}"), queue_depth=cfg.queue_depth,
+        storage_path=os.path.join(out, f"run-{executor}-{int(t0)}"), queue_depth=cfg.queue_depth,
     ).run()
     t1 = time.time()
     s = result.schedule
@@ -101,7 +100,7 @@ def _predicted(schedule: pd.DataFrame, cfg: Defaults, workers: int) -> float:
     return utilisation(sim.schedule, workers)[0]
 
 
-def _run_tune(x, y, cfg: Defaults) -> dict:
+def _run_tune(x, y, cfg: Defaults, out: str) -> dict:
     """Ray Tune: one trial per config on the full data, `max_concurrent_trials = p` (what users would otherwise do)."""
     import torch
     from ray import tune
@@ -130,7 +129,7 @@ def _run_tune(x, y, cfg: Defaults) -> dict:
         tune.with_resources(tune.with_parameters(trainable, data=data), {"cpu": 1}),
         param_space=space,
         tune_config=tune.TuneConfig(max_concurrent_trials=cfg.workers, metric="valid_accuracy", mode="max"),
-        run_config=tune.RunConfig(storage_path=os.path.abspath(os.path.join(cfg.out, "tune")), verbose=0),
+        run_config=tune.RunConfig(storage_path=os.path.join(out, "tune"), verbose=0),
     )
     grid = tuner.fit()
     wall = time.time() - t0
@@ -141,8 +140,7 @@ def _run_tune(x, y, cfg: Defaults) -> dict:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    cfg = parse_config(Defaults, argv, __doc__, QUICK)
-    os.makedirs(cfg.out, exist_ok=True)
+    cfg, out = parse_config(Defaults, argv, __doc__, QUICK)
     ensure_ray(min_cpus=cfg.workers)
 
     x, y = synthetic_classification(cfg.rows, cfg.features, seed=cfg.seed)
@@ -151,14 +149,14 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     rows = []
     for rep in range(cfg.repeats):  # interleaved repetitions: a slow spell of a shared machine hits every arm
         for executor, workers in arms[rep % len(arms):] + arms[: rep % len(arms)]:
-            rows.append({**_run_engine(ds, cfg, executor, workers), "repeat": rep})
+            rows.append({**_run_engine(ds, cfg, executor, workers, out), "repeat": rep})
         if cfg.tune:
             try:
-                rows.append({**_run_tune(x, y, cfg), "repeat": rep})
+                rows.append({**_run_tune(x, y, cfg, out), "repeat": rep})
             except ImportError as e:
                 print(f"Ray Tune not installed ({e}); install the 'bench' extra to include it")
     runs = pd.DataFrame(rows)
-    runs.to_csv(os.path.join(cfg.out, "runs.csv"), index=False)
+    runs.to_csv(os.path.join(out, "runs.csv"), index=False)
     df = runs.drop(columns="repeat").groupby("executor", sort=False).median().reset_index()  # median per arm
     by = df.set_index("executor")
     ideal_span, ideal_wall = by.makespan_s["sequential"] / cfg.workers, by.wall_s["sequential"] / cfg.workers
@@ -178,8 +176,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(f"Ray Tune / MOP end to end = {by.wall_s['ray_tune'] / mop.wall_s:.2f} (target >= 2)")
     print(f"model state moved per epoch: {mop.state_bytes_per_epoch / 1e6:.2f} MB vs m*p*|S| = "
           f"{mop.moved_bytes_theory / 1e6:.2f} MB")
-    df.to_csv(os.path.join(cfg.out, "results.csv"), index=False)
-    record_run(cfg.out, cfg, ray=ray.__version__)
+    df.to_csv(os.path.join(out, "results.csv"), index=False)
+    record_run(out, cfg, ray=ray.__version__)
     return df
 
 

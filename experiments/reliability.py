@@ -49,7 +49,6 @@ class Defaults:
     epochs: int = 4  # epochs per config
     kill_rate: float = 0.04  # probability that a training unit's dispatch kills its worker
     hang_timeout_s: float = 8.0  # unit_timeout_s: how long the hung unit runs before its worker is restarted
-    out: str = "results/reliability"  # output folder
 
 
 QUICK = dict(seeds=1, epochs=3)
@@ -124,12 +123,12 @@ def _audit(storage: str, cfg: Defaults) -> dict:
             "failed_corrupt": int(errors.str.contains("cannot resume").sum())}
 
 
-def run_seed(seed: int, cfg: Defaults) -> dict:
-    root = os.path.abspath(os.path.join(cfg.out, f"seed{seed}"))
+def run_seed(seed: int, cfg: Defaults, out: str) -> dict:
+    root = os.path.join(out, f"seed{seed}")
     clean, chaos = os.path.join(root, "clean"), os.path.join(root, "chaos")
     for d in (clean, chaos):
         if os.path.exists(os.path.join(d, "run.db")):
-            raise FileExistsError(f"{d} holds a run already: choose another --out")
+            raise FileExistsError(f"{d} holds a run already: choose another --out or --tag")
     t0 = time.time()
     _selection(clean, seed, cfg, []).run()
     clean_s = time.time() - t0
@@ -148,18 +147,17 @@ def run_seed(seed: int, cfg: Defaults) -> dict:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    cfg = parse_config(Defaults, argv, __doc__, QUICK)
+    cfg, out = parse_config(Defaults, argv, __doc__, QUICK)
     rows = []
     for seed in range(cfg.seeds):
-        rows.append(run_seed(seed, cfg))
+        rows.append(run_seed(seed, cfg, out))
         print(pd.DataFrame(rows[-1:]).to_string(index=False), flush=True)
     df = pd.DataFrame(rows)
-    os.makedirs(cfg.out, exist_ok=True)
-    df.to_csv(os.path.join(cfg.out, "reliability.csv"), index=False)
-    record_run(cfg.out, cfg)
+    df.to_csv(os.path.join(out, "reliability.csv"), index=False)
     print(f"\n{cfg.seeds} seeds, {cfg.workers} workers, {cfg.epochs} epochs, kill rate {cfg.kill_rate}")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     print(f"\nunits lost: {df.units_lost.sum()} (must be 0); units trained twice: {df.units_twice.sum()} (must be 0)")
+    record_run(out, cfg)
     return df
 
 

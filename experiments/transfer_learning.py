@@ -17,7 +17,6 @@ Runs in-process (the planner is pure torch + OR-Tools); the distributed path bel
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -32,37 +31,36 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from experiments._common import git_revision, parse_config  # noqa: E402
+from experiments._common import parse_config, record_run  # noqa: E402
 from framework.planner import METHODS, TransferSelection, measure_cost_model  # noqa: E402
 
 
 @dataclass
 class Defaults:
-    seed: int = 0
-    vocab: int = 128
-    seq_len: int = 32
-    d_model: int = 64
-    n_heads: int = 4
-    d_ff: int = 256
-    n_layers: int = 4
-    head_dim: int = 128
-    source_classes: int = 8
-    target_classes: int = 4
+    seed: int = 0  # seeds the pre-training, the tasks, the records and the planner
+    vocab: int = 128  # tokens in the vocabulary
+    seq_len: int = 32  # tokens per sequence
+    d_model: int = 64  # the encoder's hidden size
+    n_heads: int = 4  # attention heads per encoder layer
+    d_ff: int = 256  # the encoder's feed-forward size
+    n_layers: int = 4  # encoder layers
+    head_dim: int = 128  # the trainable head's hidden size
+    source_classes: int = 8  # classes of the pre-training (source) task
+    target_classes: int = 4  # classes of the transfer (target) task
     task_scale: float = 0.35  # spread of the class token distributions: lower = harder
-    pretrain_steps: int = 150
-    pretrain_batch: int = 64
-    cycles: int = 5
-    records_per_cycle: int = 160
-    valid_per_cycle: int = 80
-    epochs: int = 5
-    batch_sizes: tuple[int, ...] = (16, 32)
-    lrs: tuple[float, ...] = (5e-3, 3e-3, 2e-3)
-    strategies: tuple[str, ...] = ("second_last", "last", "sum_last4", "concat_last4")
-    methods: tuple[str, ...] = METHODS
-    initial_records: int = 256
-    disk_budget_mb: float = 1024.0
-    memory_budget_mb: float = 2048.0
-    out: str = "results/transfer_learning"  # output folder (a new timestamped folder per run)
+    pretrain_steps: int = 150  # optimizer steps of the pre-training
+    pretrain_batch: int = 64  # mini-batch size of the pre-training
+    cycles: int = 5  # labelling cycles; each adds records and runs a model selection
+    records_per_cycle: int = 160  # labelled training records each cycle adds
+    valid_per_cycle: int = 80  # labelled validation records each cycle adds
+    epochs: int = 5  # epochs per config and cycle
+    batch_sizes: tuple[int, ...] = (16, 32)  # the grid's batch sizes
+    lrs: tuple[float, ...] = (5e-3, 3e-3, 2e-3)  # the grid's learning rates
+    strategies: tuple[str, ...] = ("second_last", "last", "sum_last4", "concat_last4")  # feature-transfer strategies
+    methods: tuple[str, ...] = METHODS  # methods compared (framework.planner.METHODS)
+    initial_records: int = 256  # the planner's first estimate of the records (doubles when exceeded)
+    disk_budget_mb: float = 1024.0  # disk the materialized features may take (Nautilus' B_disk)
+    memory_budget_mb: float = 2048.0  # memory the fused models may take (Nautilus' B_mem)
     quick: bool = False
 
 
@@ -145,7 +143,8 @@ def pretrain(a: Defaults) -> Encoder:
 
 
 def main(argv: list[str] | None = None) -> None:
-    a = parse_config(Defaults, argv, __doc__, QUICK)
+    a, out = parse_config(Defaults, argv, __doc__, QUICK)
+    run_dir = Path(out)
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     t0 = time.perf_counter()
@@ -167,8 +166,6 @@ def main(argv: list[str] | None = None) -> None:
     def model_fn(cfg: dict) -> nn.Module:
         return TransferModel(encoder, cfg["strategy"], a)
 
-    run_dir = Path(a.out) / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
     rows, metrics = [], []
     for method in a.methods:
         store = Path(tempfile.mkdtemp(prefix=f"features-{method}-"))
@@ -214,22 +211,15 @@ def main(argv: list[str] | None = None) -> None:
     pd.concat(metrics).to_csv(run_dir / "metrics.csv", index=False)
     per_cycle.to_csv(run_dir / "cycles.csv", index=False)
     summary.to_csv(run_dir / "summary.csv")
-    meta = {
-        "config": dataclasses.asdict(a),
-        "seed": a.seed,
-        "git_revision": git_revision() or "unknown",
-        "pretrain_s": pretrain_s,
-        "cost_model": dataclasses.asdict(cost_model),
-        "torch_threads": torch.get_num_threads(),
-    }
-    (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
 
-    print(f"pre-training {pretrain_s:.1f}s; {len(configs)} configs, {a.cycles} cycles; results in {run_dir}")
+    print(f"pre-training {pretrain_s:.1f}s; {len(configs)} configs, {a.cycles} cycles")
     print(per_cycle.drop(columns=["bound"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("\nbest validation accuracy per cycle (equal across methods):")
     print(acc.to_string(float_format=lambda v: f"{v:.3f}"))
     print("\ntotal model-selection time (all cycles; planner includes planning and materialization):")
     print(summary.to_string(float_format=lambda v: f"{v:.2f}"))
+    record_run(out, a, pretrain_s=pretrain_s, cost_model=dataclasses.asdict(cost_model),
+               torch_threads=torch.get_num_threads())
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from framework.cli import OneLineParser
+
 
 def _ints(s: str) -> tuple[int, ...]:
     try:
@@ -21,8 +23,12 @@ def _strs(s: str) -> tuple[str, ...]:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
+    from framework.scheduling import SCHEDULERS
     from simulators.compare import CompareConfig, compare_and_write
 
+    unknown = sorted(set(a.schedulers) - set(SCHEDULERS))
+    if unknown:  # before the output folder is made
+        raise ValueError(f"`--schedulers` has {unknown}, but must be among {list(SCHEDULERS)}")
     cfg = CompareConfig(
         configs=a.configs, workers=a.workers, kinds=a.kinds, seeds=tuple(range(a.seeds)),
         schedulers=a.schedulers, time_limit_s=a.time_limit,
@@ -37,12 +43,16 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 def cmd_gantt(a: argparse.Namespace) -> int:
     from simulators.gantt import plot_gantt
-    from simulators.validate import validate_schedule
+    from simulators.validate import as_frame, validate_schedule
 
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    # the input is read (or simulated) and checked before the output folder is made: a bad one leaves nothing
     if a.schedule:
-        df, failed, label = pd.read_csv(a.schedule), None, Path(a.schedule).stem
+        try:
+            df, failed, label = as_frame(Path(a.schedule)), None, Path(a.schedule).stem
+        except ValueError as e:  # not a CSV, or one without the columns: say which file
+            raise ValueError(f"`--schedule` {a.schedule!r} is not a schedule: {e}") from e
+        if df.empty:
+            raise ValueError(f"`--schedule` {a.schedule!r} holds no units: there is nothing to draw")
     else:
         from simulators.compare import make_workload
         from simulators.simulator import Noise, WorkerEvent, simulate
@@ -52,8 +62,11 @@ def cmd_gantt(a: argparse.Namespace) -> int:
         events += [WorkerEvent(t, wk, "return") for t, wk in _pairs(a.ret)]
         r = simulate(w, a.scheduler, epochs=a.epochs, events=events, noise=Noise(a.noise), seed=a.seed)
         df, failed, label = r.schedule, r.failed, f"{a.scheduler}_{a.kind}_{a.configs}x{a.workers}"
-        df.to_csv(out / f"{label}.csv", index=False)
     rep = validate_schedule(df)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not a.schedule:
+        df.to_csv(out / f"{label}.csv", index=False)
     path = out / f"{label}.png"
     plot_gantt(df, path, title=f"{label}: makespan {rep.makespan:.4g}, valid={rep.ok}", failed=failed)
     print(f"units {len(df)}  makespan {rep.makespan:.4f}  valid {rep.ok}  -> {path}")
@@ -91,7 +104,7 @@ def cmd_comm_cost(a: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    ap = argparse.ArgumentParser(prog="python -m simulators", description=__doc__, formatter_class=fmt)
+    ap = OneLineParser(prog="python -m simulators", description=__doc__, formatter_class=fmt)
     sub = ap.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compare", help="Cerebro Figure 6: makespans and runtimes of all schedulers on a grid",
@@ -143,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         return a.func(a)
-    except (FileNotFoundError, ValueError, TypeError, KeyError) as e:  # bad input: one line, never a traceback
+    except (OSError, ValueError, TypeError, KeyError) as e:  # bad input: one line, never a traceback
         print(f"{ap.prog} {a.command}: error: {e.args[0] if isinstance(e, KeyError) and e.args else e}",
               file=sys.stderr)
         return 2

@@ -1,29 +1,152 @@
-"""Every experiment script imports and answers --help (they are what users submit with `ray job submit`)."""
+"""Every experiment script imports and answers --help (they are what users submit with `ray job submit`), reports a
+bad flag in one line, writes under the storage root (never the working directory, which `ray job submit` replaces)
+or `--out`, and runs a procedure of the user's own with its arguments."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import runpy
 import subprocess
 import sys
 
 import pytest
 
+from framework.cli import OneLineParser
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = sorted(f for f in os.listdir(os.path.join(ROOT, "experiments")) if f.endswith(".py") and not f.startswith("_"))
+PROCEDURE = "tests.experiments.procedures:LearningRates"
+
+
+@pytest.fixture(autouse=True)
+def storage(tmp_path, monkeypatch):
+    """The storage root of every test here: a temporary folder, whatever the machine's $MODELHOPPER_STORAGE."""
+    root = tmp_path / "storage"
+    monkeypatch.setenv("MODELHOPPER_STORAGE", str(root))
+    return root
+
+
+def _run_script(script: str, argv: list[str], monkeypatch) -> SystemExit:
+    """Run `script` as `python experiments/<script> argv...` does, in this process (torch and Ray are imported once
+    for all scripts); returns the SystemExit that argparse raises."""
+    path = os.path.join(ROOT, "experiments", script)
+    monkeypatch.setattr(sys, "argv", [path, *argv])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(path, run_name="__main__")
+    return e.value
+
+
+def _script_module(name: str, monkeypatch):
+    monkeypatch.setattr(sys, "path", [ROOT, *sys.path])
+    return importlib.import_module(f"experiments.{name}")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_experiment_script_answers_help_with_defaults(script, monkeypatch, capsys):
-    # in this process (torch and Ray are imported once for all of them); the next test starts a fresh interpreter
-    path = os.path.join(ROOT, "experiments", script)
-    monkeypatch.setattr(sys, "argv", [path, "--help"])
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    with pytest.raises(SystemExit) as e:
-        runpy.run_path(path, run_name="__main__")
+    e = _run_script(script, ["--help"], monkeypatch)
     out = capsys.readouterr().out
-    assert e.value.code == 0 and "usage:" in out
+    assert e.code == 0 and "usage:" in out
     assert "(default:" in out
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_experiment_script_options_say_more_than_their_names(script, monkeypatch, capsys):
+    parsers = []
+    original = OneLineParser.print_help
+
+    def keep(self, file=None):
+        parsers.append(self)
+        original(self, file)
+
+    monkeypatch.setattr(OneLineParser, "print_help", keep)
+    _run_script(script, ["--help"], monkeypatch)
+    assert len(parsers) == 1, f"{script} does not build its parser with framework.cli.OneLineParser"
+    for action in parsers[0]._actions:
+        for flag in action.option_strings:
+            name = flag.lstrip("-").replace("-", " ").replace("_", " ")
+            assert action.help and action.help.strip().lower() != name.lower(), f"{script} {flag}: {action.help!r}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_experiment_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys, storage):
+    e = _run_script(script, ["--no-such-flag"], monkeypatch)
+    err = capsys.readouterr().err
+    assert e.code == 2
+    assert err == f"{script}: error: unrecognized arguments: --no-such-flag (see --help)\n"
+    assert not storage.exists()
+
+
+def test_experiment_script_run_in_a_fresh_folder_writes_only_under_the_storage_root(tmp_path, storage):
+    cwd = tmp_path / "cwd"  # what `ray job submit --working-dir .` runs in: a copy that Ray deletes
+    cwd.mkdir()
+    argv = ["--quick", "--kinds", "homogeneous", "--schedulers", "randomized", "--seeds", "1", "--quiet"]
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "scheduler_comparison.py"), *argv],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert list(cwd.iterdir()) == []
+    runs = list((storage / "experiments" / "scheduler_comparison").iterdir())
+    assert len(runs) == 1 and {"run.json", "comparison.csv", "summary.csv"} <= {p.name for p in runs[0].iterdir()}
+    assert all(runs[0] in p.parents or p in runs[0].parents or p == runs[0] for p in storage.rglob("*"))
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == lines[-1] == f"Results in {runs[0]}"
+
+
+def test_output_dir_is_out_else_a_tag_else_a_new_folder_per_run_under_the_storage_root(tmp_path, storage):
+    from experiments._common import output_dir
+
+    assert output_dir("x", out=str(tmp_path / "mine")) == str(tmp_path / "mine")
+    assert (tmp_path / "mine").is_dir()
+    assert output_dir("x", tag="v1") == str(storage / "experiments" / "x" / "v1")
+    first, second = output_dir("x"), output_dir("x")  # the same second: two folders all the same
+    assert first != second and os.path.dirname(first) == os.path.dirname(second) == str(storage / "experiments" / "x")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tag": ".."}, "`--tag` is '..', but must be a folder name"),
+    ({"tag": "a/b"}, "`--tag` is 'a/b', but must be a folder name"),
+    ({"out": "FILE"}, "but it is a file"),
+    ({"out": ""}, "`--out` is '', but it is empty"),
+])
+def test_output_dir_rejects_a_bad_tag_or_out(kwargs, message, tmp_path):
+    from experiments._common import output_dir
+
+    (tmp_path / "FILE").write_text("")
+    kwargs = {k: str(tmp_path / "FILE") if v == "FILE" else v for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        output_dir("x", **kwargs)
+
+
+@pytest.mark.ray
+def test_automl_on_mop_runs_a_users_procedure_with_its_arguments(ray_cluster, tmp_path, monkeypatch, capsys):
+    script = _script_module("automl_on_mop", monkeypatch)
+    out = tmp_path / "out"
+    df = script.main(["--procedure", PROCEDURE, "--procedure-args", '{"lrs": [0.05, 0.2], "epochs": 2}',
+                      "--executors", "mop", "--rows", "400", "--workers", "2", "--out", str(out)])
+    assert df.procedure.tolist() == [PROCEDURE] and df.configs_explored.tolist() == [2]
+    assert df.epochs_trained.tolist() == [4]
+    assert all(str(out) in p for p in df.storage_path)  # the runs too go where the results go
+    assert (out / "summary.csv").exists() and (out / "run.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--procedure-args", '{"lrs": [0.1]}'], f"`procedure` is '{PROCEDURE}' with `procedure_args`: LearningRates "
+                                             "needs the option(s) ['epochs']"),
+    (["--procedure-args", '{"lrs": [0.1], "epochs": 1, "width": 3}'], "got unknown option(s) ['width']"),
+    (["--procedure-args", "[1]"], "`--procedure-args` is '[1]', but must be a JSON object"),
+    (["--procedure-args", "{lrs"], "`--procedure-args` is '{lrs', but must be a JSON object"),
+])
+def test_automl_on_mop_reports_a_bad_procedure_argument_in_one_line(args, message, tmp_path, monkeypatch, capsys):
+    script = _script_module("automl_on_mop", monkeypatch)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        script.main(["--procedure", PROCEDURE, *args, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.endswith(" (see --help)\n")
+    assert err.startswith("automl_on_mop.py: error: ") and message in err
+    assert not out.exists()  # checked before anything is made
 
 
 def test_a_script_runs_as_users_run_it():

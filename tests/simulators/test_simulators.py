@@ -174,7 +174,39 @@ def test_simulate_selection_runs_a_procedure_through_the_driver_with_failures():
 def test_cli_rejects_malformed_flags_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         cli(argv)
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err
+    assert err.startswith(f"python -m simulators {argv[0]}: error: ") and err.endswith(" (see --help)\n")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--schedule", "missing.csv"], "missing.csv"),
+    (["--schedule", "columns.csv"], "is not a schedule: schedule lacks columns"),
+    (["--schedule", "empty.csv"], "is not a schedule"),
+    (["--schedule", "header.csv"], "holds no units"),
+    (["--scheduler", "nope"], "`scheduler` is 'nope'"),
+])
+def test_cli_gantt_makes_nothing_for_bad_input(argv, message, tmp_path, capsys):
+    (tmp_path / "columns.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "header.csv").write_text("config_id,epoch,partition,worker,kind,start,end\n")
+    argv = [str(tmp_path / a) if a.endswith(".csv") else a for a in argv]
+    out = tmp_path / "out"
+    assert cli(["gantt", *argv, "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_options_say_more_than_their_names():
+    from simulators.__main__ import build_parser
+
+    subparsers = next(a for a in build_parser()._actions if a.choices and a.dest == "command").choices
+    for name, parser in subparsers.items():
+        for action in parser._actions:
+            for flag in action.option_strings:
+                words = flag.lstrip("-").replace("-", " ").replace("_", " ")
+                assert action.help and action.help.strip().lower() != words.lower(), f"{name} {flag}: {action.help!r}"
 
 
 def test_cli_reports_bad_input_in_one_line_without_a_traceback(tmp_path, capsys):
