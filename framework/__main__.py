@@ -1,4 +1,5 @@
-"""Command line: `python -m framework demo|show|replay --help`."""
+"""Command line: `python -m framework demo|show|replay|list|status|compare|export|resume --help` (the console
+script `modelhopper`). The commands about runs are thin glue over `framework.runs`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 import os
 import sys
 import warnings
+
+from framework.cli import OneLineParser
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -85,6 +88,107 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _list(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from framework.runs import age, list_runs
+    from framework.storage import default_root
+
+    root = args.root if args.root is not None else default_root()
+    runs = list_runs(root, max_depth=args.depth)
+    if args.json:
+        print(runs.to_json(orient="records", indent=1))
+        return 0
+    if runs.empty:
+        print(f"No runs under {root}")
+        return 0
+    table = pd.DataFrame({
+        "path": runs.path, "status": runs.status, "configs": runs.configs,
+        "best": [("-" if b != b else f"{b:.4g}") + (f" {m} ({d})" if m else "")
+                 for b, m, d in zip(runs.best, runs.metric, runs["mode"])],
+        "age": runs.age_s.map(age), "verified": runs.verified.map({True: "yes", False: "no"}),
+    })
+    print(table.to_string(index=False))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from framework.runs import age, iso, run_status
+
+    s = run_status(args.run)
+    if args.json:
+        print(json.dumps(s, indent=1, default=str))
+        return 0
+    d = s["driver"] or {}
+    driver = f"pid {d.get('pid')} on {d.get('host')}" if d.get("pid") else "not recorded"
+    configs = ", ".join(f"{n} {k}" for k, n in s["configs"].items()) or "none"
+    units = s["units_done"]
+    w = s["workers"]
+    best = s["best"]
+    lines = [
+        ("run", s["path"]),
+        ("status", s["status"] + (f" (driver pid {s['pid']})" if s["pid"] else "")),
+        ("verified", "yes" if s["verified"] else f"no ({len(s['problems'])} rows or tables, first: {s['problems'][0]})"
+         if s["problems"] else "no"),
+        ("metric", f"{s['metric']} ({s['mode']})"),
+        ("configs", f"{s['num_configs']}: {configs}"),
+        ("trained", f"{s['epochs_trained']} epochs, {units['train']} train + {units['eval']} eval units, "
+                    f"rounds committed: {s['rounds']}"),
+        ("started", iso(s["start_time"]) or "unknown"),
+        ("last activity", f"{iso(s['last_activity'])} ({age(s['age_s'])} ago)"),
+        ("best", "none yet" if best is None else
+         f"config {best['config_id']}: {s['metric']}={best['value']:.4g} at epoch {best['epoch']} {best['config']}"),
+        ("workers", f"{w['num_workers']} ({w['executor']}, scheduler {w['scheduler']}), {w['failed']} failed, "
+                    f"{w['restarted']} restarted"),
+        ("driver", driver + (f", resumed {s['resumes']}x" if s["resumes"] else "")),
+    ]
+    width = max(len(k) for k, _ in lines) + 1
+    for k, v in lines:
+        print(f"{k + ':':<{width}} {v}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from framework.runs import compare_runs
+
+    board = compare_runs(args.runs, args.metric, args.mode, args.scope, top=args.top)
+    if args.json:
+        print(board.to_json(orient="records", indent=1))
+        return 0
+    print(board.to_string(index=False))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from framework.runs import export_run
+
+    files = export_run(args.run, args.format, args.out)
+    print(f"Exported {len(files)} tables of {args.run} to {os.path.dirname(next(iter(files.values())))}: "
+          f"{', '.join(os.path.basename(f) for f in files.values())}")
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from framework.runs import FUNCTIONS, resume_run, run_status
+
+    if run_status(args.run)["status"] == "finished":
+        print(f"The run in {args.run} had finished: nothing to resume")
+        return 0
+    overrides = {k: v for k, v in (
+        ("scheduler", args.scheduler), ("queue_depth", args.queue_depth), ("checkpoint", args.checkpoint),
+        ("unit_timeout_s", args.unit_timeout_s), ("max_unit_retries", args.max_unit_retries),
+        ("max_worker_restarts", args.max_worker_restarts), ("worker_resources", args.worker_resources),
+    ) if v is not None}
+    functions = {n: getattr(args, n) for n in FUNCTIONS if getattr(args, n) is not None}
+    result = resume_run(args.run, trust_unverified=args.trust_unverified, functions=functions,
+                        progress=not args.quiet, **overrides)
+    print(f"Resumed {args.run}: it finished")
+    print(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
+    return 0
+
+
 def _positive_int(s: str) -> int:
     try:
         v = int(s)
@@ -92,6 +196,45 @@ def _positive_int(s: str) -> int:
         raise argparse.ArgumentTypeError(f"{s!r} is not an int") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"{s!r} must be >= 1")
+    return v
+
+
+def _count(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an int") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{s!r} must be >= 0")
+    return v
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{s!r} must be > 0")
+    return v
+
+
+def _checkpoint(s: str) -> str | float:
+    try:
+        return float(s)  # every N seconds
+    except ValueError:
+        return s  # a policy name: RunOptions checks it
+
+
+def _resources(s: str) -> dict:
+    import json
+
+    try:
+        v = json.loads(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not JSON, e.g. '{{\"CPU\": 1}}'") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"{s!r} must be a JSON object, e.g. '{{\"CPU\": 1, \"GPU\": 1}}'")
     return v
 
 
@@ -105,17 +248,17 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line on stderr (exit code 2), as every other error of the CLI."""
-
-    def error(self, message: str):  # noqa: ANN201 - argparse's signature
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+#: `framework.runs`' status rule, for `list --help` and `status --help` (10 minutes: `framework.runs.RECENT_S`)
+_STATUS_RULE = (
+    "A run is finished when it committed its last decision. Otherwise: crashed when its driver (the process whose "
+    "pid and host the run records at its start and at each resume) recorded its end, or ran on this host and is "
+    "gone; running when it runs on this host; running? when it cannot be checked from here (another host, or a "
+    "run from before drivers were recorded) and the run changed in the last 10 minutes, unknown when it did not.")
 
 
 def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = _Parser(prog=prog, description="Model hopper parallelism on Ray.",
-                                     formatter_class=fmt)
+    parser = OneLineParser(prog=prog, description="Model hopper parallelism on Ray.", formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a small model selection on an embedded local Ray", formatter_class=fmt)
@@ -146,6 +289,76 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                      help="replay a run whose run.db does not verify under this machine's key (one from someone "
                           "else, or edited); it still imports no function the run names")
     rep.set_defaults(func=_replay)
+
+    ls = sub.add_parser("list", help="list the runs under a storage root, newest first (reads only)",
+                        formatter_class=fmt, description=_STATUS_RULE)
+    ls.add_argument("root", nargs="?", default=None,
+                    help="the folder to search for runs (None: $MODELHOPPER_STORAGE, else ~/modelhopper_runs)")
+    ls.add_argument("--depth", type=_positive_int, default=3,
+                    help="how many folder levels below ROOT to search for run directories (folders with run.db)")
+    ls.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    ls.set_defaults(func=_list)
+    st = sub.add_parser("status", help="one run's status, configs, progress, best config and driver (reads only)",
+                        formatter_class=fmt, description=_STATUS_RULE)
+    st.add_argument("run", help="run directory (or the URI it was mirrored to)")
+    st.add_argument("--json", action="store_true", help="print JSON instead of text")
+    st.set_defaults(func=_status)
+    cmp = sub.add_parser("compare", help="the best configs of several runs side by side (reads only)",
+                         formatter_class=fmt,
+                         description="Each run is ranked by its own metric and mode unless --metric is given.")
+    cmp.add_argument("runs", nargs="+", metavar="run", help="run directories (or the URIs they were mirrored to)")
+    cmp.add_argument("--top", type=_positive_int, default=1, help="how many of the best configs to show per run")
+    cmp.add_argument("--metric", default=None, help="rank every run by this metric (None: each run by its own)")
+    cmp.add_argument("--mode", choices=("min", "max"), default=None,
+                     help="min or max, needed with a --metric other than a run's (None: each run's own)")
+    cmp.add_argument("--scope", default="last",
+                     help="rank each config by its last epoch (last), its best (all), or the mean over all or its "
+                          "last N epochs (avg, last-N-avg)")
+    cmp.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    cmp.set_defaults(func=_compare)
+    exp = sub.add_parser("export", help="write a run's tables as CSV or Parquet files into a new folder (reads "
+                                        "the run only)", formatter_class=fmt)
+    exp.add_argument("run", help="run directory (or the URI it was mirrored to)")
+    exp.add_argument("--format", choices=("csv", "parquet"), default="csv",
+                     help="file format of the leaderboard, metrics, schedule, configs, failures and events tables")
+    exp.add_argument("--out", default=None,
+                     help="a new (or empty) folder outside the run (None: <run>-export beside the run)")
+    exp.set_defaults(func=_export)
+    res = sub.add_parser(
+        "resume", help="continue a crashed run with the functions it recorded", formatter_class=fmt,
+        description="Continue a crashed run (see `status`): its model_fn, train_fn, eval_fn and input_fn are "
+                    "imported by the module:qualname the run recorded, and only when the run verifies under this "
+                    "machine's key. A run that had finished prints one line and exits with 0; a running run, one "
+                    "whose functions cannot be imported (defined in __main__ or inside a function) or that used "
+                    "extract= is an error: resume those from Python with ModelSelection.resume(path, model_fn, "
+                    "...). A run whose status is unknown (another host's, unchanged for 10 minutes) is resumed: make "
+                    "sure its driver is gone. The number of workers is the run's own (its data placement is "
+                    "recorded).")
+    res.add_argument("run", help="run directory (or the URI it was mirrored to)")
+    res.add_argument("--trust-unverified", action="store_true",
+                     help="resume a run whose run.db does not verify under this machine's key; the functions it "
+                          "names are still never imported, so name each one with --model-fn etc.")
+    for name in ("model_fn", "train_fn", "eval_fn", "input_fn"):
+        res.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="MODULE:QUALNAME", default=None,
+                         help=f"import {name} from here instead of the name the run recorded (None: the run's)")
+    res.add_argument("--scheduler", default=None,
+                     help="which waiting unit an idle worker trains next, a name from "
+                          "framework.scheduling.SCHEDULERS (None: the run's)")
+    res.add_argument("--queue-depth", type=_positive_int, default=None,
+                     help="units a worker holds at once (None: the run's)")
+    res.add_argument("--checkpoint", type=_checkpoint, default=None,
+                     help="when config states reach the disk: epoch, unit, or every N seconds (None: the run's)")
+    res.add_argument("--unit-timeout-s", type=_seconds, default=None,
+                     help="seconds after which a running unit counts as hung (None: the run's)")
+    res.add_argument("--max-unit-retries", type=_count, default=None,
+                     help="how often a unit whose user code raised is retried (None: the run's)")
+    res.add_argument("--max-worker-restarts", type=_count, default=None,
+                     help="how often a worker id is restarted after it died (None: the run's)")
+    res.add_argument("--worker-resources", type=_resources, default=None,
+                     help="Ray resources per worker as JSON, e.g. '{\"CPU\": 1}' to resume a GPU run on CPU "
+                          "workers (None: the run's)")
+    res.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    res.set_defaults(func=_resume)
     return parser
 
 

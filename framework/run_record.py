@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -67,7 +68,8 @@ def record_run(
 ) -> None:
     """Write a new run's meta. `fns`: what the workers run; `model_fn`, `train_fn`, `eval_fn` and `input_fn` are
     recorded by name (the names replay imports; the catalog signs every meta row, so a run directory cannot make
-    replay call others), `extract` by its name or class."""
+    replay call others), `extract` by its name or class. `driver` is this process (pid and host): whether it is
+    still alive tells a running run from a crashed one (`framework.runs`)."""
     assert options.storage_path is not None
     data_desc = dataset.save(os.path.join(options.storage_path, "data"))
     catalog.set_meta(
@@ -77,7 +79,13 @@ def record_run(
         procedure=type(procedure).__name__, dataset=data_desc, git_revision=git_revision(),
         code_digest=code_digest(), storage_uri=storage_uri,
         functions={n: function_ref(fns.get(n)) for n in ("model_fn", "train_fn", "eval_fn", "input_fn")},
+        driver=driver_identity(),
     )
+
+
+def driver_identity() -> dict[str, Any]:
+    """The process that writes a run: what `record_run` and a `resumed` event record."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,7 @@ def reopen_run(catalog: SQLiteCatalog, ckpt: CheckpointStore, options: RunOption
         ckpt.close()
         catalog.close()
         raise
-    catalog.add_event("resumed", pid=os.getpid(), partial_checkpoints_removed=partial_removed)
+    catalog.add_event("resumed", **driver_identity(), partial_checkpoints_removed=partial_removed)
     gpu = float(options.worker_resources.get("GPU", 0)) > 0
     if options.freezing is not None or (gpu and not torch.cuda.is_available()):
         return

@@ -1,0 +1,487 @@
+"""The runs on disk, as a user looks after them: list them, tell running from crashed ones, compare, export and resume
+them. What `modelhopper list|status|compare|export|resume` prints; Python users call the same functions.
+
+Reading a run never writes into it (`Result.open` opens its catalog read-only). Nothing a run names is imported
+unless its catalog verifies under this machine's key (`resume_run`).
+
+**Status rule.** A run is `finished` when it committed its last decision (`framework.run_record.is_finished`: no
+config is active after its last round). Otherwise its driver tells: a run records the pid and host of the process
+that writes it (`meta["driver"]` at its start, and every `resumed` event after). The latest of those is its driver,
+and the run is
+
+- `crashed` when that driver recorded its end (`meta["end_time"]` after it started: it raised or was interrupted),
+  or when it ran on this host and its pid is gone (or belongs to a process that started after the driver did: the
+  pid was reused);
+- `running` when it ran on this host and its pid is alive;
+- `running?` when the driver cannot be checked from here (another host, or a run from before drivers were recorded,
+  or a replay) and the run changed within the last `RECENT_S` seconds, `unknown` when it has not.
+
+A run whose catalog cannot be read at all is `unreadable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from framework.engine.catalog import CatalogError, SQLiteCatalog, UnverifiedRunWarning, check_verified
+from framework.result import CATALOG_FILE, OUTCOMES, NoResultError, Result
+from framework.storage import default_root, is_uri, run_name, unusable_dir
+
+__all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "compare_runs", "export_run", "find_runs", "list_runs",
+           "resume_run", "run_status"]
+
+STATUSES = ("finished", "running", "crashed", "running?", "unknown", "unreadable")
+#: a run whose driver cannot be checked counts as maybe running (`running?`) while it changed this recently (seconds)
+RECENT_S = 600.0
+#: the user functions a run records by name (`meta["functions"]`), in `ModelSelection.resume`'s order
+FUNCTIONS = ("model_fn", "train_fn", "eval_fn", "input_fn")
+EXPORT_FORMATS = ("csv", "parquet")
+
+
+def _from_python(extra: str = ", input_fn=...") -> str:
+    """How to resume from Python what the command line cannot."""
+    return f"ModelSelection.resume(path, model_fn, train_fn, eval_fn{extra}) from Python"
+
+
+# ---- status: pure rules -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DriverInfo:
+    """The process that writes a run: its pid and host (None where not recorded) and when it started writing (the
+    run's start, or the resume)."""
+
+    pid: int | None
+    host: str | None
+    since: float
+
+    def __post_init__(self) -> None:
+        if self.pid is not None and (not isinstance(self.pid, int) or self.pid < 1):
+            raise ValueError(f"`pid` is {self.pid!r}, but must be an int >= 1 or None")
+
+
+def classify(finished: bool, driver: DriverInfo | None, end_time: float | None, last_activity: float, *,
+             host: str, alive: Callable[[int, float], bool], now: float) -> str:
+    """A run's status by the rule in the module docstring. `alive(pid, since)`: whether that pid on this `host` is
+    still the driver that started writing at `since`; `now` and `last_activity` are epoch seconds."""
+    if finished:
+        return "finished"
+    if driver is not None:
+        if end_time is not None and end_time >= driver.since:
+            return "crashed"
+        if driver.host == host and driver.pid is not None:
+            return "running" if alive(driver.pid, driver.since) else "crashed"
+    return "running?" if now - last_activity < RECENT_S else "unknown"
+
+
+def driver_of(meta: Mapping[str, Any], events: pd.DataFrame) -> DriverInfo | None:
+    """The latest driver a run recorded: its last `resumed` event, else `meta["driver"]`; None when it recorded none
+    (a run from before drivers were recorded) or when it is a replay (whose meta is its source run's)."""
+    if meta.get("replay_of") is not None:
+        return None
+    resumed = events[events.kind == "resumed"] if not events.empty else events
+    for row in reversed(list(resumed.itertuples())):
+        detail = _json_dict(row.detail)
+        if "pid" in detail:
+            return _driver(detail, float(row.time))
+    recorded = meta.get("driver")
+    if isinstance(recorded, Mapping) and "start_time" in meta:
+        return _driver(recorded, float(meta["start_time"]))
+    return None
+
+
+def _driver(detail: Mapping[str, Any], since: float) -> DriverInfo | None:
+    pid, host = detail.get("pid"), detail.get("host")
+    try:
+        return DriverInfo(pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                          host if isinstance(host, str) else None, since)
+    except ValueError:  # a pid of 0 or below: not a process this machine can check
+        return DriverInfo(None, host if isinstance(host, str) else None, since)
+
+
+def pid_alive(pid: int, since: float) -> bool:
+    """Whether process `pid` on this machine exists and could be the driver that started writing at `since` (where
+    `/proc` says when it started, a process younger than that reuses a dead driver's pid; a zombie is dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    except OSError:
+        return False
+    started, state = _proc_start(pid)
+    if state == "Z":
+        return False
+    return started is None or started <= since + 2.0  # /proc's boot time is whole seconds
+
+
+def _proc_start(pid: int) -> tuple[float | None, str | None]:
+    """(when the process started, its state letter) from Linux's `/proc`; (None, None) elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+        with open("/proc/stat") as f:
+            btime = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+        return btime + int(rest[19]) / os.sysconf("SC_CLK_TCK"), rest[0]
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None, None
+
+
+# ---- reading runs -----------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[Result]:
+    """`Result.open(path)` without its warning about an unverified run (callers report `verified` themselves); the
+    rows of an unverified run that do not fit together raise `CatalogError`, as every unreadable run does."""
+    result = _read(path)
+    with result:
+        try:
+            yield result
+        except (KeyError, TypeError, IndexError, AttributeError) as e:
+            if result.verified:
+                raise
+            raise CatalogError(f"the run in {path!r} is not verified and its rows do not fit together "
+                               f"({type(e).__name__}: {e})") from e
+
+
+def _last_activity(result: Result, db: str) -> float:
+    """The latest time the run recorded: its start and end, an event (a committed round is one), a unit's end; the
+    catalog file's modification time for a run that recorded none."""
+    t0 = float(result.meta.get("start_time", 0.0) or 0.0)
+    times = [t0, float(result.meta.get("end_time") or 0.0)]
+    if not result.events.empty:
+        times.append(float(result.events.time.max()))
+    if not result.schedule.empty:
+        times.append(t0 + float(result.schedule.end.max()))
+    latest = max(times)
+    return latest if latest > 0 else os.path.getmtime(db)
+
+
+def _status_of(result: Result, now: float) -> dict[str, Any]:
+    from framework.run_record import is_finished
+
+    meta = result.meta
+    db = os.path.join(result.storage_path, CATALOG_FILE)
+    last = _last_activity(result, db)
+    driver = driver_of(meta, result.events)
+    end_time = meta.get("end_time")
+    status = classify(is_finished(result.storage_path), driver, float(end_time) if end_time is not None else None,
+                      last, host=socket.gethostname(), alive=pid_alive, now=now)
+    try:
+        best = result.get_best_result()
+        best_row = {"config_id": best.config_id, "config": best.config, "epoch": best.epoch,
+                    "value": best.metrics.get(result.metric)}
+    except (NoResultError, ValueError):  # none has a value, or the run reported another metric than it ranks by
+        best_row = None
+    counts = result.status.status.value_counts()
+    order = [*OUTCOMES, *sorted(set(counts.index) - set(OUTCOMES))]
+    kinds = result.events.kind.value_counts() if not result.events.empty else pd.Series(dtype=int)
+    started = [_json_dict(d).get("count") for d in result.events[result.events.kind == "workers_started"].detail]
+    units = result.schedule.kind.value_counts() if not result.schedule.empty else pd.Series(dtype=int)
+    catalog = SQLiteCatalog(db, readonly=True)
+    try:
+        rounds = catalog.last_round()[0] + 1
+    finally:
+        catalog.close()
+    return {
+        "path": result.storage_path, "status": status, "verified": result.verified,
+        "problems": list(result.unverified), "metric": result.metric, "mode": result.mode,
+        "num_configs": len(result.configs), "configs": {k: int(counts[k]) for k in order if k in counts},
+        "epochs_trained": int(result.status.epochs.fillna(0).sum()),
+        "units_done": {"train": int(units.get("train", 0)), "eval": int(units.get("eval", 0))},
+        "rounds": int(rounds), "procedure": meta.get("procedure"),
+        "start_time": meta.get("start_time"), "end_time": end_time, "last_activity": last, "age_s": now - last,
+        "best": best_row,
+        "workers": {"num_workers": meta.get("num_workers"), "executor": meta.get("executor"),
+                    "scheduler": meta.get("scheduler"), "started": started[-1] if started else None,
+                    "failed": int(kinds.get("worker_failed", 0)), "restarted": int(kinds.get("worker_restarting", 0))},
+        "driver": None if driver is None else {"pid": driver.pid, "host": driver.host, "since": driver.since},
+        "pid": driver.pid if status == "running" and driver is not None else None,
+        "resumes": int(kinds.get("resumed", 0)), "functions": meta.get("functions"),
+    }
+
+
+def run_status(path: str, now: float | None = None) -> dict[str, Any]:
+    """One run's state as a JSON-able dict: `status` (see the module docstring), `verified` (and the `problems`
+    that did not verify), `metric`/`mode`, `configs` (how many of each status: completed, pruned, failed, active),
+    `epochs_trained`, `units_done`, `rounds` committed, `start_time`/`last_activity` (epoch seconds) and `age_s`,
+    the `best` config so far (None when none has a value), `workers`, the `driver` (pid, host) and, for a running
+    run, its `pid`. Reads only. `path` is a run directory or the URI it was mirrored to."""
+    with _opened(path) as result:
+        return {**_status_of(result, time.time() if now is None else now), "path": path}
+
+
+def find_runs(root: str, max_depth: int = 3) -> list[str]:
+    """The run directories (folders holding `run.db`) at most `max_depth` levels under `root` (`root` itself
+    included). A run's own folders and hidden ones (the `.working` copies of mirrored runs) are not searched, nor
+    are links."""
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"`root` {root!r} is not a folder" if os.path.exists(root)
+                                else f"`root` {root!r} does not exist")
+    found: list[str] = []
+
+    def walk(folder: str, depth: int) -> None:
+        if os.path.isfile(os.path.join(folder, CATALOG_FILE)):
+            found.append(folder)
+            return
+        if depth >= max_depth:
+            return
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return  # unreadable: nothing of it can be listed
+        for e in entries:
+            if not e.name.startswith(".") and e.is_dir(follow_symlinks=False):
+                walk(e.path, depth + 1)
+
+    walk(os.path.abspath(root), 0)
+    return found
+
+
+LIST_COLUMNS = ["path", "status", "configs", "best", "metric", "mode", "last_activity", "age_s", "verified", "pid",
+                "error"]
+
+
+def list_runs(root: str | None = None, max_depth: int = 3, now: float | None = None) -> pd.DataFrame:
+    """One row per run under `root` (default `framework.storage.default_root()`, see `find_runs`), newest first:
+    `path` (relative to `root`), `status` (module docstring), `configs`, `best` (the best config's value of the
+    run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
+    `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).
+    Runs that do not verify are listed too (`verified` False); nothing they name is imported."""
+    root = os.path.abspath(os.path.expanduser(root if root is not None else default_root()))
+    now = time.time() if now is None else now
+    rows = []
+    for path in find_runs(root, max_depth):
+        rel = os.path.relpath(path, root)
+        try:
+            s = run_status(path, now)
+        except (CatalogError, ValueError, TypeError, KeyError, OSError) as e:
+            mtime = os.path.getmtime(os.path.join(path, CATALOG_FILE))
+            rows.append({"path": rel, "status": "unreadable", "configs": 0, "best": float("nan"), "metric": None,
+                         "mode": None, "last_activity": mtime, "age_s": now - mtime, "verified": False, "pid": None,
+                         "error": f"{type(e).__name__}: {e}"})
+            continue
+        best = s["best"]["value"] if s["best"] is not None and s["best"]["value"] is not None else float("nan")
+        rows.append({"path": rel, "status": s["status"], "configs": s["num_configs"], "best": best,
+                     "metric": s["metric"], "mode": s["mode"], "last_activity": s["last_activity"],
+                     "age_s": s["age_s"], "verified": s["verified"], "pid": s["pid"], "error": None})
+    df = pd.DataFrame(rows, columns=LIST_COLUMNS)
+    df["pid"] = df.pid.astype("Int64")
+    return df.sort_values("last_activity", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def age(seconds: float) -> str:
+    """A duration as users read a run's age: `"45s"`, `"3m"`, `"2h"`, `"5d"`."""
+    seconds = max(0.0, float(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+# ---- compare and export -----------------------------------------------------------------------------------------
+COMPARE_COLUMNS = ["run", "rank", "config_id", "metric", "mode", "value", "epoch", "epochs_trained", "status",
+                   "config"]
+
+
+def compare_runs(paths: list[str], metric: str | None = None, mode: str | None = None, scope: str = "last",
+                 top: int = 1) -> pd.DataFrame:
+    """The best `top` configs of each run (`Result.get_dataframe(metric, mode, scope)`), one row each, the runs in
+    the order given: `run`, `rank` (1 = the run's best), `config_id`, the `metric` and `mode` it is ranked by and its
+    `value` (with an averaging scope, the mean it is ranked by), `epoch`, `epochs_trained`, `status`, `config`.
+    Each run is ranked by its own metric and mode unless `metric` (and, for a metric other than a run's, `mode`) is
+    given. Reads only."""
+    if not paths:
+        raise ValueError("`paths` is [], but compare needs at least one run")
+    if not isinstance(top, int) or top < 1:
+        raise ValueError(f"`top` is {top!r}, but must be an int >= 1")
+    frames = []
+    for path in paths:
+        with _opened(path) as result:
+            board = result.get_dataframe(metric, mode, scope).head(top)
+            m, d = metric or result.metric, mode or result.mode
+            key = "score" if "score" in board else m
+            frames.append(pd.DataFrame({
+                "run": path, "rank": range(1, len(board) + 1), "config_id": board.config_id.astype(int),
+                "metric": m, "mode": d, "value": board[key] if key in board else float("nan"),
+                "epoch": board.epoch, "epochs_trained": board.epochs_trained, "status": board.status,
+                "config": [json.dumps(result.configs[int(c)], sort_keys=True, default=str) for c in board.config_id],
+            }, columns=COMPARE_COLUMNS))
+    return pd.concat(frames, ignore_index=True)
+
+
+def export_tables(result: Result) -> dict[str, pd.DataFrame]:
+    """A run's tables as `export_run` writes them: `leaderboard`, `metrics` (one row per config x epoch),
+    `schedule` (one row per unit), `configs` (status, epochs, parent and the config as JSON text), `failures`
+    (tracebacks) and `events`."""
+    configs = result.status.copy()
+    configs["config"] = configs.config_id.map(lambda c: json.dumps(result.configs[c], sort_keys=True, default=str))
+    return {"leaderboard": result.leaderboard(), "metrics": result.metrics, "schedule": result.schedule,
+            "configs": configs, "failures": result.failures, "events": result.events}
+
+
+def export_run(path: str, fmt: str = "csv", out: str | None = None) -> dict[str, str]:
+    """Write the run's tables (`export_tables`) as `<name>.csv` or `<name>.parquet` files into a new folder `out`
+    (default: `<run>-export` beside the run; a run given by URI: a new folder under the default root); returns
+    name -> file. Reading a run never writes into it: an `out` inside the run, or one that exists and is not an empty
+    folder, is refused. The files appear together (they are written to a temporary folder first)."""
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"`format` is {fmt!r}, but must be one of {list(EXPORT_FORMATS)}")
+    if out is None:
+        out = os.path.join(default_root(), run_name("export")) if is_uri(path) else os.path.normpath(path) + "-export"
+    out = os.path.abspath(out)
+    if os.path.isdir(out) and os.listdir(out):
+        raise FileExistsError(f"`out` {out!r} exists and is not empty: choose a new folder")
+    if (why := unusable_dir(out)) is not None:
+        raise ValueError(f"`out` is {out!r}, but {why}: it must be a new folder")
+    if not is_uri(path):
+        run = os.path.realpath(path)
+        if os.path.commonpath([run, os.path.realpath(out)]) == run:
+            raise ValueError(f"`out` is {out!r}, which is inside the run {path!r}: reading a run never writes into "
+                             "it; choose a folder outside it")
+    with _opened(path) as result:
+        tables = export_tables(result)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
+    try:
+        names = {}
+        for name, df in tables.items():
+            names[name] = os.path.join(out, f"{name}.{fmt}")
+            target = os.path.join(tmp, f"{name}.{fmt}")
+            if fmt == "csv":
+                df.to_csv(target, index=False)
+            else:
+                _storable(df).to_parquet(target, index=False)
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty (checked above)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return names
+
+
+def _storable(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with each object column that mixes value types (a hyper-parameter that is an int in one config and a
+    string in another) as text, which Parquet can store."""
+    df = df.copy()
+    for col in df.select_dtypes(include="object").columns:
+        types = {type(v) for v in df[col] if v is not None and v == v}
+        if len(types) > 1:
+            df[col] = [None if v is None or v != v else str(v) for v in df[col]]
+    return df
+
+
+# ---- resume -----------------------------------------------------------------------------------------------------
+def resume_run(path: str, *, trust_unverified: bool = False, functions: Mapping[str, str] | None = None,
+               progress: bool = True, **overrides: Any) -> Result:
+    """Resume a crashed run with the functions it recorded: `ModelSelection.resume(path, model_fn, train_fn,
+    eval_fn, input_fn=...)` whose functions are imported by their recorded `module:qualname`. Returns the finished
+    run's `Result`; a run that had already finished is returned as it is (nothing imported, nothing started).
+
+    `functions`: `module:qualname` names that replace recorded ones (e.g. `{"model_fn": "mypkg.models:build"}`).
+    The names a run records are imported only when its catalog verifies under this machine's key; a run that does
+    not is refused (`UnverifiedRunError`), and with `trust_unverified=True` it is resumed only with every function
+    it needs named in `functions`. `overrides`: the options `ModelSelection.resume` may change
+    (`framework.options.RESUMABLE`).
+
+    Raises `ValueError` for a run that is running (or may be: see the module docstring), that committed no decision
+    yet, that used `extract=`, or whose functions cannot be imported here (defined in `__main__` or inside a
+    function, or in a module this process cannot import): resume those with `ModelSelection.resume` from Python.
+    A run whose status is `unknown` (its driver cannot be checked from here and the run has not changed for
+    `RECENT_S` seconds) is resumed: the caller makes sure its driver is gone."""
+    from framework.selection import ModelSelection
+
+    given = dict(functions or {})
+    unknown = set(given) - set(FUNCTIONS)
+    if unknown:
+        raise ValueError(f"`functions` names {sorted(unknown)}, but may only name {list(FUNCTIONS)}")
+    for name, ref in given.items():
+        if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")):
+            raise ValueError(f"`{name}` is {ref!r}, but must name a function as module:qualname, e.g. "
+                             "'mypkg.train:model_fn'")
+    state = run_status(path)
+    if state["status"] == "finished":
+        return _read(path)
+    if state["status"] in ("running", "running?"):
+        d = state["driver"] or {}
+        who = f"its driver (pid {d.get('pid')} on {d.get('host')})" if d.get("pid") else "its driver"
+        why = "is alive" if state["status"] == "running" else (
+            f"cannot be checked from {socket.gethostname()!r} and the run changed {age(state['age_s'])} ago")
+        raise ValueError(f"the run in {path!r} is {state['status']}: {who} {why}; resume it once that driver has "
+                         "stopped")
+    if state["rounds"] == 0:
+        raise ValueError(f"the run in {path!r} committed no decision before it stopped, so no procedure state was "
+                         f"saved: resume it with {_from_python(', procedure=...')}, or start it again")
+    with _opened(path) as result:  # a URI: its fetched copy; the catalog it checks is the one it read
+        catalog = SQLiteCatalog(os.path.join(result.storage_path, CATALOG_FILE), readonly=True)
+        try:
+            unverified = check_verified(catalog, "resume", trust_unverified)
+            meta = catalog.meta()
+        finally:
+            catalog.close()
+    if meta.get("extract") is not None:
+        raise ValueError(f"the run in {path!r} used `extract` ({meta['extract']}), which the command line cannot "
+                         f"rebuild: resume it with {_from_python(', extract=...')}")
+    recorded = meta.get("functions") if isinstance(meta.get("functions"), dict) else {}
+    refs = {n: given.get(n) or recorded.get(n) for n in FUNCTIONS}
+    if unverified:
+        missing = [n for n in FUNCTIONS if n not in given and recorded.get(n) is not None]
+        if missing:
+            raise ValueError(f"the run in {path!r} is not verified, so the functions it names are not imported: "
+                             f"name {', '.join(f'{n}={recorded[n]}' for n in missing)} yourself (CLI: "
+                             f"{' '.join('--' + n.replace('_', '-') + ' MODULE:QUALNAME' for n in missing)}), or "
+                             f"resume it with {_from_python()}")
+    fns = {n: _import(refs[n], n, path) for n in FUNCTIONS}
+    lacking = [n for n in FUNCTIONS[:3] if fns[n] is None]
+    if lacking:
+        raise ValueError(f"the run in {path!r} records no {', '.join(lacking)}: resume it with {_from_python()}")
+    sel = ModelSelection.resume(path, fns["model_fn"], fns["train_fn"], fns["eval_fn"],
+                                input_fn=fns["input_fn"], trust_unverified=trust_unverified, progress=progress,
+                                **overrides)
+    return sel.run()
+
+
+def _read(path: str) -> Result:
+    """`Result.open(path)`, quiet about an unverified run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnverifiedRunWarning)
+        return Result.open(path)
+
+
+def _import(ref: str | None, name: str, path: str) -> Callable | None:
+    """`import_ref` of a recorded (or given) name, every failure as one `ValueError` that says how to resume."""
+    from framework.trainable import import_ref
+
+    where = f"{_from_python()} (CLI: --{name.replace('_', '-')} MODULE:QUALNAME)"
+    try:
+        return import_ref(ref, name, where)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"`{name}` is {ref!r} in the run in {path!r}, which cannot be imported here ({e}); name one "
+                         f"that can (CLI: --{name.replace('_', '-')} MODULE:QUALNAME), or resume it with "
+                         f"{_from_python()}") from e
+
+
+def _json_dict(text: Any) -> dict[str, Any]:
+    """An event's detail as a dict ({} for one that is not a JSON object: an unverified run's rows may be anything)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def iso(t: float | None) -> str | None:
+    """Epoch seconds as local ISO time to the second, as the CLI prints them."""
+    return None if t is None else _dt.datetime.fromtimestamp(float(t)).isoformat(sep=" ", timespec="seconds")
