@@ -189,24 +189,22 @@ def _resume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not an int") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{s!r} must be >= 1")
-    return v
+def _int_at_least(low: int):
+    """An argparse type: an int >= `low`."""
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not an int") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{s!r} must be >= {low}")
+        return v
+
+    return parse
 
 
-def _count(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not an int") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{s!r} must be >= 0")
-    return v
+_positive_int, _count = _int_at_least(1), _int_at_least(0)
 
 
 def _seconds(s: str) -> float:
