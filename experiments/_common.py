@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from framework.cli import OneLineParser
-from framework.storage import default_root, git_revision, unusable_dir
+from framework.result import CATALOG_FILE
+from framework.storage import check_folder_name, default_root, enclosing_run, git_revision, unusable_dir
 
 T = TypeVar("T")
 
@@ -46,6 +47,9 @@ def output_dir(script: str, out: str | None = None, tag: str | None = None) -> s
     and in it `tag`, or a new folder named by the time (`20250101-120000`, then `-2`, `-3`, ... when taken)."""
     if out is not None:
         why = "it is empty (the working directory, which `ray job submit` replaces)" if out == "" else unusable_dir(out)
+        run = enclosing_run(out, CATALOG_FILE) if why is None else None
+        if run is not None:
+            why = f"it is in the run directory {run!r}, which only its run writes into"
         if why is not None:
             raise ValueError(f"`--out` is {out!r}, but {why}")
         os.makedirs(out, exist_ok=True)
@@ -56,8 +60,7 @@ def output_dir(script: str, out: str | None = None, tag: str | None = None) -> s
         raise ValueError(f"the default output folder {base!r} cannot be made: {why}; set $MODELHOPPER_STORAGE or "
                          "give --out")
     if tag is not None:
-        if tag in ("", ".", "..") or "/" in tag or os.sep in tag:
-            raise ValueError(f"`--tag` is {tag!r}, but must be a folder name (not empty, '.' or '..', no '/')")
+        check_folder_name("--tag", tag)
         path = os.path.join(base, tag)
         os.makedirs(path, exist_ok=True)
         return path

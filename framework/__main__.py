@@ -95,7 +95,7 @@ def _list(args: argparse.Namespace) -> int:
     from framework.storage import default_root
 
     root = args.root if args.root is not None else default_root()
-    runs = list_runs(root, max_depth=args.depth)
+    runs = list_runs(args.root, max_depth=args.depth)
     if args.json:
         print(runs.to_json(orient="records", indent=1))
         return 0
@@ -139,7 +139,8 @@ def _status(args: argparse.Namespace) -> int:
         ("started", iso(s["start_time"]) or "unknown"),
         ("last activity", f"{iso(s['last_activity'])} ({age(s['age_s'])} ago)"),
         ("best", "none yet" if best is None else
-         f"config {best['config_id']}: {s['metric']}={best['value']:.4g} at epoch {best['epoch']} {best['config']}"),
+         f"config {best['config_id']}: {s['metric']}="
+         f"{'-' if best['value'] is None else format(best['value'], '.4g')} at epoch {best['epoch']} {best['config']}"),
         ("workers", f"{w['num_workers']} ({w['executor']}, scheduler {w['scheduler']}), {w['failed']} failed, "
                     f"{w['restarted']} restarted"),
         ("driver", driver + (f", resumed {s['resumes']}x" if s["resumes"] else "")),
@@ -292,7 +293,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                         formatter_class=fmt, description=_STATUS_RULE)
     ls.add_argument("root", nargs="?", default=None,
                     help="the folder to search for runs (None: $MODELHOPPER_STORAGE, else ~/modelhopper_runs)")
-    ls.add_argument("--depth", type=_positive_int, default=3,
+    ls.add_argument("--depth", type=_positive_int, default=4,
                     help="how many folder levels below ROOT to search for run directories (folders with run.db)")
     ls.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     ls.set_defaults(func=_list)
@@ -360,8 +361,8 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     return parser
 
 
-#: what bad input raises: reported as one line and exit code 2, never a traceback (anything else is a bug: traceback)
-USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError)
+#: what bad input (or a missing optional dependency: the demo's scikit-learn) raises: reported as one line and exit code 2, never a traceback (anything else is a bug: traceback)
+USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, ImportError)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m framework") -> int:

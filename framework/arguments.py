@@ -12,7 +12,7 @@ from automl import Procedure
 from framework.data import PartitionedDataset, encode_entry
 from framework.engine.faults import FaultPlan
 from framework.result import CATALOG_FILE
-from framework.storage import RunStorage, run_name, unusable_dir
+from framework.storage import RunStorage, check_folder_name, run_name, unusable_dir
 
 
 def check_user_code(model_fn: Any, train_fn: Any, eval_fn: Any, input_fn: Any, extract: Any) -> None:
@@ -65,8 +65,8 @@ def check_faults(faults: Any) -> FaultPlan:
 def new_run_storage(storage_path: str | None, name: str | None, procedure: Procedure) -> RunStorage:
     """Where a new run goes (see `ModelSelection`'s `storage_path` and `name`): a folder that can be made and that
     holds no run yet, locally or at its URI. Checked now, else `run` would fail only after Ray started."""
-    if name is not None and (not isinstance(name, str) or name in ("", ".", "..") or os.sep in name):
-        raise ValueError(f"`name` is {name!r}, but must be a non-empty folder name without {os.sep!r}")
+    if name is not None:
+        check_folder_name("name", name)
     storage = RunStorage(storage_path, name or run_name(type(procedure).__name__.lower()))
     why = unusable_dir(storage.local)
     if why is not None:

@@ -9,6 +9,7 @@ config is active after its last round). Otherwise its driver tells: a run record
 that writes it (`meta["driver"]` at its start, and every `resumed` event after). The latest of those is its driver,
 and the run is
 
+- `running` when a process on this host holds the run's writer lock (a run, or a resume from its first step);
 - `crashed` when that driver recorded its end (`meta["end_time"]` after it started: it raised or was interrupted),
   or when it ran on this host and its pid is gone (or belongs to a process that started after the driver did: the
   pid was reused);
@@ -72,11 +73,15 @@ class DriverInfo:
 
 
 def classify(finished: bool, driver: DriverInfo | None, end_time: float | None, last_activity: float, *,
-             host: str, alive: Callable[[int, float], bool], now: float) -> str:
+             host: str, alive: Callable[[int, float], bool], now: float, locked: bool = False) -> str:
     """A run's status by the rule in the module docstring. `alive(pid, since)`: whether that pid on this `host` is
-    still the driver that started writing at `since`; `now` and `last_activity` are epoch seconds."""
+    still the driver that started writing at `since`; `now` and `last_activity` are epoch seconds; `locked`: a
+    process on this host holds the run's writer lock (`run_record.writer_lock`; a resume holds it before it records
+    itself as the driver)."""
     if finished:
         return "finished"
+    if locked:
+        return "running"
     if driver is not None:
         if end_time is not None and end_time >= driver.since:
             return "crashed"
@@ -169,15 +174,24 @@ def _last_activity(result: Result, db: str) -> float:
 
 
 def _status_of(result: Result, now: float) -> dict[str, Any]:
-    from framework.run_record import is_finished
+    from framework.run_record import is_being_written
 
     meta = result.meta
     db = os.path.join(result.storage_path, CATALOG_FILE)
     last = _last_activity(result, db)
     driver = driver_of(meta, result.events)
     end_time = meta.get("end_time")
-    status = classify(is_finished(result.storage_path), driver, float(end_time) if end_time is not None else None,
-                      last, host=socket.gethostname(), alive=pid_alive, now=now)
+    catalog = SQLiteCatalog(db, readonly=True)
+    try:
+        rounds = catalog.last_round()[0] + 1
+    finally:
+        catalog.close()
+    # finished: `run_record.is_finished`, from what was read once here
+    finished = rounds > 0 and not (result.status.status == "active").any()
+    locked = is_being_written(result.storage_path)
+    status = classify(finished, driver, float(end_time) if end_time is not None else None,
+                      last, host=socket.gethostname(), alive=pid_alive, now=now,
+                      locked=locked)
     try:
         best = result.get_best_result()
         best_row = {"config_id": best.config_id, "config": best.config, "epoch": best.epoch,
@@ -189,11 +203,6 @@ def _status_of(result: Result, now: float) -> dict[str, Any]:
     kinds = result.events.kind.value_counts() if not result.events.empty else pd.Series(dtype=int)
     started = [_json_dict(d).get("count") for d in result.events[result.events.kind == "workers_started"].detail]
     units = result.schedule.kind.value_counts() if not result.schedule.empty else pd.Series(dtype=int)
-    catalog = SQLiteCatalog(db, readonly=True)
-    try:
-        rounds = catalog.last_round()[0] + 1
-    finally:
-        catalog.close()
     return {
         "path": result.storage_path, "status": status, "verified": result.verified,
         "problems": list(result.unverified), "metric": result.metric, "mode": result.mode,
@@ -207,7 +216,9 @@ def _status_of(result: Result, now: float) -> dict[str, Any]:
                     "scheduler": meta.get("scheduler"), "started": started[-1] if started else None,
                     "failed": int(kinds.get("worker_failed", 0)), "restarted": int(kinds.get("worker_restarting", 0))},
         "driver": None if driver is None else {"pid": driver.pid, "host": driver.host, "since": driver.since},
-        "pid": driver.pid if status == "running" and driver is not None else None,
+        "pid": driver.pid if status == "running" and driver is not None and driver.host == socket.gethostname()
+        and pid_alive(driver.pid, driver.since) else None,
+        "locked": locked,
         "resumes": int(kinds.get("resumed", 0)), "functions": meta.get("functions"),
     }
 
@@ -216,13 +227,14 @@ def run_status(path: str, now: float | None = None) -> dict[str, Any]:
     """One run's state as a JSON-able dict: `status` (see the module docstring), `verified` (and the `problems`
     that did not verify), `metric`/`mode`, `configs` (how many of each status: completed, pruned, failed, active),
     `epochs_trained`, `units_done`, `rounds` committed, `start_time`/`last_activity` (epoch seconds) and `age_s`,
-    the `best` config so far (None when none has a value), `workers`, the `driver` (pid, host) and, for a running
-    run, its `pid`. Reads only. `path` is a run directory or the URI it was mirrored to."""
+    the `best` config so far (None when none has a value), `workers`, the `driver` (pid, host), for a running
+    run whose driver is alive on this host its `pid`, and `locked` (a process on this host holds the run's writer
+    lock). Reads only. `path` is a run directory or the URI it was mirrored to."""
     with _opened(path) as result:
         return {**_status_of(result, time.time() if now is None else now), "path": path}
 
 
-def find_runs(root: str, max_depth: int = 3) -> list[str]:
+def find_runs(root: str, max_depth: int = 4) -> list[str]:
     """The run directories (folders holding `run.db`) at most `max_depth` levels under `root` (`root` itself
     included). A run's own folders and hidden ones (the `.working` copies of mirrored runs) are not searched, nor
     are links."""
@@ -253,16 +265,18 @@ LIST_COLUMNS = ["path", "status", "configs", "best", "metric", "mode", "last_act
                 "error"]
 
 
-def list_runs(root: str | None = None, max_depth: int = 3, now: float | None = None) -> pd.DataFrame:
+def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = None) -> pd.DataFrame:
     """One row per run under `root` (default `framework.storage.default_root()`, see `find_runs`), newest first:
     `path` (relative to `root`), `status` (module docstring), `configs`, `best` (the best config's value of the
     run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
     `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).
     Runs that do not verify are listed too (`verified` False); nothing they name is imported."""
-    root = os.path.abspath(os.path.expanduser(root if root is not None else default_root()))
+    given = root is not None
+    root = os.path.abspath(os.path.expanduser(root if given else default_root()))
     now = time.time() if now is None else now
     rows = []
-    for path in find_runs(root, max_depth):
+    # the default root does not exist before the first run: no runs (a root the user names must exist)
+    for path in find_runs(root, max_depth) if given or os.path.exists(root) else []:
         rel = os.path.relpath(path, root)
         try:
             s = run_status(path, now)
@@ -339,7 +353,7 @@ def export_run(path: str, fmt: str = "csv", out: str | None = None) -> dict[str,
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"`format` is {fmt!r}, but must be one of {list(EXPORT_FORMATS)}")
     if out is None:
-        out = os.path.join(default_root(), run_name("export")) if is_uri(path) else os.path.normpath(path) + "-export"
+        out = os.path.join(default_root(), run_name("export")) if is_uri(path) else os.path.abspath(path) + "-export"
     out = os.path.abspath(out)
     if os.path.isdir(out) and os.listdir(out):
         raise FileExistsError(f"`out` {out!r} exists and is not empty: choose a new folder")
@@ -419,6 +433,8 @@ def resume_run(path: str, *, trust_unverified: bool = False, functions: Mapping[
         who = f"its driver (pid {d.get('pid')} on {d.get('host')})" if d.get("pid") else "its driver"
         why = "is alive" if state["status"] == "running" else (
             f"cannot be checked from {socket.gethostname()!r} and the run changed {age(state['age_s'])} ago")
+        if state["locked"]:
+            who, why = "a process on this host", "holds its writer lock (a run, or a resume that started)"
         raise ValueError(f"the run in {path!r} is {state['status']}: {who} {why}; resume it once that driver has "
                          "stopped")
     if state["rounds"] == 0:

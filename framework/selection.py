@@ -10,6 +10,7 @@ their validation) are `framework.options.RunOptions`; what a run records and res
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -34,7 +35,7 @@ from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.observers import ProgressBar, StorageMirror, print_summary
 from framework.options import EXECUTORS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.run_record import is_finished, load_run, record_run, reopen_run
+from framework.run_record import is_finished, load_run, record_run, reopen_run, writer_lock
 from framework.scheduling import Scheduler
 
 __all__ = ["EXECUTORS", "ModelSelection"]
@@ -176,9 +177,15 @@ class ModelSelection:
 
     def run(self) -> Result:
         """Run the selection to completion and return its `Result` (also written under `storage_path`). A resumed
-        run that had already finished returns its result without starting Ray or any worker."""
+        run that had already finished returns its result without starting Ray or any worker. The run directory's
+        writer lock is held throughout (`run_record.writer_lock`): resuming a run that is being written is an error."""
+        with contextlib.ExitStack() as lock:
+            return self._run(lock)
+
+    def _run(self, lock: contextlib.ExitStack) -> Result:
         options = self.options
         if self._resuming:
+            lock.enter_context(writer_lock(self.storage_path))  # before anything else: a second resume is refused
             if is_finished(self.storage_path):
                 print(f"Run {self.storage.where} had finished: nothing to resume", file=sys.stderr, flush=True)
                 return Result(self.storage_path, self.model_fn)
@@ -187,6 +194,8 @@ class ModelSelection:
         ensure_ray(min_cpus=options.num_workers * options.worker_resources.get("CPU", 1))
         check_resources(options.worker_resources)  # a request no node can ever meet fails now, not after a hang
         os.makedirs(self.storage_path, exist_ok=True)
+        if not self._resuming:
+            lock.enter_context(writer_lock(self.storage_path))
         catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE))
         ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), catalog)
         self._t0 = time.time()

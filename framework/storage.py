@@ -57,6 +57,24 @@ def is_uri(path: str) -> bool:
     return isinstance(path, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
 
 
+def check_folder_name(param: str, name: str) -> None:
+    """A ValueError naming `param` unless `name` is one folder's name: a non-empty str, not '.' or '..', no separator."""
+    if not isinstance(name, str) or name in ("", ".", "..") or os.sep in name or "/" in name:
+        raise ValueError(f"`{param}` is {name!r}, but must be a folder name (not empty, '.' or '..', without '/')")
+
+
+def enclosing_run(path: str, catalog_file: str) -> str | None:
+    """The run directory (a folder holding `catalog_file`) that `path` is or lies in, or None."""
+    folder = os.path.abspath(path)
+    while True:
+        if os.path.isfile(os.path.join(folder, catalog_file)):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
 class StorageUnreachableError(OSError, ValueError):
     """A URI `storage_path` that cannot be listed or read (no network, no credentials, no such bucket). An `OSError`
     like the pyarrow error it wraps, and a `ValueError` like any other unusable `storage_path`."""

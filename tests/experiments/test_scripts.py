@@ -109,12 +109,16 @@ def test_output_dir_is_out_else_a_tag_else_a_new_folder_per_run_under_the_storag
     ({"tag": "a/b"}, "`--tag` is 'a/b', but must be a folder name"),
     ({"out": "FILE"}, "but it is a file"),
     ({"out": ""}, "`--out` is '', but it is empty"),
+    ({"out": "RUN/results"}, "but it is in the run directory"),
 ])
 def test_output_dir_rejects_a_bad_tag_or_out(kwargs, message, tmp_path):
     from experiments._common import output_dir
 
     (tmp_path / "FILE").write_text("")
-    kwargs = {k: str(tmp_path / "FILE") if v == "FILE" else v for k, v in kwargs.items()}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.db").write_text("")
+    kwargs = {k: str(tmp_path / "FILE") if v == "FILE" else v.replace("RUN", str(tmp_path / "run"))
+              for k, v in kwargs.items()}
     with pytest.raises(ValueError, match=re.escape(message)):
         output_dir("x", **kwargs)
 

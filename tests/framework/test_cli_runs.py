@@ -21,6 +21,7 @@ from framework.__main__ import main as cli
 from framework.engine.catalog import SQLiteCatalog
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.result import CATALOG_FILE
+from framework.run_record import writer_lock
 from framework.runs import RECENT_S, DriverInfo, classify, list_runs, pid_alive, run_status
 
 pytestmark = pytest.mark.ray
@@ -118,6 +119,17 @@ def test_list_of_the_default_root_and_of_an_empty_one(runs, tmp_path, monkeypatc
     assert len(json.loads(capsys.readouterr().out)) == 2
     assert cli(["list", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == f"No runs under {tmp_path}"
+    monkeypatch.setenv("MODELHOPPER_STORAGE", str(tmp_path / "not-yet"))  # a fresh machine: no run made the root
+    assert cli(["list"]) == 0
+    assert capsys.readouterr().out.strip() == f"No runs under {tmp_path / 'not-yet'}"
+    assert cli(["list", str(tmp_path / "typo")]) == 2  # a root the user names must exist
+    _one_error_line(capsys, "does not exist")
+
+
+def test_list_finds_the_runs_experiments_write_four_levels_down(runs, tmp_path, capsys):
+    shutil.copytree(runs["finished"], str(tmp_path / "experiments" / "script" / "20260101-000000" / "run"))
+    assert cli(["list", str(tmp_path), "--json"]) == 0
+    assert [r["path"] for r in json.loads(capsys.readouterr().out)] == ["experiments/script/20260101-000000/run"]
 
 
 def test_status_of_the_finished_and_the_crashed_run(runs, capsys):
@@ -147,6 +159,22 @@ def test_a_run_whose_driver_is_alive_is_running_and_resume_refuses_it(runs, tmp_
     assert cli(["resume", run]) == 2
     _one_error_line(capsys, "is running", f"pid {os.getpid()}")
     assert _listing(run) == before
+
+
+def test_a_run_being_resumed_is_running_before_it_records_its_driver_and_a_second_resume_is_refused(
+        runs, tmp_path, capsys):
+    run = _copy(runs["crashed"], tmp_path)
+    assert run_status(run)["status"] == "crashed"
+    with writer_lock(run):  # what a resume holds from its first step, before Ray starts and it records its driver
+        s = run_status(run)
+        assert (s["status"], s["locked"], s["pid"]) == ("running", True, None)
+        before = _listing(run)
+        assert cli(["resume", run]) == 2
+        _one_error_line(capsys, "is running", "holds its writer lock")
+        with pytest.raises(ValueError, match=r"is being written by another process on this host"):
+            framework.ModelSelection.resume(run, mlp_model_fn, classifier_train_fn, classifier_eval_fn).run()
+        assert _listing(run) == before
+    assert run_status(run)["status"] == "crashed"
 
 
 # ---- resume -----------------------------------------------------------------------------------------------------
@@ -240,6 +268,13 @@ def test_export_writes_readable_tables_beside_the_run_and_nothing_into_it(runs, 
     assert cli(["export", run, "--out", os.path.join(run, "exported")]) == 2
     _one_error_line(capsys, "inside the run")
     assert _listing(run) == before
+
+
+def test_export_of_the_current_folder_goes_beside_it(runs, tmp_path, capsys, monkeypatch):
+    run = _copy(runs["finished"], tmp_path)
+    monkeypatch.chdir(run)
+    assert cli(["export", "."]) == 0
+    assert os.path.isfile(os.path.join(run + "-export", "leaderboard.csv")), capsys.readouterr()
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------------

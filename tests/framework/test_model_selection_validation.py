@@ -134,7 +134,7 @@ def test_a_run_without_storage_path_gets_a_named_folder_under_the_storage_root(m
     assert os.path.dirname(sel.storage_path) == str(tmp_path)
     assert folder.startswith(type(sel.procedure).__name__.lower() + "-")
     assert _make(name="my-run").storage_path == str(tmp_path / "my-run")
-    with pytest.raises(ValueError, match=r"`name` is 'a/b', but must be a non-empty folder name"):
+    with pytest.raises(ValueError, match=r"`name` is 'a/b', but must be a folder name"):
         _make(name="a/b")
 
 
