@@ -1,6 +1,6 @@
 """Sharing frozen computation in transfer-learning model selection: Nautilus, Vista and HAPI (pure torch + OR-Tools).
 
-- ``profile``: torch.fx layer graph with FLOPs, sizes, frozen and materializable flags.
+- ``profile``: torch.fx layer graph with FLOPs, sizes, frozen and materializable flags (HF models: blocks as leaves).
 - ``multimodel``: merge identical materializable sub-expressions across models.
 - ``milp``: the materialization MILP (equations 9-10), the cost model and the FLOPs-optimal bound (equation 11).
 - ``fusion`` / ``memory``: model fusion (Algorithm 1) under a live-tensor peak-memory estimate; fused training.
@@ -23,7 +23,7 @@ from framework.planner.milp import (
     solve_reuse,
 )
 from framework.planner.multimodel import MultiModelGraph, build_multimodel
-from framework.planner.profile import LayerGraph, LayerNode, profile_model
+from framework.planner.profile import LayerGraph, LayerNode, huggingface_leaves, profile_model
 from framework.planner.split import ExtractionRequest, choose_extraction_batch_sizes, choose_split_index
 from framework.planner.transfer import METHODS, TransferPlan, TransferResult, TransferSelection, plan_transfer
 
@@ -52,6 +52,7 @@ __all__ = [
     "estimate_peak_memory",
     "flops_optimal_speedup",
     "fuse_models",
+    "huggingface_leaves",
     "measure_cost_model",
     "optimize_materialization",
     "plan_transfer",

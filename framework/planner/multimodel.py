@@ -3,7 +3,8 @@
 Two layers merge iff both are materializable and have the same signature: the same op with the same configuration,
 the same parameter and buffer values (by hash) and identical inputs (recursively). Non-materializable layers never
 merge: they train, so every model keeps its own copy. Each layer of model ``i`` gets a *key*: the signature for a
-materializable layer (shared), ``"<i>/<name>"`` otherwise (private).
+materializable layer (shared), ``"<i>/<name>"`` otherwise (private). A key names a layer's value when the layer
+ran: a later in-place layer gets its own key (see ``profile``), so sharing across models stays exact.
 """
 
 from __future__ import annotations

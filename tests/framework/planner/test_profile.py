@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from framework.planner import profile_model
+from framework.planner import build_branch, build_extractor, build_multimodel, profile_model
+from framework.planner.execution import boundary_keys
 from tests.framework.planner.conftest import Head, frozen_encoder
 
 
@@ -55,3 +56,45 @@ def test_profile_transformer_encoder_layer_is_a_leaf_with_matmul_flops() -> None
 def test_profile_rejects_non_tensor_example() -> None:
     with pytest.raises(ValueError, match="example_input"):
         profile_model(nn.Linear(2, 2), [1, 2])
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 8), nn.Linear(2, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, scale: float = 1.0) -> dict[str, torch.Tensor]:
+        h = torch.relu(self.a(x) + self.b(y)) * scale  # (B, 8)
+        return {"logits": self.head(h), "features": h}
+
+
+def test_profile_tuple_input_and_dict_output_run_through_extractor_and_branch() -> None:
+    torch.manual_seed(0)
+    model = TwoInputs()
+    for p in [*model.a.parameters(), *model.b.parameters()]:
+        p.requires_grad_(False)
+    x, y = torch.randn(5, 4), torch.randn(5, 2)
+    g = profile_model(model, (x[:1], y[:1]))
+    assert g.inputs == ("x", "y") and g.nodes[g.output].name == "_model_output"
+    assert g.nodes["mul"].storable and g.boundary() == ("mul",)
+    mm = build_multimodel([g])
+    (h,) = build_extractor(mm, boundary_keys(mm, 0))(x, y)
+    (out,) = build_branch(mm, 0)(h)
+    ref = model(x, y)
+    assert out.keys() == ref.keys()
+    torch.testing.assert_close(out["logits"], ref["logits"])
+    torch.testing.assert_close(out["features"], ref["features"])
+
+
+@pytest.mark.parametrize(
+    ("example", "match"),
+    [
+        ({"x": torch.zeros(1, 4), "z": torch.zeros(1, 2)}, "has the keys"),
+        ((torch.zeros(1, 4),), "gives no `y`"),
+        ((torch.zeros(1, 4), torch.zeros(1, 2), torch.zeros(1), torch.zeros(1)), "holds 4 tensors"),
+        ({"x": torch.zeros(1, 4), "y": 3}, "example_input"),
+    ],
+)
+def test_profile_rejects_examples_that_do_not_fit_forward(example, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        profile_model(TwoInputs(), example)
