@@ -16,6 +16,8 @@ _EXPORTS = {
     "MLflowCallback": "framework.callbacks",
     "TensorBoardCallback": "framework.callbacks",
     "PartitionedDataset": "framework.data",
+    "connect": "framework.connect",
+    "RunHandle": "framework.connect",
     "EngineTransfer": "framework.planner.engine",
     "transfer_on_engine": "framework.planner.engine",
     "TransferPlan": "framework.planner.transfer",
@@ -31,6 +33,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from framework.callbacks import Callback, MLflowCallback, TensorBoardCallback
+    from framework.connect import RunHandle, connect
     from framework.data import PartitionedDataset
     from framework.options import EXECUTORS, RunOptions
     from framework.planner.engine import EngineTransfer, transfer_on_engine
@@ -62,10 +65,12 @@ __all__ = [
     "ModelSelection",
     "PartitionedDataset",
     "Result",
+    "RunHandle",
     "RunOptions",
     "TransferPlan",
     "Trainable",
     "TransferSelection",
+    "connect",
     "plan_transfer",
     "replay",
     "transfer_on_engine",

@@ -1,5 +1,5 @@
-"""Command line: `python -m framework demo|show|replay|list|status|compare|export|resume --help` (the console
-script `modelhopper`). The commands about runs are thin glue over `framework.runs`."""
+"""Command line: `python -m framework demo|show|replay|list|status|compare|export|resume|workers --help` (the
+console script `modelhopper`). The commands about runs are thin glue over `framework.runs` and `framework.connect`."""
 
 from __future__ import annotations
 
@@ -110,6 +110,22 @@ def _list(args: argparse.Namespace) -> int:
     })
     print(table.to_string(index=False))
     return 0
+
+
+def _workers(args: argparse.Namespace) -> int:
+    from framework.connect import connect
+
+    handle = connect(args.run, source="cli")
+    if args.add is None and args.drain is None:
+        raise ValueError("give --add N or --drain WORKER")
+    outcomes = []
+    if args.add is not None:
+        outcomes.append(handle.add_workers(args.add, timeout=args.timeout))
+    if args.drain is not None:
+        outcomes.append(handle.drain(args.drain, timeout=args.timeout))
+    for o in outcomes:
+        print(f"{o.name}: {o.outcome}" if o.applied else f"{o.name} rejected: {o.outcome}")
+    return 0 if all(o.applied for o in outcomes) else 1
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -302,6 +318,15 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     st.add_argument("run", help="run directory (or the URI it was mirrored to)")
     st.add_argument("--json", action="store_true", help="print JSON instead of text")
     st.set_defaults(func=_status)
+    wk = sub.add_parser("workers", help="add workers to a running run, or drain one (framework.connect)",
+                        formatter_class=fmt, description="Sends the command to the running run and prints what its "
+                        "driver did with it (exit code 1 when it rejected it).")
+    wk.add_argument("run", help="run directory of a running run")
+    wk.add_argument("--add", type=_positive_int, default=None, metavar="N", help="start N more workers")
+    wk.add_argument("--drain", type=_count, default=None, metavar="WORKER",
+                    help="this worker takes no new units, finishes the one it runs, then leaves")
+    wk.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the driver's answer")
+    wk.set_defaults(func=_workers)
     cmp = sub.add_parser("compare", help="the best configs of several runs side by side (reads only)",
                          formatter_class=fmt,
                          description="Each run is ranked by its own metric and mode unless --metric is given.")
@@ -362,10 +387,11 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
 
 
 #: what bad input (or a missing optional dependency: the demo's scikit-learn) raises: reported as one line and exit code 2, never a traceback (anything else is a bug: traceback)
-USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, ImportError)
+USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, ImportError, TimeoutError)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m framework") -> int:
+    from framework.connect import NotRunningError
     from framework.engine.catalog import CatalogError
     from framework.engine.signing import SignatureError
     from framework.result import NoResultError
@@ -380,7 +406,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m framework") -> in
         with warnings.catch_warnings():
             warnings.showwarning = warn
             return args.func(args)
-    except (*USER_ERRORS, CatalogError, SignatureError, NoResultError) as e:
+    except (*USER_ERRORS, CatalogError, SignatureError, NoResultError, NotRunningError) as e:
         msg = e
         print(f"{parser.prog} {args.command}: error: {msg}", file=sys.stderr)
         return 2

@@ -360,6 +360,16 @@ class Result:
         """Failed configs with their tracebacks."""
         return self.status[self.status.status == "failed"][["config_id", "error"]].reset_index(drop=True)
 
+    @property
+    def commands(self) -> pd.DataFrame:
+        """Every command the run received (from this process or another: `framework.connect`), in the order it
+        applied them: time `t` (seconds since the run started), `name`, `args`, `source`, `applied` and `outcome`
+        (what it did, or why it rejected the command)."""
+        given = self.events[self.events.kind == "command"] if not self.events.empty else self.events
+        rows = [{"t": t, **{k: d.get(k) for k in ("name", "args", "source", "applied", "outcome")}}
+                for t, d in zip(given.t, map(json.loads, given.detail))]
+        return pd.DataFrame(rows, columns=["t", "name", "args", "source", "applied", "outcome"])
+
     # ---- weights ------------------------------------------------------------------------------------------------
     def load_state(self, config_id: int) -> dict[str, Any]:
         """The latest verified checkpoint of a config: {"model": state_dict, "optimizer": ..., "visited": ...,

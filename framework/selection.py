@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import shutil
@@ -27,10 +28,11 @@ from framework.arguments import check_dataset, check_faults, check_user_code, ne
 from framework.callbacks import Callback, RunInfo, check_callbacks
 from framework.data import PartitionedDataset
 from framework.driver import Driver, SQLiteRunLog
-from framework.driver.commands import QueueCommands
+from framework.driver.commands import InboxCommands, QueueCommands, Sources
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
+from framework.engine.inbox import read_requests
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.observers import ProgressBar, StorageMirror, print_summary
 from framework.options import EXECUTORS, RECORDED, RunOptions
@@ -212,7 +214,8 @@ class ModelSelection:
                           lambda seconds: self._driver.leaderboard_line(seconds))
         mirror = [StorageMirror(self.storage)] if self.storage.uri is not None else []
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
-                        options, self.faults, commands=self._commands, observers=[bar, *self.callbacks, *mirror])
+                        options, self.faults, commands=Sources(self._commands, self._inbox(catalog)),
+                        observers=[bar, *self.callbacks, *mirror])
         self._driver, run = driver, driver.run_state
         if self.progress:
             print(f"Run directory: {self.storage.describe()}", file=sys.stderr, flush=True)
@@ -247,6 +250,14 @@ class ModelSelection:
         self.storage.push(force=True)
         print_summary(self.storage, result, options.metric)
         return result
+
+    def _inbox(self, catalog: SQLiteCatalog) -> InboxCommands:
+        """Commands other processes send (`framework.connect`): the requests in the run's inbox that no `command`
+        event of the run names yet (all of them, for a new run)."""
+        run_id, where = catalog.meta()["run_id"], self.storage_path
+        events = catalog.events()
+        seen = {json.loads(d).get("request") for d in events[events.kind == "command"].detail} - {None}
+        return InboxCommands(lambda after: read_requests(where, run_id, after), seen)
 
     @property
     def rounds_completed(self) -> int:

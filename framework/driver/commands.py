@@ -4,7 +4,7 @@ A command is a request a person or another program makes of a running selection:
 (chaos testing). It enters through a `CommandSource`, which the driver loop polls between events (never in the
 middle of handling one), so a command acts at a well-defined point: before the next dispatch. `QueueCommands` is an
 in-process, thread-safe queue (`ModelSelection.add_workers` puts into it, from any thread, before or during
-`run()`); another source (a table in `run.db` written by another process) only has to implement `poll`.
+`run()`); `InboxCommands` reads the requests other processes append to the run's inbox (`framework.connect`).
 
 Applying a command follows the same rule as applying a procedure's `Decision`: what cannot be applied (an unknown
 command, a worker that does not live, a count below 1) is rejected with its reason and the run goes on. Every
@@ -33,6 +33,8 @@ class Command:
     args: Mapping[str, Any] = field(default_factory=dict)
     source: str = "api"
     id: int | None = None
+    request: str | None = None  # the nonce of an inbox request (what its sender waits for), None from this process
+    problem: str | None = None  # why the command cannot be trusted (an inbox request that does not verify)
 
 
 class CommandSource(abc.ABC):
@@ -67,6 +69,41 @@ class QueueCommands(CommandSource):
             except queue.Empty:
                 break
         return out
+
+
+class InboxCommands(CommandSource):
+    """Requests other processes appended to the run's inbox (`framework.engine.inbox`), each applied once: `read(
+    after)` returns the requests with an id above `after`; `seen` holds the nonces already applied (a resume passes
+    those its `command` events name, so a request sent while the run was down is applied when it resumes, and none
+    twice)."""
+
+    def __init__(self, read: Callable[[int], list[Any]], seen: set[str] = frozenset()) -> None:
+        self._read, self._after, self._seen = read, 0, set(seen)
+
+    def poll(self) -> list[Command]:
+        out = []
+        for r in self._read(self._after):
+            self._after = max(self._after, r.id)
+            if r.nonce in self._seen:
+                continue
+            if isinstance(r.nonce, str):
+                self._seen.add(r.nonce)
+            out.append(Command(str(r.name), r.args, f"inbox:{r.source}", r.id, r.nonce, r.problem))
+        return out
+
+
+class Sources(CommandSource):
+    """Several sources read as one, each in its order, the first source's commands first."""
+
+    def __init__(self, *sources: CommandSource) -> None:
+        self.sources = sources
+
+    def poll(self) -> list[Command]:
+        return [c for s in self.sources for c in s.poll()]
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
 
 
 class CommandRejected(ValueError):
@@ -136,6 +173,8 @@ def apply(run: RunState, command: Command) -> bool:
     """Apply `command` to the run; log it with its outcome. Returns whether it was applied."""
     handler = COMMANDS.get(command.name)
     try:
+        if command.problem is not None:
+            raise CommandRejected(f"the request cannot be trusted: {command.problem}")
         if handler is None:
             raise CommandRejected(f"unknown command {command.name!r}; known: {sorted(COMMANDS)}")
         outcome, applied = handler(run, command.args), True
@@ -143,5 +182,5 @@ def apply(run: RunState, command: Command) -> bool:
         outcome, applied = str(e), False
         run.write(f"command {command.name} {dict(command.args)} rejected: {e}")
     run.event("command", name=command.name, args=dict(command.args), source=command.source, id=command.id,
-              applied=applied, outcome=outcome)
+              request=command.request, applied=applied, outcome=outcome)
     return applied
