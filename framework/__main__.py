@@ -1,5 +1,6 @@
-"""Command line: `python -m framework demo|show|replay|list|status|compare|export|resume|workers --help` (the
-console script `modelhopper`). The commands about runs are thin glue over `framework.runs` and `framework.connect`."""
+"""Command line: `python -m framework COMMAND --help` (the console script `modelhopper`): demo, show, replay, list,
+status, compare, export, resume, workers, pause, unpause. The commands about runs are thin glue over
+`framework.runs` (reading them) and `framework.connect` (steering a running one)."""
 
 from __future__ import annotations
 
@@ -126,6 +127,15 @@ def _workers(args: argparse.Namespace) -> int:
     for o in outcomes:
         print(f"{o.name}: {o.outcome}" if o.applied else f"{o.name} rejected: {o.outcome}")
     return 0 if all(o.applied for o in outcomes) else 1
+
+
+def _pause(args: argparse.Namespace) -> int:
+    from framework.connect import connect
+
+    handle = connect(args.run, source="cli")
+    o = handle.pause(args.timeout) if args.command == "pause" else handle.unpause(args.timeout)
+    print(f"{o.name}: {o.outcome}" if o.applied else f"{o.name} rejected: {o.outcome}")
+    return 0 if o.applied else 1
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -327,6 +337,13 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                     help="this worker takes no new units, finishes the one it runs, then leaves")
     wk.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the driver's answer")
     wk.set_defaults(func=_workers)
+    for name, what in (("pause", "pause a running run: units running finish, nothing new starts, workers stay"),
+                       ("unpause", "continue a paused run where it paused")):
+        pa = sub.add_parser(name, help=what, formatter_class=fmt, description=what + ". Prints what the run's driver "
+                            "did (exit code 1 when it rejected the command).")
+        pa.add_argument("run", help="run directory of a running run")
+        pa.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the driver's answer")
+        pa.set_defaults(func=_pause)
     cmp = sub.add_parser("compare", help="the best configs of several runs side by side (reads only)",
                          formatter_class=fmt,
                          description="Each run is ranked by its own metric and mode unless --metric is given.")

@@ -77,6 +77,14 @@ class RunHandle:
         """Worker `worker` takes no new units, finishes the one it runs, then leaves."""
         return self.send("drain_worker", timeout=timeout, worker=worker)
 
+    def pause(self, timeout: float = 60.0) -> CommandOutcome:
+        """Pause the run: the units running finish, nothing new starts, workers stay (and keep their data)."""
+        return self.send("pause", timeout=timeout)
+
+    def unpause(self, timeout: float = 60.0) -> CommandOutcome:
+        """Continue a paused run where it paused."""
+        return self.send("unpause", timeout=timeout)
+
     def send(self, name: str, timeout: float = 60.0, **args: Any) -> CommandOutcome:
         """Send command `name` with `args` and wait (at most `timeout` seconds) until the driver has applied or
         rejected it. A run that is not running, or stops in the meantime, raises `NotRunningError`; no answer in time,

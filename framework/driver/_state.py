@@ -41,6 +41,7 @@ class RunState:
     deferred: list[Callable[[], None]] = field(default_factory=list)
     live_workers: int | None = None  # what the procedure was last told
     round_open: bool = False  # a barrier round is open (its units are dispatched or done)
+    paused: bool = False  # a person paused the run: nothing new is dispatched until `unpause`
     # the driver process's CPU seconds and completed units per epoch (`account_cpu`): is its cost per unit flat?
     cpu_by_epoch: dict[int, list[float]] = field(default_factory=dict)
     _cpu_mark: float = field(default_factory=time.process_time)

@@ -1,7 +1,7 @@
 """Commands from outside the loop: where they come from (`CommandSource`) and how they are applied.
 
 A command is a request a person or another program makes of a running selection: add workers, drain one, kill one
-(chaos testing). It enters through a `CommandSource`, which the driver loop polls between events (never in the
+(chaos testing), pause the run (units running finish, nothing new starts; a wall-clock run only) and unpause it. It enters through a `CommandSource`, which the driver loop polls between events (never in the
 middle of handling one), so a command acts at a well-defined point: before the next dispatch. `QueueCommands` is an
 in-process, thread-safe queue (`ModelSelection.add_workers` puts into it, from any thread, before or during
 `run()`); `InboxCommands` reads the requests other processes append to the run's inbox (`framework.connect`).
@@ -161,11 +161,30 @@ def _kill(run: RunState, args: Mapping[str, Any]) -> str:
     return f"worker {w} killed"
 
 
+def _pause(run: RunState, args: Mapping[str, Any]) -> str:
+    if not run.backend.wall_clock:
+        raise CommandRejected("a run on a simulated clock cannot wait for a person: it has no time to pause in")
+    if run.paused:
+        raise CommandRejected("the run is paused already")
+    run.paused = True
+    running = len(run.dispatch.flights)
+    return f"paused: nothing new is dispatched; {running} running unit(s) finish"
+
+
+def _unpause(run: RunState, args: Mapping[str, Any]) -> str:
+    if not run.paused:
+        raise CommandRejected("the run is not paused")
+    run.paused = False
+    return "dispatching again"
+
+
 #: name -> handler(run, args) -> outcome; a handler raises `CommandRejected` with the reason
 COMMANDS: dict[str, Callable[[RunState, Mapping[str, Any]], str]] = {
     "add_workers": _add,
     "drain_worker": _drain,
     "kill_worker": _kill,
+    "pause": _pause,
+    "unpause": _unpause,
 }
 
 

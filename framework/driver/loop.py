@@ -3,8 +3,8 @@
     start the workers; ask the procedure for its first decision; open the first units
     while a config is active or a unit is in flight:
         settle: close the epochs that ended, ask the procedure, commit, open the next units
-        dispatch: the scheduler picks units for idle workers; submit them to the backend
-        commands: apply what the command source holds (add or drain workers, ...)
+        dispatch: the scheduler picks units for idle workers; submit them to the backend (none while paused)
+        commands: apply what the command source holds (add or drain workers, pause, ...)
         for event in backend.poll(): handle(event)
 
 What runs the units is a `framework.engine._base.Backend` (`RayBackend`, `LocalBackend`, or the simulator's
@@ -162,10 +162,14 @@ class Driver:
                 return False
             for command in self.commands.poll():  # commands act before the next dispatch
                 commands.apply(run, command)
-            for a in run.dispatch.select():
+            for a in run.dispatch.select() if not run.paused else []:
                 units.submit(run, a)
             run.run_deferred()  # log and checkpoint the last completions once their successors are on their way
             if not run.dispatch.flights and not run.workers.loading:
+                if run.paused:  # every running unit has finished: wait for `unpause` (or a worker's news)
+                    for ev in run.backend.poll(COMMAND_WAIT_S):
+                        HANDLERS[type(ev)](run, ev)
+                    continue
                 self._wait_for_holders()
                 continue
             limit = run.dispatch.unit_limit(run.options.unit_timeout_s, run.backend.wall_clock)

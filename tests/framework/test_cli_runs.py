@@ -285,6 +285,9 @@ def test_export_of_the_current_folder_goes_beside_it(runs, tmp_path, capsys, mon
     (["export", "{p}/missing"], "holds no run.db: not a run directory"),
     (["compare", "{p}/missing", "{p}"], "holds no run.db: not a run directory"),
     (["list", "{p}/missing"], "does not exist"),
+    (["workers", "{p}/missing", "--add", "1"], "holds no run.db: not a run directory"),
+    (["pause", "{p}/missing"], "holds no run.db: not a run directory"),
+    (["unpause", "{p}"], "holds no run.db: not a run directory"),
 ])
 def test_a_missing_run_is_one_line_and_exit_code_2(tmp_path, capsys, argv, message):
     assert cli([a.format(p=tmp_path) for a in argv]) == 2
@@ -307,7 +310,8 @@ def test_help_lists_the_subcommands_and_says_what_they_do(capsys):
     script = os.path.join(os.path.dirname(sys.executable), "modelhopper")
     out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    for command in ("demo", "show", "replay", "list", "status", "compare", "export", "resume"):
+    for command in ("demo", "show", "replay", "list", "status", "compare", "export", "resume", "workers", "pause",
+                    "unpause"):
         assert f"    {command} " in out.stdout, command
     for command in ("list", "status", "compare", "export", "resume"):
         with pytest.raises(SystemExit):

@@ -110,3 +110,37 @@ def test_a_command_sent_while_the_run_was_down_is_applied_once_when_it_resumes(r
     assert result.commands[["name", "applied", "outcome"]].values.tolist() == [
         ["add_workers", True, "started workers [1]"]]
     assert set(result.status.status) == {"completed"}
+
+
+def test_a_paused_run_starts_nothing_new_until_it_is_unpaused(ray_cluster, digits, tmp_path):
+    from tests.integration.ft_functions import slow_train_fn
+
+    x, y = digits
+    ds = framework.PartitionedDataset.from_arrays(x[:300], y[:300], num_partitions=2, seed=0)
+    path = str(tmp_path / "run")
+    space = {"hidden": [16], "lr": [0.05, 0.1], "batch_size": [64], "sleep": [0.3]}
+    sel = framework.ModelSelection(mlp_model_fn, slow_train_fn, classifier_eval_fn, ds,
+                                   automl.GridSearch(space, epochs=4), num_workers=2, storage_path=path,
+                                   progress=False)
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.setdefault("result", sel.run()), daemon=True)
+    runner.start()
+    _wait(lambda: os.path.isfile(os.path.join(path, "run.db")) and is_being_written(path)
+          and sel.rounds_completed >= 1)
+    handle = framework.connect(path)  # through the inbox, as from another process (the CLI is tested above)
+    early = handle.unpause()
+    assert (early.applied, early.outcome) == (False, "the run is not paused")
+    paused = handle.pause()
+    assert paused.applied and paused.outcome.startswith("paused"), paused
+    running = int(paused.outcome.split(";")[1].split()[0])  # "...; N running unit(s) finish"
+    time.sleep(2.0)  # without the pause, 2 workers would start about a dozen 0.3 s units in this time
+    assert handle.unpause().applied
+    runner.join(timeout=180)
+    result = done["result"]
+    cmds = result.commands
+    assert cmds[["name", "applied"]].values.tolist() == [["unpause", False], ["pause", True], ["unpause", True]]
+    t_pause, t_unpause = cmds.t.iloc[1], cmds.t.iloc[2]
+    assert t_unpause - t_pause >= 2.0
+    started_while_paused = result.schedule[(result.schedule.start > t_pause) & (result.schedule.start < t_unpause)]
+    assert len(started_while_paused) <= running  # only what was already on its way to a worker
+    assert (result.schedule.start > t_unpause).any() and set(result.status.status) == {"completed"}
