@@ -17,17 +17,27 @@ from framework.planner.milp import (
     CostModel,
     MaterializationPlan,
     ReusePlan,
+    exhaustive_materialization,
     flops_optimal_speedup,
     measure_cost_model,
+    measure_read_bandwidth,
     optimize_materialization,
     solve_reuse,
 )
 from framework.planner.multimodel import MultiModelGraph, build_multimodel
 from framework.planner.profile import LayerGraph, LayerNode, huggingface_leaves, profile_model
 from framework.planner.split import ExtractionRequest, choose_extraction_batch_sizes, choose_split_index
-from framework.planner.transfer import METHODS, TransferPlan, TransferResult, TransferSelection, plan_transfer
+from framework.planner.transfer import (
+    EXECUTIONS,
+    METHODS,
+    TransferPlan,
+    TransferResult,
+    TransferSelection,
+    plan_transfer,
+)
 
 __all__ = [
+    "EXECUTIONS",
     "METHODS",
     "CostModel",
     "ExtractionRequest",
@@ -50,10 +60,12 @@ __all__ = [
     "choose_extraction_batch_sizes",
     "choose_split_index",
     "estimate_peak_memory",
+    "exhaustive_materialization",
     "flops_optimal_speedup",
     "fuse_models",
     "huggingface_leaves",
     "measure_cost_model",
+    "measure_read_bandwidth",
     "optimize_materialization",
     "plan_transfer",
     "profile_model",

@@ -4,9 +4,10 @@
 the driver, seeded as the engine seeds a config), plans with ``plan_transfer`` and returns the two pieces
 ``ModelSelection`` takes:
 
-- ``extract``: Vista's staged extractor, raw records -> every stored layer the configs read, in one pass. A worker
-  applies it once to each partition it loads (``ModelSelection(extract=...)``), so the partition holds features,
-  not records; every config's units on that worker read them.
+- ``extract``: raw records -> every stored layer the configs read, in one pass (Vista's Eager plan, in batches
+  sized to ``worker_memory_budget`` by HAPI equation 1). A worker applies it once to each partition it loads
+  (``ModelSelection(extract=...)``), so the partition holds features, not records; every config's units on that
+  worker read them. Which layers: the plan's (default), or HAPI's split point (``split="hapi"``).
 - ``model_fn``: ``config -> (module, optimizer)``: config ``i``'s remainder over those features (the frozen layers
   between the stored ones and its boundary, run in eval mode, then its trainable layers) and an optimizer over its
   trainable parameters. Its initial weights come from the plan (pickled once), so they are the same on every worker.
@@ -23,6 +24,7 @@ import copy
 import json
 import math
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +34,17 @@ import torch
 from torch import nn
 
 from framework.engine.worker import seed_everything
-from framework.planner.execution import KeyedModule, build_bridge, trainable_state_dict
-from framework.planner.milp import CostModel
+from framework.planner.execution import KeyedModule, boundary_keys, build_bridge, trainable_state_dict
+from framework.planner.memory import estimate_peak_memory
+from framework.planner.milp import COMPUTE, LOAD, PRUNE, CostModel, ReusePlan
+from framework.planner.multimodel import MultiModelGraph
+from framework.planner.split import choose_split_index, extraction_batch_size
 from framework.planner.transfer import TransferPlan, plan_transfer
 from framework.scheduling.units import unit_seed
 
 Features = torch.Tensor | dict[str, torch.Tensor]
+SPLITS = ("plan", "hapi", "freeze", "input")
+EXTRACT_MAX_BATCH = 4096  # the largest extraction batch ``worker_memory_budget`` may give
 
 
 def take(features: Any, idx: Any) -> Any:
@@ -64,12 +71,19 @@ def config_key(config: Mapping[str, Any]) -> str:
 class FeatureExtractor(nn.Module):
     """Raw records -> the stored layers (a tensor for one layer, else a dict of named tensors); always eval mode."""
 
-    def __init__(self, net: KeyedModule | None, names: Sequence[str], raw: str | None) -> None:
+    def __init__(
+        self, net: KeyedModule | None, names: Sequence[str], raw: str | None, batch_size: int | None = None
+    ) -> None:
         super().__init__()
         self.net, self.names, self.raw = net, tuple(names), raw  # raw: the name the raw input goes under, if read
+        self.batch_size = batch_size  # rows per forward pass (HAPI's extraction batch), None: all at once
 
     def forward(self, x: torch.Tensor) -> Features:
-        outs = dict(zip(self.names, self.net(x), strict=True)) if self.net is not None else {}
+        outs: dict[str, torch.Tensor] = {}
+        if self.net is not None:
+            step = self.batch_size or max(len(x), 1)
+            parts = [self.net(x[s : s + step]) for s in range(0, len(x), step)] or [self.net(x)]
+            outs = {n: torch.cat([p[j] for p in parts]) for j, n in enumerate(self.names)}
         if self.raw is not None:
             outs[self.raw] = x
         if len(outs) == 1:
@@ -159,6 +173,8 @@ class EngineTransfer:
     configs: list[dict[str, Any]]
     extract: FeatureExtractor | None  # None: nothing is stored, configs read raw records
     model_fn: BranchModelFn
+    split: str = "plan"  # how the stored layers were chosen (see ``transfer_on_engine``)
+    split_keys: tuple[str, ...] = ()  # the layers extracted near the data (multi-model keys)
 
     def index(self, config: Mapping[str, Any]) -> int:
         return self.model_fn.index(config)
@@ -231,6 +247,9 @@ def transfer_on_engine(
     disk_budget: float = math.inf,
     memory_budget: float = math.inf,
     cost_model: CostModel | None = None,
+    split: str = "plan",
+    link_bytes_per_s: float = 1.25e8,
+    worker_memory_budget: float = math.inf,
 ) -> EngineTransfer:
     """Plan ``configs`` for the MOP engine; pass the result's ``extract`` and ``model_fn`` to ``ModelSelection``.
 
@@ -249,6 +268,16 @@ def transfer_on_engine(
             optimizer ``model_fn`` returned, else Adam with the config's ``lr``.
         seed: the run seed of the ``ModelSelection`` the plan is for.
         disk_budget, memory_budget, cost_model: as in ``plan_transfer``.
+        split: which layers a worker extracts near its data. ``"plan"``: the stored layers the plan's configs read.
+            ``"hapi"``: HAPI Algorithm 1 (``choose_split_index``) over the frozen layers every config passes
+            through, in order: the earliest whose per-record output is smaller than a record and whose output for
+            one training batch (the smallest batch size) crosses ``link_bytes_per_s`` within 1 s, else the last of
+            them (the freeze index); every config then computes its remaining frozen layers from it. ``"freeze"``:
+            a fixed layer, that freeze index. ``"input"``: no near-data work (``extract`` is None; raw records).
+        link_bytes_per_s: bandwidth between the data and the trainer, for ``"hapi"`` (default 1 Gbit/s).
+        worker_memory_budget: bytes a worker may spend on extraction (model + one batch's live tensors, by the
+            live-tensor memory estimate); the extraction batch is the largest that fits (HAPI equation 1,
+            ``choose_extraction_batch_sizes``), at most 4096. Default: unlimited (the whole chunk at once).
     """
     configs = [dict(c) for c in configs]
     if not configs:
@@ -265,6 +294,12 @@ def transfer_on_engine(
         raise TypeError(f"`example_input` is a {type(example_input).__name__}, but must be a torch.Tensor (batch first)")
     if not isinstance(seed, int):
         raise TypeError(f"`seed` is {seed!r}, but must be an int")
+    if split not in SPLITS:
+        raise ValueError(f"`split` is {split!r}, but must be one of {SPLITS}")
+    for name, v in (("link_bytes_per_s", link_bytes_per_s), ("worker_memory_budget", worker_memory_budget)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
+            unit = "bytes/s" if name == "link_bytes_per_s" else "bytes"
+            raise ValueError(f"`{name}` is {v!r}, but must be a positive number ({unit})")
     n = len(configs)
     if batch_sizes is None:
         batch_sizes = [int(c.get("batch_size", 32)) for c in configs]
@@ -299,7 +334,25 @@ def transfer_on_engine(
     )
     mm = plan.mm
     # the stored layers (or the raw input) each config reads, and one name per read key across configs
-    reads = [list(build_bridge(mm, plan.groups[plan.group_of(i)].loaded, [i]).input_keys) for i in range(n)]
+    if split == "plan":
+        reads = [list(build_bridge(mm, plan.groups[plan.group_of(i)].loaded, [i]).input_keys) for i in range(n)]
+    elif split == "input":
+        reads = [[plan.input_key] for _ in range(n)]
+    else:
+        chain = common_frozen_chain(mm)
+        if not chain:
+            reads = [[plan.input_key] for _ in range(n)]
+        else:
+            idx = len(chain) - 1
+            if split == "hapi":
+                idx = choose_split_index(
+                    [mm.layers[k].out_bytes for k in chain],
+                    mm.layers[plan.input_key].out_bytes,
+                    idx,
+                    batch_size=min(batch_sizes),
+                    bandwidth_bytes_per_s=link_bytes_per_s,
+                )
+            reads = [[chain[idx]] for _ in range(n)]
     stored = list(dict.fromkeys(k for r in reads for k in r if k != plan.input_key))
     names = {k: f"f{j}" for j, k in enumerate(stored)}
     raw = any(plan.input_key in r for r in reads)
@@ -308,12 +361,113 @@ def transfer_on_engine(
     extract = None
     if stored:
         extractor = KeyedModule(mm, [plan.input_key], stored)
-        extract = FeatureExtractor(extractor, [names[k] for k in stored], "input" if raw else None).eval()
+        batch = None
+        if not math.isinf(worker_memory_budget):
+            per_record, model_bytes = extraction_memory(mm, plan.input_key, stored)
+            if per_record + model_bytes > worker_memory_budget:
+                raise ValueError(
+                    f"`worker_memory_budget` is {worker_memory_budget!r}, but must hold the extractor "
+                    f"({model_bytes} bytes) and one record's live tensors ({per_record} bytes)"
+                )
+            batch = extraction_batch_size(per_record, model_bytes, worker_memory_budget, EXTRACT_MAX_BATCH)
+        extract = FeatureExtractor(extractor, [names[k] for k in stored], "input" if raw else None, batch).eval()
     branches = [
         FeatureBranch(KeyedModule(mm, r, [mm.output_key(i)]), [names[k] for k in r]) for i, r in enumerate(reads)
     ]
     optimizers = [_optimizer_factory(c, o, optimizer_fn) for c, o in zip(configs, user_opts, strict=True)]
-    return EngineTransfer(plan, configs, extract, BranchModelFn(configs, branches, optimizers))
+    model_fns = BranchModelFn(configs, branches, optimizers)
+    return EngineTransfer(plan, configs, extract, model_fns, split, tuple(stored))
+
+
+def common_frozen_chain(mm: MultiModelGraph) -> list[str]:
+    """Storable layers every config's frozen part passes through (each dominates every boundary), in order.
+
+    HAPI's candidate split points for a multi-model graph: cutting after any of them, every config can compute the
+    rest of its frozen layers from that one tensor. The last is HAPI's freeze index.
+    """
+    boundaries = {k for i in range(len(mm.models)) for k in boundary_keys(mm, i)}
+    inputs = [k for k, node in mm.layers.items() if node.op == "placeholder"]
+    children: dict[str, list[str]] = {k: [] for k in mm.layers}
+    for k, ps in mm.parents.items():
+        for p in ps:
+            children[p].append(k)
+
+    def reaches_a_boundary_without(cut: str) -> bool:
+        seen, stack = set(), [k for k in inputs if k != cut]
+        while stack:
+            k = stack.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            if k in boundaries:
+                return True
+            stack.extend(c for c in children[k] if c != cut)
+        return False
+
+    return [
+        k
+        for k, node in mm.layers.items()
+        if node.storable and node.op != "placeholder" and not reaches_a_boundary_without(k)
+    ]
+
+
+def extraction_memory(mm: MultiModelGraph, input_key: str, keys: Sequence[str]) -> tuple[int, int]:
+    """(bytes per record, bytes of the model) of extracting ``keys`` from the input: the live-tensor estimate of a
+    forward-only plan, at batch 1 and 2."""
+    need = _ancestors(mm, keys)
+    actions = {k: (LOAD if k == input_key else COMPUTE) if k in need else PRUNE for k in mm.layers}
+    plan = ReusePlan(actions, 0.0)
+    one, two = estimate_peak_memory(mm, plan, 1), estimate_peak_memory(mm, plan, 2)
+    return two - one, max(one - (two - one), 0)
+
+
+def _ancestors(mm: MultiModelGraph, keys: Sequence[str]) -> set[str]:
+    seen, stack = set(), list(keys)
+    while stack:
+        k = stack.pop()
+        if k not in seen:
+            seen.add(k)
+            stack.extend(mm.parents[k])
+    return seen
+
+
+def measure_split(transfer: EngineTransfer, x: torch.Tensor, *, repeats: int = 3) -> dict[str, Any]:
+    """What near-data extraction costs and saves for ``transfer`` on records ``x`` (in-process, no Ray).
+
+    ``bytes_per_record``: what leaves the data's side per record (the extracted features, or the raw record without
+    ``extract``); ``extract_s``: the extraction's time over ``x`` (median of ``repeats``); ``branch_s``: one forward
+    and backward of every config's branch over those features in its batch size (the frozen layers a config still
+    computes land here); both the median of ``repeats``; ``batch``: the extraction batch size (None: all at once).
+    """
+    raw_bytes = x[:1].numel() * x.element_size()
+    times, feats = [], x
+    if transfer.extract is not None:
+        with torch.no_grad():
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                feats = transfer.extract(x)
+                times.append(time.perf_counter() - t0)
+    nbytes = (
+        sum(v.numel() * v.element_size() for v in feats.values()) if isinstance(feats, Mapping)
+        else feats.numel() * feats.element_size()
+    )
+    branches = [(transfer.model_fn(cfg)[0].train(), int(cfg.get("batch_size", 32))) for cfg in transfer.configs]
+    branch_times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for branch, bs in branches:
+            for s in range(0, len(x), bs):
+                branch(take(feats, slice(s, s + bs))).float().sum().backward()
+        branch_times.append(time.perf_counter() - t0)
+    return {
+        "split": transfer.split,
+        "layers": len(transfer.split_keys),
+        "bytes_per_record": nbytes / len(x) if transfer.extract is not None else raw_bytes,
+        "raw_bytes_per_record": raw_bytes,
+        "extract_s": float(np.median(times)) if times else 0.0,
+        "branch_s": float(np.median(branch_times)),
+        "batch": transfer.extract.batch_size if transfer.extract is not None else None,
+    }
 
 
 def hop_report(transfer: EngineTransfer) -> list[dict[str, Any]]:
@@ -330,8 +484,11 @@ __all__ = [
     "EngineTransfer",
     "FeatureBranch",
     "FeatureExtractor",
+    "common_frozen_chain",
     "config_key",
+    "extraction_memory",
     "feature_len",
+    "measure_split",
     "hop_report",
     "take",
     "transfer_on_engine",

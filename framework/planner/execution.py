@@ -1,4 +1,4 @@
-"""Rewrite profiled models into the modules a plan runs (Nautilus' reuse plan models, Vista's staged extraction).
+"""Rewrite profiled models into the modules a plan runs (Nautilus' reuse plan models, one-pass feature extraction).
 
 ``KeyedModule(mm, inputs, outputs)`` is one fx graph over multi-model keys: it takes the tensors of ``inputs`` keys
 (loaded features, or raw records) positionally and returns a tuple with the tensors of ``outputs`` keys, computing
@@ -6,7 +6,8 @@ only the layers on the paths between them; a layer shared by several models is c
 the original models' (parameters are shared, not copied), so training a branch trains the model itself.
 
 Three uses:
-- extractor: raw records -> materialized layers V (one pass produces several layers: Vista's staged extraction);
+- extractor: raw records -> materialized layers V (one pass produces several layers: the Eager plan; Vista's Staged
+  plan, one stage at a time, is `TransferPlan.materialize(execution="staged")`);
 - bridge: loaded layers -> the materializable boundary a branch reads (frozen, no grad, eval semantics);
 - branch: the boundary of one model -> its output (the trainable remainder).
 
@@ -149,7 +150,7 @@ class KeyedModule(nn.Module):
 
 
 def build_extractor(mm: MultiModelGraph, keys: Sequence[str]) -> KeyedModule:
-    """Raw records -> the tensors of ``keys`` in one pass (staged extraction).
+    """Raw records -> the tensors of ``keys`` in one pass (the Eager plan).
 
     It takes every model input, in the order of the models' placeholders (one tensor for one-input models).
     """

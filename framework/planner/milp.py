@@ -6,13 +6,18 @@ with the machine's compute throughput. Input layers are always "materialized" (t
 are loaded at the input's load cost and do not count against the storage budget.
 
 The MILP is written over *units*: a unit is one model, or a fused group of models whose shared layers appear once
-(section 4.3.2 reuses the same program with the set of materialized layers fixed). Constraint (c) is written per parent (a computed layer needs *every* input present). Solved with OR-Tools (SCIP, or CBC
-as a fall-back); no commercial solver.
+(section 4.3.2 reuses the same program with the set of materialized layers fixed). Constraint (c) is written per
+parent (a computed layer needs *every* input present). Solved with OR-Tools (SCIP, or CBC as a fall-back); no
+commercial solver. ``exhaustive_materialization`` solves the same problem by enumeration, to check the MILP on
+small graphs.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import mmap
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,27 +56,86 @@ class CostModel:
         return flops / self.flops_per_s
 
 
-def measure_cost_model(
-    *, flops_per_s: float | None = None, disk_bytes_per_s: float | None = None, size: int = 256, nbytes: int = 1 << 24
-) -> CostModel:
-    """Measure compute throughput (a float32 matmul) and memory-mapped read throughput; arguments override."""
-    if flops_per_s is None:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        a @ b
-        reps, t0 = 20, time.perf_counter()
+def measure_read_bandwidth(
+    nbytes: int = 1 << 25, *, directory: str | None = None, repeats: int = 3
+) -> tuple[float, str]:
+    """Storage read throughput in bytes/s, not the page cache's, and how it was measured.
+
+    Writes ``nbytes`` of random bytes to a temporary file in ``directory`` (default: the system temp folder; pass the
+    feature store's folder to measure its disk), ``fsync``s them, then per repeat drops the file's pages from the
+    page cache and reads it back sequentially in 1 MiB chunks; returns the median. Reading a file just written
+    without dropping its pages times memory (several GB/s), which would make every load look free.
+
+    Methods, first that works: ``"fadvise"`` (``posix_fadvise(POSIX_FADV_DONTNEED)`` after ``fsync``, Linux and
+    most Unix: clean pages of the file are evicted, so the read goes to the device), ``"o_direct"`` (``O_DIRECT``
+    reads, bypassing the cache, where fadvise is missing), ``"cached"`` (neither exists, e.g. Windows: the number is
+    the page cache's and the caller should say so or pass a measured ``disk_bytes_per_s``). On a virtual machine the
+    "device" may itself be cached by the host; on tmpfs there is no device and the number is memory's.
+    """
+    import tempfile
+
+    if not isinstance(nbytes, int) or nbytes < 1 << 20:
+        raise ValueError(f"`nbytes` is {nbytes!r}, but must be an int >= 1 MiB (1048576)")
+    method = "fadvise" if hasattr(os, "posix_fadvise") else ("o_direct" if hasattr(os, "O_DIRECT") else "cached")
+    chunk = 1 << 20
+    fd, path = tempfile.mkstemp(prefix="readbw-", dir=directory)
+    try:
+        block = os.urandom(chunk)  # random: nothing on the way can compress it
+        for _ in range(nbytes // chunk):
+            os.write(fd, block)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        total = (nbytes // chunk) * chunk
+        times = []
+        for _ in range(repeats):
+            flags = os.O_RDONLY | (os.O_DIRECT if method == "o_direct" else 0)
+            rfd = os.open(path, flags)
+            try:
+                if method == "fadvise":
+                    os.posix_fadvise(rfd, 0, 0, os.POSIX_FADV_DONTNEED)
+                buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT requires
+                t0 = time.perf_counter()
+                while os.readv(rfd, [buf]) > 0:
+                    pass
+                times.append(time.perf_counter() - t0)
+            finally:
+                os.close(rfd)
+        return total / max(float(np.median(times)), 1e-9), method
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.unlink(path)
+
+
+def measure_compute_throughput(size: int = 256, reps: int = 10, repeats: int = 5) -> float:
+    """FLOP/s of a float32 ``size`` x ``size`` matmul on this process's torch threads: the median of ``repeats``
+    timings of ``reps`` products each (the median, because a machine shared with other work is noisy)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
         for _ in range(reps):
             a @ b
-        flops_per_s = 2 * size**3 * reps / max(time.perf_counter() - t0, 1e-9)
-    if disk_bytes_per_s is None:
-        import tempfile
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 * reps / max(float(np.median(times)), 1e-9)
 
-        with tempfile.NamedTemporaryFile(suffix=".npy") as f:
-            np.save(f.name, np.random.rand(nbytes // 8))
-            t0 = time.perf_counter()
-            arr = np.load(f.name, mmap_mode="r")
-            float(np.asarray(arr[:: max(1, len(arr) // (nbytes // 8))]).sum())
-            np.array(arr).sum()
-            disk_bytes_per_s = nbytes / max(time.perf_counter() - t0, 1e-9)
+
+def measure_cost_model(
+    *,
+    flops_per_s: float | None = None,
+    disk_bytes_per_s: float | None = None,
+    size: int = 256,
+    nbytes: int = 1 << 25,
+    directory: str | None = None,
+) -> CostModel:
+    """Measure compute throughput (``measure_compute_throughput``) and storage reads with the page cache dropped
+    (``measure_read_bandwidth``, in ``directory``); arguments override. Takes well under 2 s."""
+    if flops_per_s is None:
+        flops_per_s = measure_compute_throughput(size)
+    if disk_bytes_per_s is None:
+        disk_bytes_per_s, _ = measure_read_bandwidth(nbytes, directory=directory)
     return CostModel(float(flops_per_s), float(disk_bytes_per_s))
 
 
@@ -240,3 +304,98 @@ def optimize_materialization(
             raise ValueError(f"`epochs` holds {e!r}, but every entry must be an int >= 1")
     units = units_for(mm, [[i] for i in range(len(mm.models))], epochs)
     return solve_reuse(mm, units, cost_model, records=records, disk_budget=disk_budget, time_limit_s=time_limit_s)
+
+
+def reuse_closure(
+    mm: MultiModelGraph, keys: Sequence[str], outputs: Sequence[str], loaded: Iterable[str], cost_model: CostModel
+) -> ReusePlan | None:
+    """The reuse plan that loads the keys of ``loaded`` it needs and computes everything else it needs.
+
+    Walking back from ``outputs``: a key in ``loaded`` is loaded, any other key is computed and its parents are needed
+    in turn. None when that would compute an input (records are read, never computed).
+    """
+    loaded = set(loaded)
+    actions = dict.fromkeys(keys, PRUNE)
+    cost, stack = 0.0, list(outputs)
+    while stack:
+        k = stack.pop()
+        if actions[k] != PRUNE:
+            continue
+        if k in loaded:
+            actions[k] = LOAD
+            cost += cost_model.load_cost(mm.layers[k].out_bytes)
+        elif mm.layers[k].op == "placeholder":
+            return None
+        else:
+            actions[k] = COMPUTE
+            cost += compute_cost(mm.layers[k])
+            stack.extend(mm.parents[k])
+    return ReusePlan(actions, cost)
+
+
+def _unit_best(mm: MultiModelGraph, u: _Unit, loadable: frozenset[str], cost_model: CostModel) -> ReusePlan:
+    """Cheapest plan of one unit when the keys of ``loadable`` (stored layers and inputs) may be loaded.
+
+    Every subset L of the unit's loadable keys is tried as "the layers it loads" (``reuse_closure``). Costs are
+    non-negative, so a plan that makes more layers present than its closure never costs less.
+    """
+    cand = [k for k in u.keys if k in loadable]
+    best = ReusePlan({}, math.inf)
+    for n in range(len(cand) + 1):
+        for chosen in itertools.combinations(cand, n):
+            plan = reuse_closure(mm, u.keys, u.outputs, chosen, cost_model)
+            if plan is not None and plan.cost < best.cost and all(plan.actions[k] == LOAD for k in chosen):
+                best = plan
+    return best
+
+
+def exhaustive_materialization(
+    mm: MultiModelGraph,
+    cost_model: CostModel,
+    *,
+    records: int,
+    epochs: Sequence[int],
+    disk_budget: float = math.inf,
+    max_storable: int = 12,
+) -> MaterializationPlan:
+    """The MILP's problem (equations 9-10, one unit per model) solved by enumeration, to check the MILP.
+
+    Tries every set V of storable layers (materializable, per record, not an input) that fits ``disk_budget`` and,
+    for each, every model's cheapest reuse plan (``_unit_best``); returns the cheapest. Exponential: refuses graphs
+    with more than ``max_storable`` storable layers. Ties break towards the smaller V (the MILP's storage penalty).
+    """
+    _check_positive("records", records)
+    if len(epochs) != len(mm.models):
+        raise ValueError(f"`epochs` has {len(epochs)} entries, but there are {len(mm.models)} models")
+    if not isinstance(disk_budget, (int, float)) or math.isnan(disk_budget) or disk_budget < 0:
+        raise ValueError(f"`disk_budget` is {disk_budget!r}, but must be a number >= 0 (bytes)")
+    layers = mm.layers
+    inputs = frozenset(k for k in mm.materializable if layers[k].per_record and layers[k].op == "placeholder")
+    storable = [k for k in mm.materializable if layers[k].per_record and layers[k].op != "placeholder"]
+    if len(storable) > max_storable:
+        raise ValueError(f"the graph has {len(storable)} storable layers, but `max_storable` is {max_storable}")
+    units = units_for(mm, [[i] for i in range(len(mm.models))], epochs)
+    unit_storable = [frozenset(k for k in storable if k in set(u.keys)) for u in units]
+    cache: list[dict[frozenset[str], ReusePlan]] = [{} for _ in units]
+    best: tuple[float, float, tuple[str, ...], list[ReusePlan]] | None = None
+    for n in range(len(storable) + 1):
+        for v in itertools.combinations(storable, n):
+            nbytes = sum(layers[k].out_bytes for k in v) * records
+            if nbytes > disk_budget:
+                continue
+            vset = frozenset(v)
+            total, plans = 0.0, []
+            for j, u in enumerate(units):
+                key = vset & unit_storable[j]
+                if key not in cache[j]:
+                    cache[j][key] = _unit_best(mm, u, key | inputs, cost_model)
+                total += cache[j][key].cost * records * u.epochs
+                plans.append(cache[j][key])
+            if best is None or total < best[0] * (1 - 1e-12) or (total <= best[0] and nbytes < best[1]):
+                best = (total, nbytes, v, plans)
+    assert best is not None, "the empty V always fits"
+    total, _, v, plans = best
+    used = {k for p in plans for k in p.keys(LOAD)}
+    mat = tuple(k for k in storable if k in v and k in used)
+    reuse = tuple(plans)
+    return MaterializationPlan(mat, reuse, total, sum(layers[k].out_bytes for k in mat) * records, records)

@@ -66,6 +66,7 @@ import importlib
 import inspect
 import keyword
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -459,17 +460,31 @@ class _ProfilingInterpreter(fx.Interpreter):
             self._storages[n.name] = storages
 
 
-_HASH_CACHE: dict[tuple[int, int, tuple[int, ...], str], str] = {}
+# id(tensor) -> (a weak reference to it, its address, version, shape and dtype when hashed, the hash): models that
+# share one backbone hash it once. An entry counts only for the very tensor it was made for (and goes when that
+# tensor does): an address alone is reused once a tensor is freed, and a new tensor there must never inherit the old
+# one's hash (identical layers would stop merging, and different ones could merge).
+_HASH_CACHE: dict[int, tuple[weakref.ref, tuple, str]] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _HASH_CACHE.get(key)
+    if entry is not None and entry[0] is ref:
+        del _HASH_CACHE[key]
 
 
 def _hash_tensor(t: torch.Tensor) -> str:
-    # cached by storage address and in-place version counter: models sharing one backbone hash it once
-    key = (t.data_ptr(), t._version, tuple(t.shape), str(t.dtype))
-    if key not in _HASH_CACHE:
-        c = t.detach().contiguous().cpu()
-        data = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
-        _HASH_CACHE[key] = hashlib.sha1(str(key[2:]).encode() + data).hexdigest()
-    return _HASH_CACHE[key]
+    stamp = (t.data_ptr(), t._version, tuple(t.shape), str(t.dtype))
+    cached = _HASH_CACHE.get(id(t))
+    if cached is not None and cached[0]() is t and cached[1] == stamp:
+        return cached[2]
+    c = t.detach().contiguous().cpu()
+    data = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
+    digest = hashlib.sha1(str(stamp[2:]).encode() + data).hexdigest()
+    key = id(t)
+    ref = weakref.ref(t, lambda r, k=key: _forget(k, r))
+    _HASH_CACHE[key] = (ref, stamp, digest)
+    return digest
 
 
 def _hash_tensors(tensors: Sequence[torch.Tensor]) -> str:

@@ -45,6 +45,7 @@ from framework.planner.milp import (
     flops_optimal_speedup,
     measure_cost_model,
     optimize_materialization,
+    reuse_closure,
     solve_reuse,
     units_for,
 )
@@ -52,6 +53,24 @@ from framework.planner.multimodel import MultiModelGraph, build_multimodel
 from framework.planner.profile import profile_model
 
 METHODS = ("current_practice", "mat_all", "planner")
+EXECUTIONS = ("eager", "staged")  # Vista's logical plans for extracting V (``TransferPlan.materialize``)
+
+
+def _nearest(mm: MultiModelGraph, key: str, stored: set[str], input_key: str) -> list[str]:
+    """The stored layers (or the raw input) ``key`` is computed from: walking back, the first stored key on every
+    path; non-stored layers on the way are recomputed."""
+    found: dict[str, None] = {}
+    seen, stack = set(), list(mm.parents[key])
+    while stack:
+        k = stack.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        if k in stored or k == input_key:
+            found[k] = None
+        else:
+            stack.extend(mm.parents[k])
+    return list(found)
 
 
 def _check_method(method: str) -> None:
@@ -74,12 +93,36 @@ class TransferPlan:
         self.input_key = next(k for k, n in self.mm.layers.items() if n.op == "placeholder")
         self._extractor = build_extractor(self.mm, self.materialized) if self.materialized else None
         self._bridges = [build_bridge(self.mm, g.loaded, g.members) for g in self.groups]
+        self.last_extraction: dict[str, Any] = {}
 
     def group_of(self, i: int) -> int:
         return next(g for g, grp in enumerate(self.groups) if i in grp.members)
 
-    def materialize(self, store: FeatureStore, ids: Sequence[int], x: torch.Tensor, batch_size: int = 256) -> int:
-        """Extract every layer of V for the records of ``ids`` the store lacks; returns the records extracted."""
+    def materialize(
+        self,
+        store: FeatureStore,
+        ids: Sequence[int],
+        x: torch.Tensor,
+        batch_size: int = 256,
+        *,
+        execution: str = "eager",
+    ) -> int:
+        """Extract every layer of V for the records of ``ids`` the store lacks; returns the records extracted.
+
+        ``x`` holds the raw records of ``ids``, in that order. ``execution`` is Vista's logical plan (thesis 8.3.2):
+        ``"eager"`` runs one pass that produces every layer of V per batch and holds all of them, for all records,
+        until it writes them; ``"staged"`` produces one layer of V at a time (in topological order), each from the
+        nearest layers already stored (read back from ``store``) or the raw records, and writes it before the next
+        stage, so only one layer's features are held at a time, at the cost of reading earlier stages back (and of
+        recomputing any non-stored layer two stages share). Both give the same features. ``last_extraction``
+        then describes the run: seconds, the peak bytes of features and batch inputs held, bytes read back.
+        """
+        if execution not in EXECUTIONS:
+            raise ValueError(f"`execution` is {execution!r}, but must be one of {EXECUTIONS}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"`batch_size` is {batch_size!r}, but must be an int >= 1")
+        t0 = time.perf_counter()
+        self.last_extraction = {"execution": execution, "seconds": 0.0, "peak_bytes": 0, "read_bytes": 0}
         if self._extractor is None:
             return 0
         ids = np.asarray(ids, dtype=np.int64)
@@ -89,18 +132,59 @@ class TransferPlan:
         rows = np.nonzero(need)[0]
         if not len(rows):
             return 0
+        if execution == "staged":
+            self._materialize_staged(store, ids, x, batch_size)
+        else:
+            self._materialize_eager(store, ids, rows, x, batch_size)
+        self.last_extraction["seconds"] = time.perf_counter() - t0
+        return len(rows)
+
+    def _materialize_eager(
+        self, store: FeatureStore, ids: np.ndarray, rows: np.ndarray, x: torch.Tensor, batch_size: int
+    ) -> None:
         self._extractor.eval()
         outs: list[list[np.ndarray]] = [[] for _ in self.materialized]
+        held = 0
         with torch.no_grad():
             for s in range(0, len(rows), batch_size):
-                feats = self._extractor(x[torch.as_tensor(rows[s : s + batch_size])])
+                xb = x[torch.as_tensor(rows[s : s + batch_size])]
+                feats = self._extractor(xb)
                 for j, f in enumerate(feats):
                     outs[j].append(f.numpy())
+                    held += f.numel() * f.element_size()
+                self._peak(held + xb.numel() * xb.element_size())
         for j, k in enumerate(self.materialized):
             vals = np.concatenate(outs[j])
             miss = np.isin(ids[rows], store.missing(k, ids[rows]))
             store.append(k, ids[rows][miss], vals[miss])
-        return len(rows)
+
+    def _materialize_staged(self, store: FeatureStore, ids: np.ndarray, x: torch.Tensor, batch_size: int) -> None:
+        stored: list[str] = []
+        for k in self.materialized:  # topological: a stage's stored inputs were filled by earlier stages
+            inputs = _nearest(self.mm, k, set(stored), self.input_key)
+            stored.append(k)
+            missing = store.missing(k, ids)
+            if not len(missing):
+                continue
+            rows = np.nonzero(np.isin(ids, missing))[0]
+            stage = KeyedModule(self.mm, inputs, [k]).eval()
+            outs, held = [], 0
+            with torch.no_grad():
+                for s in range(0, len(rows), batch_size):
+                    r = rows[s : s + batch_size]
+                    xs = [x[torch.as_tensor(r)] if i == self.input_key else torch.from_numpy(store.read(i, ids[r]))
+                          for i in inputs]
+                    read = sum(t.numel() * t.element_size() for i, t in zip(inputs, xs, strict=True)
+                               if i != self.input_key)
+                    self.last_extraction["read_bytes"] += read
+                    (f,) = stage(*xs)
+                    outs.append(f.numpy())
+                    held += f.numel() * f.element_size()
+                    self._peak(held + sum(t.numel() * t.element_size() for t in xs))
+            store.append(k, ids[rows], np.concatenate(outs))
+
+    def _peak(self, nbytes: int) -> None:
+        self.last_extraction["peak_bytes"] = max(self.last_extraction["peak_bytes"], int(nbytes))
 
     def loaded_keys(self, g: int) -> list[str]:
         """The stored layers (or the raw input) group ``g`` reads, in the order its bridge takes them."""
@@ -174,10 +258,15 @@ def plan_transfer(
         return TransferPlan(mm, method, (), groups, records)
     if method == "mat_all":
         everything = [k for k in mm.materializable if mm.layers[k].per_record and mm.layers[k].op != "placeholder"]
-        units = units_for(mm, [[i] for i in range(n)], epochs)
-        free_loads = CostModel(cost_model.flops_per_s, math.inf)  # load whatever is stored, efficient or not
-        plan = solve_reuse(mm, units, free_loads, records=records, fixed=everything)
-        groups = [FusedGroup((i,), p, estimate_peak_memory(mm, p, batch_sizes[i])) for i, p in enumerate(plan.reuse)]
+        # load whatever is stored, efficient or not (Nautilus' MAT-ALL), and only what the model needs: walking back
+        # from its output, the first stored layer on every path is loaded (an optimiser with free loads could pick
+        # any superset of that, at a real I/O cost)
+        inputs = [k for k in mm.layers if mm.layers[k].op == "placeholder"]
+        reuse = [
+            reuse_closure(mm, u.keys, u.outputs, [*everything, *inputs], cost_model)
+            for u in units_for(mm, [[i] for i in range(n)], epochs)
+        ]
+        groups = [FusedGroup((i,), p, estimate_peak_memory(mm, p, batch_sizes[i])) for i, p in enumerate(reuse)]
         return TransferPlan(mm, method, tuple(everything), groups, records)
     plan = optimize_materialization(mm, cost_model, records=records, epochs=epochs, disk_budget=disk_budget)
     groups = fuse_models(
@@ -215,8 +304,12 @@ class TransferSelection:
             ``torch.manual_seed(seed * 100_003 + config_id)`` so every method starts from the same weights.
         configs: user configs (dicts) with ``batch_size`` and optionally ``lr`` and ``epochs``.
         method: one of ``METHODS``.
-        disk_budget, memory_budget: B_disk and B_mem in bytes. ``initial_records``: the first r (doubles when
-            the labelled set outgrows it, and the plan is re-optimised). ``store_dir``: the feature store root.
+        disk_budget, memory_budget: B_disk (>= 0; 0 stores nothing) and B_mem (> 0) in bytes. ``initial_records``:
+            the first r (doubles when the labelled records, training and validation, outgrow it, and the plan is
+            re-optimised). The store is append-only: a layer that leaves V on such a re-plan keeps its features, so
+            after r doubles the store can exceed ``disk_budget`` (set ``initial_records`` to the expected total). ``store_dir``: the
+            feature store root, or a ``FeatureStore`` (a subclass may, say, model slower storage). ``extraction``:
+            Vista's ``"eager"`` or ``"staged"`` plan for materializing (``TransferPlan.materialize``).
     """
 
     def __init__(
@@ -224,7 +317,7 @@ class TransferSelection:
         model_fn: Callable[[Mapping[str, Any]], nn.Module],
         configs: Sequence[Mapping[str, Any]],
         *,
-        store_dir: str | Path,
+        store_dir: str | Path | FeatureStore,
         method: str = "planner",
         epochs: int = 5,
         disk_budget: float = math.inf,
@@ -235,8 +328,11 @@ class TransferSelection:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         optimizer_fn: Callable[[list[nn.Parameter], Mapping[str, Any]], torch.optim.Optimizer] | None = None,
         eval_batch_size: int = 256,
+        extraction: str = "eager",
     ) -> None:
         _check_method(method)
+        if extraction not in EXECUTIONS:
+            raise ValueError(f"`extraction` is {extraction!r}, but must be one of {EXECUTIONS}")
         if not configs:
             raise ValueError("`configs` is empty, but must hold at least one config")
         for cid, c in enumerate(configs):
@@ -248,9 +344,10 @@ class TransferSelection:
                 raise ValueError(f"`configs[{cid}]['epochs']` is {e!r}, but must be an int >= 1")
         if not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"`epochs` is {epochs!r}, but must be an int >= 1")
-        for name, v in (("disk_budget", disk_budget), ("memory_budget", memory_budget)):
-            if not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
-                raise ValueError(f"`{name}` is {v!r}, but must be a positive number of bytes")
+        if not isinstance(disk_budget, (int, float)) or math.isnan(disk_budget) or disk_budget < 0:
+            raise ValueError(f"`disk_budget` is {disk_budget!r}, but must be a number of bytes >= 0")
+        if not isinstance(memory_budget, (int, float)) or math.isnan(memory_budget) or memory_budget <= 0:
+            raise ValueError(f"`memory_budget` is {memory_budget!r}, but must be a positive number of bytes")
         if not isinstance(initial_records, int) or initial_records < 1:
             raise ValueError(f"`initial_records` is {initial_records!r}, but must be an int >= 1")
         if not isinstance(eval_batch_size, int) or eval_batch_size < 1:
@@ -264,7 +361,8 @@ class TransferSelection:
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self.optimizer_fn = optimizer_fn or _default_optimizer
         self.eval_batch_size = eval_batch_size
-        self.store = FeatureStore(store_dir)
+        self.extraction = extraction
+        self.store = store_dir if isinstance(store_dir, FeatureStore) else FeatureStore(store_dir)
         self.cycle = 0
         self.extracted_records = 0  # records run through the extractor, all cycles
         self.replans = 0
@@ -309,7 +407,9 @@ class TransferSelection:
         else:
             for m, init in zip(self._models, self._init, strict=True):
                 m.load_state_dict(init)
-        while len(train_ids) > self.records:  # Nautilus 4.2.3: r doubles, then re-plan
+        # Nautilus 4.2.3: r doubles, then re-plan. r counts every record whose features are stored (training and
+        # validation), so the disk budget holds for the store as it is, not only for the training records.
+        while len(train_ids) + len(valid_ids) > self.records:
             self.records *= 2
         if self._plan is None or self._plan.records != self.records:
             # with r and the cost model fixed the MILP's V is fixed too, so the plan is kept until r is reached
@@ -331,7 +431,9 @@ class TransferSelection:
 
         t0 = time.perf_counter()
         all_ids = np.concatenate([train_ids, valid_ids])
-        self.extracted_records += plan.materialize(self.store, all_ids, x[torch.as_tensor(all_ids)])
+        self.extracted_records += plan.materialize(
+            self.store, all_ids, x[torch.as_tensor(all_ids)], execution=self.extraction
+        )
         t_mat = time.perf_counter() - t0
 
         t0 = time.perf_counter()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import automl
 import framework
 from framework.examples import digits_arrays, feature_classifier_eval_fn, feature_classifier_train_fn
 from framework.planner import CostModel
+from framework.planner.engine import extraction_memory, measure_split
 from simulators import validate_schedule
 
 pytestmark = pytest.mark.ray
@@ -141,6 +143,13 @@ def test_planner_on_engine_matches_a_run_without_the_planner(ray_cluster, digits
     assert a.valid_accuracy.max() > 0.6  # the heads learn on the pre-trained features
     torch.testing.assert_close(torch.tensor(a.to_numpy()), torch.tensor(b.to_numpy()), rtol=0, atol=1e-4)
     assert list(planned.schedule.config_id) == list(plain.schedule.config_id)  # same visit order
+    # HAPI's split (an earlier, smaller layer) with extraction batches under a worker memory budget: same metrics
+    per_record, model_bytes = extraction_memory(tr.plan.mm, tr.plan.input_key, _split(digits, "hapi").split_keys)
+    hapi = _split(digits, "hapi", worker_memory_budget=model_bytes + 100 * per_record)
+    assert hapi.extract.batch_size < len(digits[0]) // 2  # a partition is extracted in several batches
+    split_run = _run(ds, tmp_path, "hapi", hapi.model_fn, extract=hapi.extract, num_workers=1, queue_depth=1)
+    c = split_run.metrics.sort_values(["config_id", "epoch"])[cols].reset_index(drop=True)
+    torch.testing.assert_close(torch.tensor(c.to_numpy()), torch.tensor(b.to_numpy()), rtol=0, atol=1e-4)
     # hops before the plan: the whole model's state, as the plain run measured it
     plain_train = plain.schedule[plain.schedule.kind == "train"]
     for cid, cfg in plain.configs.items():
@@ -174,3 +183,54 @@ def test_branch_state_holds_only_trainable_weights_and_restores(digits):
     x = tr.extract(torch.as_tensor(digits[0][:8]))
     branch.eval(), other.eval()
     torch.testing.assert_close(branch(x), other(x))
+
+
+def _split(digits, split: str, **kw) -> framework.EngineTransfer:
+    configs = automl.GridSearch(SPACE, epochs=EPOCHS).configs()
+    return framework.transfer_on_engine(
+        model_fn, configs, torch.as_tensor(digits[0][:2]), epochs=EPOCHS, records=1000, cost_model=CM, split=split, **kw
+    )
+
+
+def test_hapi_split_picks_the_earliest_frozen_layer_smaller_than_a_record(digits):
+    names = {}
+    for split in ("hapi", "freeze", "plan"):
+        tr = _split(digits, split)
+        names[split] = [tr.plan.mm.layers[k].name for k in tr.split_keys]
+    # trunk 64 -> 48 (BN, ReLU) is frozen in every config: 48 floats < 64, so HAPI cuts after the first linear layer;
+    # the freeze index is the last layer all configs share (the ReLU); the plan stores what each config reads
+    assert names["hapi"] == ["trunk_0"] and names["freeze"] == ["trunk_2"]
+    assert sorted(names["plan"]) == ["trunk_2", "trunk_4"]
+    x = torch.as_tensor(digits[0][:64])
+    rep = {s: measure_split(_split(digits, s), x, repeats=1) for s in ("hapi", "freeze", "plan", "input")}
+    assert rep["hapi"]["bytes_per_record"] == 48 * 4 == rep["freeze"]["bytes_per_record"]
+    assert rep["plan"]["bytes_per_record"] == (48 + 32) * 4 and rep["input"]["bytes_per_record"] == 64 * 4
+    # a slow link: no layer's batch crosses it in 1 s, so HAPI falls back to the freeze index
+    tr = _split(digits, "hapi", link_bytes_per_s=100.0)
+    assert [tr.plan.mm.layers[k].name for k in tr.split_keys] == ["trunk_2"]
+
+
+def test_worker_memory_budget_sets_the_extraction_batch_and_keeps_the_features(digits):
+    x = torch.as_tensor(digits[0][:300])
+    whole = _split(digits, "freeze")
+    per_record, model_bytes = extraction_memory(whole.plan.mm, whole.plan.input_key, whole.split_keys)
+    budget = model_bytes + 50 * per_record
+    tr = _split(digits, "freeze", worker_memory_budget=budget)
+    assert tr.extract.batch_size in (49, 50) and whole.extract.batch_size is None  # eq. 1 rounds sizes up a little
+    torch.testing.assert_close(tr.extract(x), whole.extract(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"worker_memory_budget": 0}, "`worker_memory_budget` is 0, but must be a positive number"),
+        ({"worker_memory_budget": float("nan")}, "`worker_memory_budget` is nan, but must be a positive number"),
+        ({"worker_memory_budget": 10.0}, "`worker_memory_budget` is 10.0, but must hold the extractor"),
+        ({"link_bytes_per_s": -1.0}, "`link_bytes_per_s` is -1.0, but must be a positive number"),
+        ({"split": "middle"}, "`split` is 'middle', but must be one of"),
+    ],
+)
+def test_transfer_on_engine_rejects_bad_split_arguments(digits, kwargs, message):
+    split = kwargs.pop("split", "freeze")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _split(digits, split, **kwargs)

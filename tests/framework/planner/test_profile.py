@@ -98,3 +98,21 @@ def test_profile_tuple_input_and_dict_output_run_through_extractor_and_branch() 
 def test_profile_rejects_examples_that_do_not_fit_forward(example, match) -> None:
     with pytest.raises(ValueError, match=match):
         profile_model(TwoInputs(), example)
+
+
+def test_a_parameter_hash_is_never_inherited_through_a_reused_address():
+    """The hash cache is keyed by the tensor itself: a new tensor at a freed one's address (the allocator reuses
+    it at once) with other values hashes by its own values."""
+    from framework.planner.profile import _hash_tensor
+
+    for _ in range(50):
+        a = torch.zeros(64)
+        ptr, first = a.data_ptr(), _hash_tensor(a)
+        del a
+        b = torch.ones(64)
+        if b.data_ptr() == ptr:
+            break
+    else:
+        pytest.skip("the allocator never reused the address in 50 tries")
+    assert _hash_tensor(b) != first
+    assert _hash_tensor(b) == _hash_tensor(torch.ones(64))

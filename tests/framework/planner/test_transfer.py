@@ -65,7 +65,7 @@ def test_transfer_hop_carries_only_trainable_state(tmp_path) -> None:
     ("kwargs", "name"),
     [
         ({"method": "magic"}, "method"),
-        ({"disk_budget": 0}, "disk_budget"),
+        ({"disk_budget": -1}, "disk_budget"),
         ({"memory_budget": -5.0}, "memory_budget"),
         ({"initial_records": 0}, "initial_records"),
         ({"epochs": 0}, "epochs"),
@@ -78,3 +78,36 @@ def test_transfer_rejects_bad_arguments(tmp_path, kwargs: dict, name: str) -> No
     configs = args.pop("configs")
     with pytest.raises(ValueError, match=name):
         TransferSelection(lambda c: Head(frozen_encoder()), configs, **args)
+
+
+def test_transfer_zero_disk_budget_stores_nothing_and_only_fuses(tmp_path) -> None:
+    sel = _selection(tmp_path, disk_budget=0)
+    res = sel.fit(data(32, 1), data(16, 2))
+    assert res.plan.materialized == () and sel.store.nbytes() == 0 and sel.extracted_records == 0
+    assert len(res.plan.groups) < len(CONFIGS)  # the two batch-size-8 configs share the frozen encoder per batch
+    ref = _selection(tmp_path, "current_practice").fit(data(32, 1), data(16, 2)).metrics
+    cols = ["train_loss", "valid_loss", "valid_acc"]
+    torch.testing.assert_close(torch.tensor(res.metrics[cols].to_numpy()), torch.tensor(ref[cols].to_numpy()),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_transfer_mat_all_loads_only_the_stored_layer_each_model_reads(tmp_path) -> None:
+    sel = _selection(tmp_path, "mat_all")
+    res = sel.fit(data(16, 1), data(8, 2))
+    plan = res.plan
+    assert len(plan.materialized) > 1  # every frozen layer is stored ...
+    for g in range(len(plan.groups)):  # ... but each model reads just the encoder's output, never the raw records
+        assert [plan.mm.layers[k].name for k in plan.loaded_keys(g)] == ["enc_l2"]
+
+
+def test_transfer_staged_extraction_gives_the_same_metrics(tmp_path) -> None:
+    eager = _selection(tmp_path, "mat_all").fit(data(24, 1), data(8, 2)).metrics
+    staged = _selection(tmp_path / "staged", "mat_all", extraction="staged")
+    cols = ["train_loss", "valid_loss", "valid_acc"]
+    torch.testing.assert_close(torch.tensor(staged.fit(data(24, 1), data(8, 2)).metrics[cols].to_numpy()),
+                               torch.tensor(eager[cols].to_numpy()), rtol=0, atol=0)
+
+
+def test_transfer_rejects_an_unknown_extraction(tmp_path) -> None:
+    with pytest.raises(ValueError, match="`extraction` is 'lazy', but must be one of"):
+        TransferSelection(lambda c: Head(frozen_encoder()), CONFIGS, store_dir=tmp_path, extraction="lazy")
