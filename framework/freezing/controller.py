@@ -13,13 +13,17 @@ after each optimizer step::
             controller.after_step(loss, optimizer.param_groups[0]["lr"])
     controller.close()
 
-What happens inside: a bootstrapping stage until the interval-mean training loss changes by less than 10%; then an
-int8 reference snapshot is built on a background thread and, every `eval_interval` steps, the activation of the
-frontmost active layer module is compared with the reference's for the same batch (SP loss). The policy freezes that
-module when its plasticity is flat (parameters get ``requires_grad=False``, the module runs in eval mode so batch norm
-uses its running statistics), and unfreezes everything when the LR has dropped 10x since the first freeze. With a
-`cache_dir`, the frozen prefix's outputs are stored per sample id and read back (prefetched when the upcoming id
-order is known), so the prefix's forward pass is skipped too.
+What happens inside: a bootstrapping stage until the mean training loss of a window of W intervals differs by less
+than 10% from the window before; then an int8 reference snapshot (convolutions static int8, linear layers dynamic
+int8) is built on a background thread, calibrated on a recent batch, and, every `eval_interval` steps, the activation
+of the frontmost active layer module is compared with the reference's for the same batch (SP loss). The policy
+freezes that module when its plasticity is flat (parameters get ``requires_grad=False``, the module runs in eval mode
+so batch norm uses its running statistics), and unfreezes everything when the LR has dropped 10x since the first
+freeze. With a `cache_dir`, the output of the last frozen member is stored per sample id and read back (prefetched
+when the upcoming id order is known), and the model runs from it: the frozen members' forward passes are replaced for
+that call (a module-boundary cut, `framework.freezing.cut`), so any model whose structure can be cut there works, a
+torchvision ResNet or a HuggingFace BERT as well as an ``nn.Sequential``. `scaled_defaults` gives `eval_interval`
+and W for a run of a given length, by the paper's ratios.
 
 Caching assumes a sample id always stands for the same input tensor (no random augmentation, or ids that encode
 the augmentation). The controller is not picklable (it owns threads); its `state_dict()` is, and is what travels.
@@ -52,9 +56,10 @@ import torch
 from torch import nn
 
 from .cache import ActivationPrefetcher, ActivationStore, MemmapActivationStore
-from .modules import LayerModule, is_sequential_chain, split_children
+from .cut import PrefixCut
+from .modules import LayerModule, split_children
 from .policy import FreezingPolicy, FreezingPolicyConfig
-from .reference import QUANTIZE_MODES, AsyncReferenceRunner, make_reference
+from .reference import QUANTIZE_MODES, AsyncReferenceRunner, _first_tensor, make_reference
 
 STATE_VERSION = 1
 
@@ -92,10 +97,13 @@ class FreezingController:
         eval_interval: steps between evaluations (bootstrapping check, plasticity reading, LR check); Egeria's T.
         policy: `FreezingPolicyConfig` (window W, tolerance, bootstrapping rate, LR drop factor).
         reference_refresh: evaluations between rebuilds of the reference model from the latest weights.
-        reference_mode: ``"dynamic"`` (int8 dynamic quantization, float fallback) or ``"float"``.
+        reference_mode: ``"static"`` (int8 convolutions calibrated on a recent training batch, plus dynamic int8
+            linear layers), ``"dynamic"`` (int8 linear layers only) or ``"float"``; see `make_reference`.
         reference_threads: torch intra-op threads of the reference's background thread.
-        cache_dir: if set, cache the frozen prefix's activations under this directory (needs a sequential chain,
-            see `is_sequential_chain`); the directory should be private to this config on this worker.
+        cache_dir: if set, cache the frozen prefix's activations under this directory; the model is then run from
+            the cached output of the last frozen member (a module-boundary cut, see `framework.freezing.cut`; the
+            rules are checked on the first batch of every new frozen prefix and `CutError` names a violation). The
+            directory should be private to this config on this worker.
         prefetch_depth: batches of cached activations read ahead.
         store_factory: builds the `ActivationStore` for a directory (default `MemmapActivationStore`).
     """
@@ -108,7 +116,7 @@ class FreezingController:
         eval_interval: int = 50,
         policy: FreezingPolicyConfig | None = None,
         reference_refresh: int = 10,
-        reference_mode: str = "dynamic",
+        reference_mode: str = "static",
         reference_threads: int = 1,
         cache_dir: str | Path | None = None,
         prefetch_depth: int = 4,
@@ -132,11 +140,9 @@ class FreezingController:
             for m in lm.members:
                 if m not in known:
                     raise ValueError(f"`modules` names member {m!r} of {lm.name!r}, but it must be a module of `model`")
-        if cache_dir is not None and not is_sequential_chain(model, modules):
-            raise ValueError(
-                f"`cache_dir` is {str(cache_dir)!r}, but caching needs `modules` to form a sequential chain "
-                "(an nn.Sequential model whose members, in order, compose to its forward); pass cache_dir=None"
-            )
+        members = [m for lm in modules for m in lm.members]
+        # static rules of a cut (distinct, non-nested members) at construction; the rest on the first cached batch
+        self._cut = PrefixCut(model, members) if cache_dir is not None else None
         self.model = model
         self.modules = modules
         self.eval_interval = eval_interval
@@ -146,8 +152,8 @@ class FreezingController:
         self.cache_dir = None if cache_dir is None else Path(cache_dir)
         self._store_factory = store_factory or MemmapActivationStore
         self._prefetch_depth = prefetch_depth
-        self._chain = [model.get_submodule(m) for lm in modules for m in lm.members]
-        self._chain_start = [0]  # index into _chain of each layer module's first member
+        self._members = members
+        self._chain_start = [0]  # index into _members of each layer module's first member
         for lm in modules:
             self._chain_start.append(self._chain_start[-1] + len(lm.members))
 
@@ -165,12 +171,36 @@ class FreezingController:
         self._prefetcher: ActivationPrefetcher | None = None
         self._upcoming: list[torch.Tensor | Sequence[int]] = []
         self._upcoming_cursor = 0
+        self._verified = False  # the cut of the current frozen prefix passed `PrefixCut.verify`
+        self._last_inputs: torch.Tensor | None = None  # calibration batch of the next reference build
+        self._refresh_pending = False  # a reference build waits for a first batch to calibrate on
 
     # ----------------------------------------------------------------------------------------------- properties
     @property
     def frozen(self) -> int:
         """Number of frozen front layer modules."""
         return self.policy.frozen
+
+    def reference_stats(self) -> dict[str, Any]:
+        """What the reference model cost so far: ``builds``, ``cpu_seconds`` of its background thread (all of its
+        work), ``busy_seconds`` (wall), ``dropped`` requests, ``info`` (the latest build's `ReferenceInfo` or None),
+        ``overhead_seconds`` (wall time the training thread spent on it) and the cache's prefetch ``hits`` and
+        ``misses``."""
+        runner, prefetcher = self._runner, self._prefetcher
+        return {
+            "builds": runner.builds if runner else 0,
+            "cpu_seconds": runner.cpu_seconds if runner else 0.0,
+            "busy_seconds": runner.busy_seconds if runner else 0.0,
+            "dropped": runner.dropped if runner else 0,
+            "info": runner.info if runner else None,
+            "overhead_seconds": self.overhead_seconds,
+            "hits": prefetcher.hits if prefetcher else 0,
+            "misses": prefetcher.misses if prefetcher else 0,
+        }
+
+    def wait_reference(self, timeout: float | None = None) -> bool:
+        """Block until the reference's background thread is idle (for accounting and tests); True if it is."""
+        return self._runner is None or self._runner.wait_idle(timeout)
 
     def frozen_parameter_names(self) -> list[str]:
         """Qualified names of the parameters that are frozen now."""
@@ -202,16 +232,22 @@ class FreezingController:
         for lm in self.modules[: self.frozen]:
             for m in lm.members:
                 self.model.get_submodule(m).eval()
+        self._last_inputs = inputs
+        if self._refresh_pending:
+            self._refresh_reference()
+        use_cache = self._store is not None and sample_ids is not None
+        if use_cache and not self._verified:
+            self._verify_cut(inputs, sample_ids)  # before the capture hook below, which must see one pass only
         evaluate = self._is_eval_step()
         capture: list[torch.Tensor] = []
         handle = None
         if evaluate:
             member = self.modules[self.policy.active].members[-1]  # type: ignore[index]
             handle = self.model.get_submodule(member).register_forward_hook(
-                lambda _m, _i, out: capture.append(out.detach().clone())
+                lambda _m, _i, out: capture.append(_first_tensor(out).detach().clone())
             )
         try:
-            if self._store is not None and sample_ids is not None:
+            if use_cache:
                 out = self._forward_cached(inputs, sample_ids)
             else:
                 out = self.model(inputs)
@@ -332,12 +368,21 @@ class FreezingController:
         )
 
     def _refresh_reference(self) -> None:
+        if self._last_inputs is None:  # static quantization calibrates on a real batch: wait for the next one
+            self._refresh_pending = True
+            return
+        self._refresh_pending = False
         start = time.perf_counter()
         if self._runner is None:
             mode = self.reference_mode
-            self._runner = AsyncReferenceRunner(self._reference_threads, lambda snap: make_reference(snap, mode)[0])
+
+            def build(snapshot: nn.Module, calibration: torch.Tensor | None) -> tuple[nn.Module, object]:
+                return make_reference(snapshot, mode, calibration=calibration)
+
+            self._runner = AsyncReferenceRunner(self._reference_threads, build)
         snapshot = copy.deepcopy(self.model)  # on the training thread: consistent weights; quantized in background
-        if self._runner.refresh(snapshot):
+        calibration = self._last_inputs.detach().to("cpu", copy=True)
+        if self._runner.refresh(snapshot, calibration):
             self._evals_since_refresh = 0
         self.overhead_seconds += time.perf_counter() - start
 
@@ -362,6 +407,7 @@ class FreezingController:
         if self._store is not None:
             self._store.flush()
         self._store = None
+        self._verified = False
         if self.frozen == 0:
             return
         directory = self.cache_dir / f"gen{self.policy.generation}_prefix{self.frozen}"  # type: ignore[operator]
@@ -373,17 +419,20 @@ class FreezingController:
         if self._prefetcher is not None and self._upcoming:
             self._prefetcher.schedule(self._upcoming[self._upcoming_cursor :])
 
+    def _verify_cut(self, inputs: torch.Tensor, sample_ids: torch.Tensor | Sequence[int]) -> None:
+        """Check that the model can run from the new prefix's cache (raises `CutError`) and cache this batch."""
+        k = self._chain_start[self.frozen]
+        activation = self._cut.verify(inputs, k)  # type: ignore[union-attr]
+        self._store.put(sample_ids, activation)  # type: ignore[union-attr]
+        self._verified = True
+
     def _forward_cached(self, inputs: torch.Tensor, sample_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
-        split = self._chain_start[self.frozen]
+        k = self._chain_start[self.frozen]  # members in the frozen prefix
         cached = self._prefetcher.take(sample_ids)  # type: ignore[union-attr]
-        if cached is None:
-            with torch.no_grad():
-                x = inputs
-                for module in self._chain[:split]:
-                    x = module(x)
-            self._store.put(sample_ids, x)  # type: ignore[union-attr]
-        else:
-            x = cached.to(inputs.device)
-        for module in self._chain[split:]:
-            x = module(x)
-        return x
+        if cached is None:  # run the whole model once; the boundary's output goes to the store on the way
+            return self._cut.forward_capture(  # type: ignore[union-attr]
+                inputs,
+                k,
+                lambda activation: self._store.put(sample_ids, activation),  # type: ignore[union-attr]
+            )
+        return self._cut.forward_cached(inputs, k, cached.to(inputs.device))  # type: ignore[union-attr]

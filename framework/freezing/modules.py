@@ -12,9 +12,11 @@ parameters. Three ways to split:
   larger than the per-module share are expanded into their own children, then consecutive pieces are grouped so the
   largest group is as small as possible.
 
-Only `split_children` and `split_by_size` produce a *chain* (members, in order, compose to the model's forward when
-the model and every expanded child are `nn.Sequential`), which is what activation caching needs to start a forward
-pass in the middle of the model; see `is_sequential_chain`.
+Activation caching runs the model from the output of the last frozen member, cutting it at a module boundary with
+forward hooks (`framework.freezing.cut`): any model works (a torchvision ResNet split at its top-level children or
+residual blocks, a HuggingFace BERT split with ``split_regex(model, r"bert\.embeddings|bert\.encoder\.layer\.\d+|head")``)
+as long as nothing after the cut reads values from inside the prefix. `is_sequential_chain` tells the simple case
+where the members compose to the model's forward by construction.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ class FreezingPolicyConfig:
             `tolerance_readings` slope readings (Egeria: 20% of the first 3).
         tolerance_readings: number of initial slope readings that set the tolerance.
         bootstrap_change_rate: bootstrapping ends once the relative change ``|L_prev - L| / |L_prev|`` of the
-            training loss drops below this (Egeria: 10%); L is the moving average of the last W interval means.
+            training loss drops below this (Egeria: 10%); L is the mean of the last W interval means and L_prev the
+            mean of the W before them (non-overlapping windows, so it cannot end before 2W intervals).
         lr_drop_factor: unfreeze every frozen module once the LR is at most ``lr_at_first_freeze / lr_drop_factor``.
         max_frozen: at most this many front modules are frozen (None: all but the last module).
     """
@@ -92,8 +93,8 @@ class FreezingPolicy:
         self.frozen = 0  # the first `frozen` modules are frozen
         self.generation = 0  # bumps on every freeze/unfreeze; names the frozen weights' version
         self.lr_at_first_freeze: float | None = None
-        self.previous_loss: float | None = None  # moving average of the interval-mean losses at the last call
-        self.losses: list[float] = []  # the last W interval-mean losses
+        self.previous_loss: float | None = None  # mean loss of the window before the last one (for inspection)
+        self.losses: list[float] = []  # the last 2W interval-mean losses
         self.evaluations = 0  # plasticity readings accepted so far, over all modules
         self._reset_module()
 
@@ -108,13 +109,16 @@ class FreezingPolicy:
         """Feed the mean training loss of the last interval; returns True when bootstrapping ends at this call."""
         if not self.bootstrapping or not math.isfinite(mean_loss):
             return False
-        # smoothed like the plasticity: the moving average of the last W interval means, so SGD noise on a small
-        # loss does not read as change
-        self.losses = [*self.losses, float(mean_loss)][-self.window :]
-        current = sum(self.losses) / len(self.losses)
-        previous, self.previous_loss = self.previous_loss, current
-        if previous is None:
+        # two adjacent, non-overlapping windows of W interval means: SGD noise on a small loss does not read as
+        # change, and a short interval (T of a few steps) cannot end bootstrapping within a few steps (overlapping
+        # moving averages differ by 1/W of the per-interval change, which ended it at once)
+        w = self.window
+        self.losses = [*self.losses, float(mean_loss)][-2 * w :]
+        if len(self.losses) < 2 * w:
             return False
+        previous = sum(self.losses[:w]) / w
+        current = sum(self.losses[w:]) / w
+        self.previous_loss = previous
         rate = abs(previous - current) / abs(previous) if previous != 0 else 0.0
         if rate < self.config.bootstrap_change_rate:
             self.bootstrapping = False
@@ -214,3 +218,53 @@ class FreezingPolicy:
         self.tolerance, self.low_count = state["tolerance"], state["low_count"]
         limit = self.num_modules - 1 if self.config.max_frozen is None else self.config.max_frozen
         self.max_frozen = min(limit, self.num_modules)
+
+
+# Egeria's worked example (section 4.2.2): ResNet-56 on CIFAR-10, 200 epochs = 78k iterations, 7 layer modules,
+# W = 10 and T = 300 iterations.
+PAPER_TOTAL_STEPS = 78_000
+PAPER_EVAL_INTERVAL = 300
+PAPER_WINDOW = 10
+
+
+@dataclass(frozen=True)
+class ScaledDefaults:
+    """Egeria's hyper-parameters for a run of `total_steps` optimizer steps (see `scaled_defaults`)."""
+
+    total_steps: int
+    eval_interval: int
+    window: int
+    reference_refresh: int
+    earliest_bootstrap_end: int
+
+    def policy(self, **overrides: Any) -> FreezingPolicyConfig:
+        """A `FreezingPolicyConfig` with this window (and any other field overridden)."""
+        return FreezingPolicyConfig(**{"window": self.window, **overrides})
+
+
+def scaled_defaults(total_steps: int, window: int = PAPER_WINDOW, reference_refresh: int = 10) -> ScaledDefaults:
+    """The paper's defaults scaled to a run of `total_steps` steps, keeping every span a fixed fraction of the run.
+
+    The rule (Egeria section 4.2.2, worked example: T = 300 of 78k iterations, W = 10):
+
+    - T (``eval_interval``) = ``max(1, round(total_steps * 300 / 78_000))``: one evaluation every 0.385% of the
+      run. At the paper's 78k steps this is 300; at 550 steps it is 2.
+    - W (``window``) stays a count of evaluations (10 unless given), so the freezing window spans W*T steps = 3.8%
+      of the run at W = 10, as in the paper (3000 of 78k).
+    - bootstrapping compares the mean loss of two adjacent windows of W intervals (`FreezingPolicy.on_loss`), so it
+      ends no earlier than 2*W*T steps (7.7% of the run at W = 10; 6000 steps, about 15 of 200 epochs, in the
+      paper's setting) and later while the loss still falls by 10% per window.
+    - the reference is rebuilt every `reference_refresh` evaluations (the paper gives no number; 10 evaluations
+      is one window at W = 10).
+
+    Args:
+        total_steps: the optimizer steps the run is expected to take (epochs x steps per epoch).
+        window: W; tune it on seeds you do not report.
+    """
+    for name, value in (("total_steps", total_steps), ("window", window), ("reference_refresh", reference_refresh)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"`{name}` is {value!r}, but must be an int")
+        if value < 1:
+            raise ValueError(f"`{name}` is {value}, but must be >= 1")
+    interval = max(1, round(total_steps * PAPER_EVAL_INTERVAL / PAPER_TOTAL_STEPS))
+    return ScaledDefaults(total_steps, interval, window, reference_refresh, 2 * window * interval)

@@ -1,16 +1,31 @@
 """The reference model: an int8 snapshot of the training model run asynchronously on CPU (Egeria section 4.1).
 
-`make_reference` copies the training model to CPU and quantizes it with PyTorch's dynamic int8 quantization
-(``torch.ao.quantization.quantize_dynamic``), which covers ``nn.Linear`` and recurrent layers (transformers, MLPs,
-LSTMs). Layers that dynamic quantization does not support stay float32 in the copy: for a CNN the convolutions and
-batch norms are a float32 snapshot and only the Linear head is int8 (Egeria uses static quantization for CNNs; that
-needs calibration data and QuantStub placement and is left out here). If quantization fails or is unavailable the
-whole reference falls back to a float32 snapshot, and `ReferenceInfo.quantized` says so.
+`make_reference` copies the training model to CPU and quantizes it to int8 with PyTorch's eager-mode
+post-training quantization (``torch.ao.quantization``), module by module, so that the copy keeps the training
+model's module names and the plasticity hook on a member's output works as on the training model:
+
+- ``"static"`` (Egeria's choice for CNNs, plus its NLP choice for linear layers): every convolution is fused with
+  the batch norm registered right after it in the same parent (the fused copy's output is checked against the
+  unfused one on the calibration batch, else nothing is fused), wrapped in ``QuantStub -> conv -> DeQuantStub``,
+  calibrated with min/max observers on one training batch and converted, so the convolution runs in int8
+  (per-channel int8 weights, per-tensor uint8 activations); then every ``nn.Linear`` / LSTM / GRU is dynamically
+  quantized (int8 weights, activations quantized on the fly).
+- ``"dynamic"``: only the dynamic quantization of linear and recurrent layers (convolutions stay float32).
+- ``"float"``: a float32 snapshot.
+
+Modules with parameters that stay float32 (an unfused batch norm, layer norm, embeddings) are listed with the reason
+in `ReferenceInfo.fallbacks`; `ReferenceInfo.int8_modules` names those that really compute in int8. FX graph mode
+(``prepare_fx``) was tried and left out: its symbolic tracer patches ``nn.Module.__call__`` process-wide, which
+breaks the training thread's forward passes while the background thread traces, and a rebuild took 1 s for a small
+CNN. ``torch.ao.quantization`` is deprecated in favour of torchao (whose CPU int8 path covers linear layers only) but
+imports and runs with torch 2.13 on CPU (backend ``x86``); on one thread an int8 ResNet-18 forward on 32x32 images
+is about 3-5x faster than the float32 one (`time_forward`; ``experiments/layer_freezing.py`` prints the ratio).
 
 `AsyncReferenceRunner` runs the reference forward pass on a background thread with its own (small) number of torch
 intra-op threads, compares the activation of one layer module with the training activation of the same mini-batch
 (SP loss), and hands back readings that the training loop polls. Submitting never waits: if the runner is still
 busy, the request is dropped and counted, so results may lag or skip evaluations but training never blocks on it.
+It counts the CPU time of its thread (`cpu_seconds`), which is what the reference costs the machine.
 """
 
 from __future__ import annotations
@@ -28,53 +43,203 @@ from torch import nn
 
 from .plasticity import sp_loss
 
-QUANTIZE_MODES = ("dynamic", "float")
+QUANTIZE_MODES = ("static", "dynamic", "float")
+_CONV_BN = ((nn.Conv1d, nn.BatchNorm1d), (nn.Conv2d, nn.BatchNorm2d), (nn.Conv3d, nn.BatchNorm3d))
 
 
 @dataclass(frozen=True)
 class ReferenceInfo:
-    """What `make_reference` produced: the mode asked for, whether any layer is int8, and the layers left float."""
+    """What `make_reference` produced.
+
+    Attributes:
+        mode: the mode asked for.
+        quantized: whether any module computes in int8.
+        int8_modules: modules with int8 computation, as ``(name, "static" | "dynamic")``; a name is the module's
+            name in the training model (a fused convolution carries its batch norm).
+        fallbacks: ``(name, reason)`` for every module with parameters left float32, and ``("*", reason)`` when a
+            whole step fell back.
+        seconds: wall time of the build.
+    """
 
     mode: str
     quantized: bool
-    float_modules: tuple[str, ...]
+    int8_modules: tuple[tuple[str, str], ...]
+    fallbacks: tuple[tuple[str, str], ...]
     seconds: float
+
+    @property
+    def float_modules(self) -> tuple[str, ...]:
+        """Names of the modules with parameters that compute in float32."""
+        return tuple(name for name, _ in self.fallbacks if name != "*")
 
 
 def _is_quantized(module: nn.Module) -> bool:
     return "quantized" in type(module).__module__
 
 
-def make_reference(model: nn.Module, mode: str = "dynamic") -> tuple[nn.Module, ReferenceInfo]:
-    """An eval-mode CPU snapshot of `model`, int8 dynamically quantized where supported (see module docstring).
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160] if text else ''}"
 
-    The caller must pass a model whose weights will not change while this runs (e.g. a deep copy).
-    """
-    if mode not in QUANTIZE_MODES:
-        raise ValueError(f"`mode` is {mode!r}, but must be one of {QUANTIZE_MODES}")
-    start = time.perf_counter()
+
+def _snapshot(model: nn.Module) -> nn.Module:
     snapshot = copy.deepcopy(model).to("cpu").eval()
     for p in snapshot.parameters():
         p.requires_grad_(False)
         p.grad = None
-    reference, quantized = snapshot, False
-    if mode == "dynamic":
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+    return snapshot
+
+
+def _fuse_conv_bn(model: nn.Module) -> list[str]:
+    """Fuse each convolution with the batch norm registered right after it in the same parent; returns the bns."""
+    from torch.ao.quantization import fuse_modules
+
+    fused = []
+    for parent_name, parent in list(model.named_modules()):
+        kids = list(parent.named_children())
+        groups = [
+            [a, b]
+            for (a, ma), (b, mb) in zip(kids, kids[1:], strict=False)
+            if any(type(ma) is conv and type(mb) is bn for conv, bn in _CONV_BN)
+        ]
+        if groups:
+            fuse_modules(parent, groups, inplace=True)
+            fused.extend(f"{parent_name}.{b}" if parent_name else b for _, b in groups)
+    return fused
+
+
+def _static_convs(model: nn.Module, calibration: torch.Tensor) -> tuple[nn.Module, list[str], str | None]:
+    """Convolutions of `model` (a snapshot) to static int8; returns the model, the int8 convs and a fusion note."""
+    from torch.ao.quantization import (
+        MinMaxObserver,
+        QConfig,
+        QuantWrapper,
+        convert,
+        default_per_channel_weight_observer,
+    )
+    from torch.ao.quantization import prepare as prepare_eager
+
+    with torch.no_grad():
+        expected = model(calibration)
+        unfused = copy.deepcopy(model)
+        fused_bns = _fuse_conv_bn(model)
+        note = None
+        if fused_bns and not _close(model(calibration), expected):
+            model, fused_bns = unfused, []
+            note = "conv+bn fusion by registration order changed the output (a bn is not applied right after its conv)"
+        qconfig = QConfig(
+            activation=MinMaxObserver.with_args(dtype=torch.quint8, reduce_range=True),
+            weight=default_per_channel_weight_observer,
+        )
+        convs = [name for name, m in model.named_modules() if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))]
+        for name in convs:
+            wrapper = QuantWrapper(model.get_submodule(name))
+            wrapper.qconfig = qconfig
+            model.set_submodule(name, wrapper)
+        prepare_eager(model, inplace=True)
+        model(calibration)  # observers see one real batch
+        convert(model, inplace=True)
+    return model, convs, note
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and torch.allclose(a, b, rtol=1e-3, atol=1e-4 * float(b.abs().max() + 1))
+    return False
+
+
+def make_reference(
+    model: nn.Module, mode: str = "static", *, calibration: torch.Tensor | None = None, backend: str = "x86"
+) -> tuple[nn.Module, ReferenceInfo]:
+    """An eval-mode CPU snapshot of `model`, int8 where possible (see the module docstring).
+
+    Args:
+        model: a model whose weights will not change while this runs (e.g. a deep copy).
+        mode: one of `QUANTIZE_MODES`.
+        calibration: one input batch for ``model(calibration)``; without it ``"static"`` does what ``"dynamic"``
+            does (recorded in `fallbacks`).
+        backend: the quantized engine (``torch.backends.quantized.supported_engines``).
+    """
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"`mode` is {mode!r}, but must be one of {QUANTIZE_MODES}")
+    start = time.perf_counter()
+    reference = _snapshot(model)
+    int8: dict[str, str] = {}
+    notes: list[tuple[str, str]] = []
+    fused: set[str] = set()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its deprecation on every call
+        if mode == "static" and calibration is None:
+            notes.append(("*", "static: no calibration batch, so convolutions stay float32"))
+        elif mode == "static" and backend not in torch.backends.quantized.supported_engines:
+            notes.append(("*", f"static: backend {backend!r} not in {torch.backends.quantized.supported_engines}"))
+        elif mode == "static":
+            if torch.backends.quantized.engine != backend:
+                torch.backends.quantized.engine = backend
+            try:
+                candidate, convs, note = _static_convs(reference, calibration.to("cpu"))  # type: ignore[union-attr]
+                reference = candidate
+                int8.update({c: "static" for c in convs})
+                fused = {n for n, m in reference.named_modules() if isinstance(m, nn.Identity)}
+                if note:
+                    notes.append(("*", note))
+            except Exception as exc:  # noqa: BLE001 - any failure of the (deprecated) static path: keep float convs
+                reference = _snapshot(model)
+                notes.append(("*", f"static: {_first_line(exc)}; convolutions stay float32"))
+        if mode in ("static", "dynamic"):
+            try:
                 from torch.ao.quantization import quantize_dynamic
 
-                candidate = quantize_dynamic(snapshot, {nn.Linear, nn.LSTM, nn.GRU}, dtype=torch.qint8)
-            quantized = any(_is_quantized(m) for m in candidate.modules())
-            reference = candidate
-        except Exception:  # noqa: BLE001 - any failure of the (deprecated) quantization path falls back to float
-            reference, quantized = snapshot, False
-    float_modules = tuple(
-        name
-        for name, m in reference.named_modules()
-        if any(True for _ in m.parameters(recurse=False)) and not _is_quantized(m)
-    )
-    return reference, ReferenceInfo(mode, quantized, float_modules, time.perf_counter() - start)
+                before = {n for n, m in reference.named_modules() if _is_quantized(m)}
+                reference = quantize_dynamic(reference, {nn.Linear, nn.LSTM, nn.GRU}, dtype=torch.qint8)
+                int8.update(
+                    {
+                        n: "dynamic"
+                        for n, m in reference.named_modules()
+                        if _is_quantized(m) and n not in before and not n.endswith("._packed_params")
+                    }
+                )
+            except Exception as exc:  # noqa: BLE001
+                notes.append(("*", f"dynamic: {_first_line(exc)}; linear layers stay float32"))
+    fallbacks = list(notes)
+    for name, m in reference.named_modules():
+        if _is_quantized(m) or name in fused or not any(True for _ in m.parameters(recurse=False)):
+            continue
+        if mode == "float":
+            reason = "float mode"
+        elif isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            reason = "static int8 convolutions were not built (see '*')"
+        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+            reason = "batch norm not registered right after a convolution: not fused, float32"
+        else:
+            reason = f"{type(m).__name__}: no int8 kernel used for it, float32"
+        fallbacks.append((name, reason))
+    # names as in the training model: a QuantWrapper adds ".module" and a dynamic module keeps its name
+    names = tuple((n.removesuffix(".module"), kind) for n, kind in int8.items())
+    info = ReferenceInfo(mode, bool(names), names, tuple(fallbacks), time.perf_counter() - start)
+    return reference, info
+
+
+def time_forward(model: nn.Module, inputs: torch.Tensor, repeats: int = 5, threads: int = 1) -> float:
+    """Median seconds of ``model(inputs)`` under ``torch.no_grad()`` with `threads` intra-op threads (one warm-up)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    times = []
+    try:
+        with torch.no_grad():
+            model(inputs)
+            for _ in range(repeats):
+                start = time.perf_counter()
+                model(inputs)
+                times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return sorted(times)[len(times) // 2]
+
+
+def _first_tensor(output: object) -> torch.Tensor:
+    """A module's output tensor: the output itself, or the first item of a tuple/list (e.g. older HF layers)."""
+    return output[0] if isinstance(output, (tuple, list)) else output  # type: ignore[return-value]
 
 
 class _StopForward(Exception):
@@ -89,8 +254,8 @@ def capture_activation(model: nn.Module, member: str, inputs: torch.Tensor) -> t
     """
     captured: list[torch.Tensor] = []
 
-    def hook(_module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
-        captured.append(output.detach())
+    def hook(_module: nn.Module, _inputs: object, output: object) -> None:
+        captured.append(_first_tensor(output).detach())
         raise _StopForward
 
     handle = model.get_submodule(member).register_forward_hook(hook)
@@ -132,21 +297,28 @@ class AsyncReferenceRunner:
     Args:
         num_threads: torch intra-op threads of the background thread (per-thread in PyTorch, so the training
             thread keeps its own setting).
-        build: called on the background thread with a model snapshot; returns the reference model. Defaults to
-            ``make_reference(snapshot, "dynamic")[0]``.
+        build: called on the background thread as ``build(snapshot, calibration)``; returns the reference model or
+            ``(model, ReferenceInfo)``. Defaults to ``make_reference(snapshot, "static", calibration=calibration)``.
     """
 
-    def __init__(self, num_threads: int = 1, build: Callable[[nn.Module], nn.Module] | None = None) -> None:
+    def __init__(
+        self,
+        num_threads: int = 1,
+        build: Callable[[nn.Module, torch.Tensor | None], nn.Module | tuple[nn.Module, ReferenceInfo]] | None = None,
+    ) -> None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"`num_threads` is {num_threads!r}, but must be an int >= 1")
         self.num_threads = num_threads
-        self._build = build or (lambda snapshot: make_reference(snapshot, "dynamic")[0])
+        self._build = build or (lambda snapshot, calibration: make_reference(snapshot, calibration=calibration))
         self._inbox: queue.Queue[tuple[str, object] | None] = queue.Queue()
         self._outbox: queue.Queue[PlasticityReading] = queue.Queue()
         self._busy = threading.Event()
         self._reference: nn.Module | None = None
         self.dropped = 0  # requests refused because the runner was busy
         self.busy_seconds = 0.0  # wall time the background thread spent on forward passes and rebuilds
+        self.cpu_seconds = 0.0  # CPU time of the background thread (all of its work, by time.thread_time)
+        self.builds = 0
+        self.info: ReferenceInfo | None = None  # of the latest build, when `build` returns one
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="egeria-reference", daemon=True)
         self._thread.start()
@@ -156,16 +328,17 @@ class AsyncReferenceRunner:
         """True once a reference model has been built (a rebuild keeps the old one usable until it is done)."""
         return self._reference is not None
 
-    def refresh(self, snapshot: nn.Module) -> bool:
+    def refresh(self, snapshot: nn.Module, calibration: torch.Tensor | None = None) -> bool:
         """Queue a rebuild of the reference from `snapshot` (a copy the caller will not modify); never waits.
 
-        Returns False (and drops the request) while the runner is busy.
+        `calibration` is one input batch for static quantization. Returns False (and drops the request) while the
+        runner is busy.
         """
         if self._busy.is_set():
             self.dropped += 1
             return False
         self._busy.set()
-        self._inbox.put(("build", snapshot))
+        self._inbox.put(("build", (snapshot, calibration)))
         return True
 
     def submit(self, step: int, module: int, member: str, inputs: torch.Tensor, train_activation: torch.Tensor) -> bool:
@@ -211,10 +384,14 @@ class AsyncReferenceRunner:
             if item is None:
                 return
             kind, payload = item
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             try:
                 if kind == "build":
-                    self._reference = self._build(payload)  # type: ignore[arg-type]
+                    built = self._build(*payload)  # type: ignore[misc]
+                    if isinstance(built, tuple):
+                        built, self.info = built
+                    self._reference = built
+                    self.builds += 1
                 else:
                     req: _Request = payload  # type: ignore[assignment]
                     ref = capture_activation(self._reference, req.member, req.inputs)  # type: ignore[arg-type]
@@ -225,4 +402,5 @@ class AsyncReferenceRunner:
                 self.error = exc
             finally:
                 self.busy_seconds += time.perf_counter() - start
+                self.cpu_seconds += time.thread_time() - cpu_start
                 self._busy.clear()

@@ -10,11 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from framework.freezing import (
+    CutError,
     FreezingController,
     FreezingPolicyConfig,
     LayerModule,
     frozen_parameter_names,
     split_children,
+    split_regex,
 )
 
 
@@ -197,7 +199,7 @@ def test_controller_load_rejects_state_of_other_modules(cnn):
         (
             {"reference_mode": "int4"},
             ValueError,
-            r"`reference_mode` is 'int4', but must be one of \('dynamic', 'float'\)",
+            r"`reference_mode` is 'int4', but must be one of \('static', 'dynamic', 'float'\)",
         ),
         ({"policy": {"window": 3}}, TypeError, "`policy` is dict, but must be a FreezingPolicyConfig or None"),
         ({"modules": []}, ValueError, "`modules` is empty, but must hold at least one LayerModule"),
@@ -213,9 +215,64 @@ def test_controller_validation_names_parameter_value_and_rule(cnn, kwargs, error
         FreezingController(cnn, **kwargs)
 
 
-def test_controller_rejects_cache_for_a_non_sequential_chain(cnn, tmp_path):
-    modules = [LayerModule("a", ("0",)), LayerModule("c", ("2",))]  # gap: module "1" is missing
-    with pytest.raises(
-        ValueError, match=r"`cache_dir` is '.*', but caching needs `modules` to form a sequential chain"
-    ):
+def test_controller_rejects_cache_for_nested_members(cnn, tmp_path):
+    modules = [LayerModule("a", ("2",)), LayerModule("b", ("2.0",))]
+    with pytest.raises(CutError, match=r"member '2.0' of Sequential lies inside member '2', but members must not nest"):
         FreezingController(cnn, modules, cache_dir=tmp_path)
+
+
+def test_controller_caches_across_a_gap_in_the_members(cnn, data, tmp_path):
+    # module "1" is no member: it runs as usual on the cached output of "0"
+    x, y = data
+    modules = [LayerModule("a", ("0",)), LayerModule("c", ("2",)), LayerModule("d", ("3",))]
+    controller = FreezingController(cnn, modules, eval_interval=1000, cache_dir=tmp_path)
+    controller.freeze(1)
+    _train(controller, cnn, x, y, steps=8)
+    assert controller._prefetcher.hits + controller._prefetcher.misses == 8 and len(controller._store) == 32
+    controller.close()
+
+
+class _SkipAcross(nn.Module):
+    """A residual connection around `a`: a cut after `b` must not be allowed (rule 3), a cut after `a` is fine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.c(self.b(h) + h)
+
+
+def test_controller_names_the_model_and_rule_when_a_cut_reads_across_the_boundary(tmp_path):
+    torch.manual_seed(0)
+    model = _SkipAcross()
+    controller = FreezingController(model, split_children(model), cache_dir=tmp_path)
+    controller.freeze(2)
+    with pytest.raises(CutError, match=r"_SkipAcross run from the cached output of member 'b' differs .*rule 3"):
+        controller.forward(torch.randn(4, 4), torch.arange(4))
+    controller.close()
+
+
+def test_controller_reads_bert_plasticity_against_an_int8_reference(tmp_path):
+    from framework.architectures import BertClassifier, small_bert
+
+    model = BertClassifier(small_bert(hidden_size=32, num_layers=2, num_heads=2, vocab_size=100, max_len=16), 3)
+    modules = split_regex(model, r"bert\.embeddings|bert\.encoder\.layer\.\d+|head")
+    controller = FreezingController(model, modules, eval_interval=1, cache_dir=tmp_path)
+    controller.freeze(1)  # embeddings frozen and cached; layer 0 is monitored
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    ids, y = torch.randint(1, 100, (8, 16), generator=g), torch.randint(0, 3, (8,), generator=g)
+    for _ in range(4):
+        loss = F.cross_entropy(controller.forward(ids, torch.arange(8)), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        controller.after_step(loss, 0.01)
+        assert controller.wait_reference(timeout=10)
+    stats = controller.reference_stats()
+    assert controller.readings and {m for _, m, _ in controller.readings} == {1}
+    assert ("bert.encoder.layer.0.attention.self.query", "dynamic") in stats["info"].int8_modules
+    assert "bert.embeddings.word_embeddings" in stats["info"].float_modules and len(controller._store) == 8
+    controller.close()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from framework.freezing import FreezingPolicy, FreezingPolicyConfig, least_squares_slope
+from framework.freezing import FreezingPolicy, FreezingPolicyConfig, least_squares_slope, scaled_defaults
 
 
 def _policy(window: int = 2, num_modules: int = 3) -> FreezingPolicy:
@@ -27,11 +27,38 @@ def test_policy_bootstrapping_ends_when_loss_change_rate_drops_below_ten_percent
     assert not policy.bootstrapping and policy.active == 0
 
 
-def test_policy_bootstrapping_compares_moving_averages_of_the_loss():
+def test_policy_bootstrapping_compares_adjacent_windows_of_the_loss():
     policy = FreezingPolicy(3, FreezingPolicyConfig(window=2))
-    # averages of the last 2: 2.0, 1.5, 1.0, 0.95 -> rates 0.25, 1/3, 0.05 < 0.1; the raw 1.0 -> 0.9 change (10%) would not
-    ended = [policy.on_loss(x) for x in (2.0, 1.0, 1.0, 0.9)]
-    assert ended == [False, False, False, True]
+    # windows of 2: (2.0, 1.0) -> (1.0, 0.8): 1.5 -> 0.9, rate 0.4; (1.0, 1.0) -> (0.8, 0.9): 1.0 -> 0.85, rate 0.15;
+    # (1.0, 0.8) -> (0.9, 0.9): 0.9 -> 0.9, rate 0 < 0.1. The first three calls cannot end it (fewer than 2W means).
+    ended = [policy.on_loss(x) for x in (2.0, 1.0, 1.0, 0.8, 0.9, 0.9)]
+    assert ended == [False, False, False, False, False, True]
+    assert policy.previous_loss == pytest.approx(0.9)
+
+
+def test_policy_bootstrapping_never_ends_before_two_windows():
+    policy = FreezingPolicy(3, FreezingPolicyConfig(window=10))
+    assert [policy.on_loss(1.0) for _ in range(20)] == [False] * 19 + [True]
+
+
+def test_scaled_defaults_reduce_to_the_paper_at_its_run_length():
+    paper = scaled_defaults(78_000)
+    assert (paper.eval_interval, paper.window, paper.earliest_bootstrap_end) == (300, 10, 6000)
+    short = scaled_defaults(552, window=5)
+    assert (short.eval_interval, short.window, short.earliest_bootstrap_end) == (2, 5, 20)
+    assert scaled_defaults(10).eval_interval == 1 and short.policy().window == 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"total_steps": 0}, ValueError, "`total_steps` is 0, but must be >= 1"),
+        ({"total_steps": 100, "window": 2.5}, TypeError, "`window` is 2.5, but must be an int"),
+    ],
+)
+def test_scaled_defaults_validation(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        scaled_defaults(**kwargs)
 
 
 def test_policy_ignores_plasticity_while_bootstrapping():
