@@ -16,8 +16,8 @@ _EXPORTS = {
     "MLflowCallback": "framework.callbacks",
     "TensorBoardCallback": "framework.callbacks",
     "PartitionedDataset": "framework.data",
-    "connect": "framework.connect",
-    "RunHandle": "framework.connect",
+    "connect": "framework.steering",
+    "RunHandle": "framework.steering",
     "EngineTransfer": "framework.planner.engine",
     "transfer_on_engine": "framework.planner.engine",
     "TransferPlan": "framework.planner.transfer",
@@ -33,7 +33,6 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from framework.callbacks import Callback, MLflowCallback, TensorBoardCallback
-    from framework.connect import RunHandle, connect
     from framework.data import PartitionedDataset
     from framework.options import EXECUTORS, RunOptions
     from framework.planner.engine import EngineTransfer, transfer_on_engine
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
     from framework.replay import replay
     from framework.result import Result
     from framework.selection import ModelSelection
+    from framework.steering import RunHandle, connect
     from framework.trainable import Trainable
 
 

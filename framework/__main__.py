@@ -1,6 +1,6 @@
 """Command line: `python -m framework COMMAND --help` (the console script `modelhopper`): demo, show, replay, list,
 status, compare, export, resume, workers, pause, unpause. The commands about runs are thin glue over
-`framework.runs` (reading them) and `framework.connect` (steering a running one)."""
+`framework.runs` (reading them) and `framework.steering` (steering a running one)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    from framework.connect import connect
+    from framework.steering import connect
 
     handle = connect(args.run, source="cli")
     if args.add is None and args.drain is None:
@@ -130,7 +130,7 @@ def _workers(args: argparse.Namespace) -> int:
 
 
 def _pause(args: argparse.Namespace) -> int:
-    from framework.connect import connect
+    from framework.steering import connect
 
     handle = connect(args.run, source="cli")
     o = handle.pause(args.timeout) if args.command == "pause" else handle.unpause(args.timeout)
@@ -408,10 +408,10 @@ USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueErro
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m framework") -> int:
-    from framework.connect import NotRunningError
     from framework.engine.catalog import CatalogError
     from framework.engine.signing import SignatureError
     from framework.result import NoResultError
+    from framework.steering import NotRunningError
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)

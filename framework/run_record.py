@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import socket
 import sys
@@ -20,8 +21,10 @@ import torch
 
 from automl import Procedure
 from framework.data import PartitionedDataset
+from framework.driver.commands import InboxCommands
 from framework.engine.catalog import SQLiteCatalog, check_verified, confine
 from framework.engine.checkpoint import CheckpointStore
+from framework.engine.inbox import read_requests
 from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
 from framework.options import RunOptions
@@ -129,6 +132,15 @@ def is_being_written(storage_path: str) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def inbox_commands(catalog: SQLiteCatalog, storage_path: str) -> InboxCommands:
+    """The commands other processes send a run (`framework.connect`): the requests in its inbox that no `command`
+    event of the run names yet (all of them, for a new run)."""
+    run_id = catalog.meta()["run_id"]
+    events = catalog.events()
+    seen = {json.loads(d).get("request") for d in events[events.kind == "command"].detail} - {None}
+    return InboxCommands(lambda after: read_requests(storage_path, run_id, after), seen)
 
 
 @dataclass(frozen=True)

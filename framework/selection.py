@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -28,16 +27,15 @@ from framework.arguments import check_dataset, check_faults, check_user_code, ne
 from framework.callbacks import Callback, RunInfo, check_callbacks
 from framework.data import PartitionedDataset
 from framework.driver import Driver, SQLiteRunLog
-from framework.driver.commands import InboxCommands, QueueCommands, Sources
+from framework.driver.commands import QueueCommands, Sources
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
-from framework.engine.inbox import read_requests
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.observers import ProgressBar, StorageMirror, print_summary
 from framework.options import EXECUTORS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.run_record import is_finished, load_run, record_run, reopen_run, writer_lock
+from framework.run_record import inbox_commands, is_finished, load_run, record_run, reopen_run, writer_lock
 from framework.scheduling import Scheduler
 
 __all__ = ["EXECUTORS", "ModelSelection"]
@@ -178,9 +176,8 @@ class ModelSelection:
         return self
 
     def run(self) -> Result:
-        """Run the selection to completion and return its `Result` (also written under `storage_path`). A resumed
-        run that had already finished returns its result without starting Ray or any worker. The run directory's
-        writer lock is held throughout (`run_record.writer_lock`): resuming a run that is being written is an error."""
+        """Run the selection to completion and return its `Result` (also written under `storage_path`); a finished
+        run's resume returns it at once. Holds the run's `writer_lock`: resuming a run being written is an error."""
         with contextlib.ExitStack() as lock:
             return self._run(lock)
 
@@ -213,9 +210,9 @@ class ModelSelection:
         bar = ProgressBar(self.progress, planned and planned * 2 * len(backend.entries),
                           lambda seconds: self._driver.leaderboard_line(seconds))
         mirror = [StorageMirror(self.storage)] if self.storage.uri is not None else []
+        commands = Sources(self._commands, inbox_commands(catalog, self.storage_path))  # this process's, then others'
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
-                        options, self.faults, commands=Sources(self._commands, self._inbox(catalog)),
-                        observers=[bar, *self.callbacks, *mirror])
+                        options, self.faults, commands=commands, observers=[bar, *self.callbacks, *mirror])
         self._driver, run = driver, driver.run_state
         if self.progress:
             print(f"Run directory: {self.storage.describe()}", file=sys.stderr, flush=True)
@@ -250,14 +247,6 @@ class ModelSelection:
         self.storage.push(force=True)
         print_summary(self.storage, result, options.metric)
         return result
-
-    def _inbox(self, catalog: SQLiteCatalog) -> InboxCommands:
-        """Commands other processes send (`framework.connect`): the requests in the run's inbox that no `command`
-        event of the run names yet (all of them, for a new run)."""
-        run_id, where = catalog.meta()["run_id"], self.storage_path
-        events = catalog.events()
-        seen = {json.loads(d).get("request") for d in events[events.kind == "command"].detail} - {None}
-        return InboxCommands(lambda after: read_requests(where, run_id, after), seen)
 
     @property
     def rounds_completed(self) -> int:

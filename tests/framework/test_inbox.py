@@ -89,3 +89,10 @@ def test_sources_read_the_queue_first_then_the_inbox(tmp_path):
     got = both.poll()
     assert [c.name for c in got] == ["drain_worker", "add_workers"] and isinstance(got[0], Command)
     assert got[1].source == "inbox:connect"
+
+
+def test_framework_connect_stays_the_function_once_its_module_is_imported():
+    import framework
+    import framework.steering  # noqa: F401 - a submodule named like the function would replace it on import
+
+    assert callable(framework.connect) and framework.connect is framework.steering.connect

@@ -94,9 +94,9 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
 
 
 def test_a_command_sent_while_the_run_was_down_is_applied_once_when_it_resumes(ray_cluster, tmp_path):
-    from framework.connect import NotRunningError
     from framework.engine.catalog import SQLiteCatalog
     from framework.engine.inbox import send_request
+    from framework.steering import NotRunningError
     from tests.integration.test_fault_tolerance import _crash_driver, _resume
 
     storage = _crash_driver(tmp_path, "commit")  # 1 worker, round 0 committed, then SIGKILL

@@ -1,4 +1,4 @@
-"""Steer a running selection from another process: `framework.connect(run)`.
+"""Steer a running selection from another process: `framework.connect(run)` (this module is `framework.steering`).
 
     handle = framework.connect("~/modelhopper_runs/gridsearch-20260101-120000-000000")
     handle.status()["status"]          # "running"
