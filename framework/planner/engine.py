@@ -34,7 +34,13 @@ import torch
 from torch import nn
 
 from framework.engine.worker import seed_everything
-from framework.planner.execution import KeyedModule, boundary_keys, build_bridge, trainable_state_dict
+from framework.planner.execution import (
+    KeyedModule,
+    ancestors_or_self,
+    boundary_keys,
+    build_bridge,
+    trainable_state_dict,
+)
 from framework.planner.memory import estimate_peak_memory
 from framework.planner.milp import COMPUTE, LOAD, PRUNE, CostModel, ReusePlan
 from framework.planner.multimodel import MultiModelGraph
@@ -414,21 +420,11 @@ def common_frozen_chain(mm: MultiModelGraph) -> list[str]:
 def extraction_memory(mm: MultiModelGraph, input_key: str, keys: Sequence[str]) -> tuple[int, int]:
     """(bytes per record, bytes of the model) of extracting ``keys`` from the input: the live-tensor estimate of a
     forward-only plan, at batch 1 and 2."""
-    need = _ancestors(mm, keys)
+    need = ancestors_or_self(mm, keys)
     actions = {k: (LOAD if k == input_key else COMPUTE) if k in need else PRUNE for k in mm.layers}
     plan = ReusePlan(actions, 0.0)
     one, two = estimate_peak_memory(mm, plan, 1), estimate_peak_memory(mm, plan, 2)
     return two - one, max(one - (two - one), 0)
-
-
-def _ancestors(mm: MultiModelGraph, keys: Sequence[str]) -> set[str]:
-    seen, stack = set(), list(keys)
-    while stack:
-        k = stack.pop()
-        if k not in seen:
-            seen.add(k)
-            stack.extend(mm.parents[k])
-    return seen
 
 
 def measure_split(transfer: EngineTransfer, x: torch.Tensor, *, repeats: int = 3) -> dict[str, Any]:

@@ -170,11 +170,12 @@ def build_branch(mm: MultiModelGraph, i: int) -> KeyedModule:
 def build_bridge(mm: MultiModelGraph, loaded: Sequence[str], models: Sequence[int]) -> KeyedModule:
     """Loaded layers -> the union of the boundaries of ``models`` (shared layers computed once)."""
     outs = list(dict.fromkeys(k for i in models for k in boundary_keys(mm, i)))
-    needed_inputs = [k for k in loaded if k in _ancestors_or_self(mm, outs)]
+    needed_inputs = [k for k in loaded if k in ancestors_or_self(mm, outs)]
     return KeyedModule(mm, needed_inputs, outs)
 
 
-def _ancestors_or_self(mm: MultiModelGraph, keys: Sequence[str]) -> set[str]:
+def ancestors_or_self(mm: MultiModelGraph, keys: Sequence[str]) -> set[str]:
+    """`keys` and every layer they are computed from, in the multi-model graph."""
     seen, stack = set(), list(keys)
     while stack:
         k = stack.pop()
