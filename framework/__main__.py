@@ -1,5 +1,5 @@
 """Command line: `python -m framework COMMAND --help` (the console script `modelhopper`): demo, show, replay, list,
-status, compare, export, resume, workers, pause, unpause. The commands about runs are thin glue over
+status, watch, compare, export, resume, workers, pause, unpause. The commands about runs are thin glue over
 `framework.runs` (reading them) and `framework.steering` (steering a running one)."""
 
 from __future__ import annotations
@@ -136,6 +136,32 @@ def _pause(args: argparse.Namespace) -> int:
     o = handle.pause(args.timeout) if args.command == "pause" else handle.unpause(args.timeout)
     print(f"{o.name}: {o.outcome}" if o.applied else f"{o.name} rejected: {o.outcome}")
     return 0 if o.applied else 1
+
+
+def _watch(args: argparse.Namespace) -> int:
+    import time
+
+    from framework import Result
+    from framework.runs import age, run_status
+
+    while True:
+        s = run_status(args.run)
+        with Result.open(args.run) as result:
+            board = result.get_dataframe().head(args.top).drop(columns=["round"], errors="ignore")
+            recent = result.events[result.events.kind.isin(("command", "worker_failed", "worker_joined",
+                                                            "config_failed", "worker_killed"))].tail(5)
+        units = s["units_done"]
+        frame = [f"{s['path']}: {s['status']}, {s['num_configs']} configs {s['configs']}, "
+                 f"{units.get('train', 0)} train units, {s['rounds']} rounds, last activity {age(s['age_s'])} ago",
+                 board.to_string(index=False)]
+        if not recent.empty:
+            frame += ["recent events:"] + [f"  {k} {d}" for k, d in zip(recent.kind, recent.detail)]
+        if not args.once and sys.stdout.isatty():
+            print("\x1b[H\x1b[2J", end="")  # clear the terminal: the table refreshes in place
+        print("\n".join(frame), flush=True)
+        if args.once or s["status"] not in ("running", "running?"):
+            return 0
+        time.sleep(args.interval)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -328,6 +354,13 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     st.add_argument("run", help="run directory (or the URI it was mirrored to)")
     st.add_argument("--json", action="store_true", help="print JSON instead of text")
     st.set_defaults(func=_status)
+    wa = sub.add_parser("watch", help="a live leaderboard of a run, refreshed until it stops running (reads only)",
+                        formatter_class=fmt)
+    wa.add_argument("run", help="run directory (or the URI it was mirrored to)")
+    wa.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes")
+    wa.add_argument("--top", type=_positive_int, default=10, help="how many of the best configs to show")
+    wa.add_argument("--once", action="store_true", help="print once and exit")
+    wa.set_defaults(func=_watch)
     wk = sub.add_parser("workers", help="add workers to a running run, or drain one (framework.connect)",
                         formatter_class=fmt, description="Sends the command to the running run and prints what its "
                         "driver did with it (exit code 1 when it rejected it).")

@@ -287,6 +287,7 @@ def test_export_of_the_current_folder_goes_beside_it(runs, tmp_path, capsys, mon
     (["list", "{p}/missing"], "does not exist"),
     (["workers", "{p}/missing", "--add", "1"], "holds no run.db: not a run directory"),
     (["pause", "{p}/missing"], "holds no run.db: not a run directory"),
+    (["watch", "{p}/missing", "--once"], "holds no run.db: not a run directory"),
     (["unpause", "{p}"], "holds no run.db: not a run directory"),
 ])
 def test_a_missing_run_is_one_line_and_exit_code_2(tmp_path, capsys, argv, message):
@@ -310,8 +311,8 @@ def test_help_lists_the_subcommands_and_says_what_they_do(capsys):
     script = os.path.join(os.path.dirname(sys.executable), "modelhopper")
     out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    for command in ("demo", "show", "replay", "list", "status", "compare", "export", "resume", "workers", "pause",
-                    "unpause"):
+    for command in ("demo", "show", "replay", "list", "status", "watch", "compare", "export", "resume", "workers",
+                    "pause", "unpause"):
         assert f"    {command} " in out.stdout, command
     for command in ("list", "status", "compare", "export", "resume"):
         with pytest.raises(SystemExit):

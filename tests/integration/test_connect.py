@@ -76,6 +76,9 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
         handle = framework.connect(path)
         _wait(lambda: handle._answer("planted") is not None)
         _wait(lambda: sel.live_workers() == [0, 1, 2])  # the added worker joins once it has loaded its data
+        watched = _cli("watch", path, "--once")  # reads the running run: its status, leaderboard, recent events
+        assert watched.returncode == 0, watched.stderr
+        assert f"{path}: running, 2 configs" in watched.stdout and "  command " in watched.stdout
     finally:
         gate.unlink()
         runner.join(timeout=180)
