@@ -96,7 +96,7 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
     assert late.returncode == 2 and late.stderr.count("\n") == 1 and "is finished, not running" in late.stderr
 
 
-def test_a_command_sent_while_the_run_was_down_is_applied_once_when_it_resumes(ray_cluster, tmp_path):
+def test_commands_sent_while_the_run_was_down_are_applied_once_when_it_resumes(ray_cluster, tmp_path):
     from framework.engine.catalog import SQLiteCatalog
     from framework.engine.inbox import send_request
     from framework.steering import NotRunningError
@@ -109,9 +109,13 @@ def test_a_command_sent_while_the_run_was_down_is_applied_once_when_it_resumes(r
     run_id = catalog.meta()["run_id"]
     catalog.close()
     send_request(storage, run_id, "add_workers", {"count": 1})  # what a sender whose run stopped leaves behind
+    for _ in range(999):  # a long log of commands: each applied (here: rejected) once, in order
+        send_request(storage, run_id, "unpause", {})
     result = _resume(storage)
-    assert result.commands[["name", "applied", "outcome"]].values.tolist() == [
-        ["add_workers", True, "started workers [1]"]]
+    cmds = result.commands
+    assert len(cmds) == 1000 and cmds[["name", "applied", "outcome"]].iloc[0].tolist() == [
+        "add_workers", True, "started workers [1]"]
+    assert set(cmds.outcome.iloc[1:]) == {"the run is not paused"} and result.verified
     assert set(result.status.status) == {"completed"}
 
 
