@@ -37,6 +37,12 @@ def _check_positive(name: str, value: float, *, allow_inf: bool = False) -> None
         raise ValueError(f"`{name}` is {value!r}, but must be a positive finite number")
 
 
+def check_disk_budget(disk_budget: float) -> None:
+    """A ValueError unless `disk_budget` is a number of bytes >= 0 (inf: no budget; 0: nothing is stored)."""
+    if not isinstance(disk_budget, (int, float)) or math.isnan(disk_budget) or disk_budget < 0:
+        raise ValueError(f"`disk_budget` is {disk_budget!r}, but must be a number >= 0 (bytes)")
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Machine throughputs: compute in FLOP/s, disk (feature store) reads in bytes/s; inf disk = free loads."""
@@ -215,8 +221,7 @@ def solve_reuse(
 ) -> MaterializationPlan:
     """Solve equations 9-10 over ``units``. With ``fixed`` (a set V), Z is fixed and the budget dropped (4.3.2)."""
     _check_positive("records", records)
-    if not isinstance(disk_budget, (int, float)) or math.isnan(disk_budget) or disk_budget < 0:
-        raise ValueError(f"`disk_budget` is {disk_budget!r}, but must be a number >= 0 (bytes)")
+    check_disk_budget(disk_budget)
     solver = pywraplp.Solver.CreateSolver("SCIP") or pywraplp.Solver.CreateSolver("CBC")
     assert solver is not None, "OR-Tools ships SCIP and CBC"
     solver.SetTimeLimit(int(time_limit_s * 1000))
@@ -297,13 +302,18 @@ def optimize_materialization(
     time_limit_s: float = 30.0,
 ) -> MaterializationPlan:
     """Nautilus equations 9-10: the materialized set V and each model's optimal reuse plan."""
+    units = _model_units(mm, epochs)
+    return solve_reuse(mm, units, cost_model, records=records, disk_budget=disk_budget, time_limit_s=time_limit_s)
+
+
+def _model_units(mm: MultiModelGraph, epochs: Sequence[int]) -> list[_Unit]:
+    """One unit per model (no fusion), each trained `epochs[i]` epochs; `epochs` checked."""
     if len(epochs) != len(mm.models):
         raise ValueError(f"`epochs` has {len(epochs)} entries, but there are {len(mm.models)} models")
     for e in epochs:
         if not isinstance(e, int) or e < 1:
             raise ValueError(f"`epochs` holds {e!r}, but every entry must be an int >= 1")
-    units = units_for(mm, [[i] for i in range(len(mm.models))], epochs)
-    return solve_reuse(mm, units, cost_model, records=records, disk_budget=disk_budget, time_limit_s=time_limit_s)
+    return units_for(mm, [[i] for i in range(len(mm.models))], epochs)
 
 
 def reuse_closure(
@@ -365,16 +375,13 @@ def exhaustive_materialization(
     with more than ``max_storable`` storable layers. Ties break towards the smaller V (the MILP's storage penalty).
     """
     _check_positive("records", records)
-    if len(epochs) != len(mm.models):
-        raise ValueError(f"`epochs` has {len(epochs)} entries, but there are {len(mm.models)} models")
-    if not isinstance(disk_budget, (int, float)) or math.isnan(disk_budget) or disk_budget < 0:
-        raise ValueError(f"`disk_budget` is {disk_budget!r}, but must be a number >= 0 (bytes)")
+    check_disk_budget(disk_budget)
+    units = _model_units(mm, epochs)
     layers = mm.layers
     inputs = frozenset(k for k in mm.materializable if layers[k].per_record and layers[k].op == "placeholder")
     storable = [k for k in mm.materializable if layers[k].per_record and layers[k].op != "placeholder"]
     if len(storable) > max_storable:
         raise ValueError(f"the graph has {len(storable)} storable layers, but `max_storable` is {max_storable}")
-    units = units_for(mm, [[i] for i in range(len(mm.models))], epochs)
     unit_storable = [frozenset(k for k in storable if k in set(u.keys)) for u in units]
     cache: list[dict[frozenset[str], ReusePlan]] = [{} for _ in units]
     best: tuple[float, float, tuple[str, ...], list[ReusePlan]] | None = None

@@ -42,6 +42,7 @@ from framework.planner.fusion import FusedGroup, FusedTrainer, fuse_models
 from framework.planner.memory import estimate_peak_memory
 from framework.planner.milp import (
     CostModel,
+    check_disk_budget,
     flops_optimal_speedup,
     measure_cost_model,
     optimize_materialization,
@@ -344,8 +345,7 @@ class TransferSelection:
                 raise ValueError(f"`configs[{cid}]['epochs']` is {e!r}, but must be an int >= 1")
         if not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"`epochs` is {epochs!r}, but must be an int >= 1")
-        if not isinstance(disk_budget, (int, float)) or math.isnan(disk_budget) or disk_budget < 0:
-            raise ValueError(f"`disk_budget` is {disk_budget!r}, but must be a number of bytes >= 0")
+        check_disk_budget(disk_budget)
         if not isinstance(memory_budget, (int, float)) or math.isnan(memory_budget) or memory_budget <= 0:
             raise ValueError(f"`memory_budget` is {memory_budget!r}, but must be a positive number of bytes")
         if not isinstance(initial_records, int) or initial_records < 1:
