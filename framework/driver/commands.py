@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import abc
 import itertools
+import math
 import queue
 import random
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,10 +79,17 @@ class InboxCommands(CommandSource):
     those its `command` events name, so a request sent while the run was down is applied when it resumes, and none
     twice)."""
 
-    def __init__(self, read: Callable[[int], list[Any]], seen: set[str] = frozenset()) -> None:
-        self._read, self._after, self._seen = read, 0, set(seen)
+    def __init__(self, read: Callable[[int], list[Any]], seen: set[str] = frozenset(), interval_s: float = 0.05) -> None:
+        # `interval_s`: the least time between two reads (one opens a SQLite file, about 0.4 ms: too much for every
+        # turn of a busy loop), well inside the loop's `COMMAND_WAIT_S`
+        self._read, self._after, self._seen, self._interval = read, 0, set(seen), interval_s
+        self._last = -math.inf
 
     def poll(self) -> list[Command]:
+        now = time.monotonic()
+        if now - self._last < self._interval:
+            return []
+        self._last = now
         out = []
         for r in self._read(self._after):
             self._after = max(self._after, r.id)

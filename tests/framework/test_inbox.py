@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_an_inbox_that_links_out_of_the_run_is_never_opened(tmp_path):
 
 def test_inbox_commands_apply_each_request_once_and_skip_those_a_resume_saw(tmp_path):
     first = send_request(str(tmp_path), RUN_ID, "add_workers", {"count": 1})
-    source = InboxCommands(lambda after: read_requests(str(tmp_path), RUN_ID, after), seen={first})
+    source = InboxCommands(lambda after: read_requests(str(tmp_path), RUN_ID, after), seen={first}, interval_s=0)
     assert source.poll() == []  # applied before the crash: its `command` event names it
     second = send_request(str(tmp_path), RUN_ID, "drain_worker", {"worker": 0})
     [command] = source.poll()
@@ -85,7 +86,7 @@ def test_sources_read_the_queue_first_then_the_inbox(tmp_path):
     queue = QueueCommands()
     queue.put("drain_worker", worker=3)
     send_request(str(tmp_path), RUN_ID, "add_workers", {"count": 1})
-    both = Sources(queue, InboxCommands(lambda after: read_requests(str(tmp_path), RUN_ID, after)))
+    both = Sources(queue, InboxCommands(lambda after: read_requests(str(tmp_path), RUN_ID, after), interval_s=0))
     got = both.poll()
     assert [c.name for c in got] == ["drain_worker", "add_workers"] and isinstance(got[0], Command)
     assert got[1].source == "inbox:connect"
@@ -96,3 +97,14 @@ def test_framework_connect_stays_the_function_once_its_module_is_imported():
     import framework.steering  # noqa: F401 - a submodule named like the function would replace it on import
 
     assert callable(framework.connect) and framework.connect is framework.steering.connect
+
+
+def test_inbox_commands_read_the_inbox_at_most_once_per_interval(tmp_path):
+    reads = []
+    source = InboxCommands(lambda after: reads.append(after) or read_requests(str(tmp_path), RUN_ID, after),
+                           interval_s=0.2)
+    assert source.poll() == [] and len(reads) == 1
+    send_request(str(tmp_path), RUN_ID, "add_workers", {"count": 1})
+    assert source.poll() == [] and len(reads) == 1  # within the interval: the inbox is not opened
+    time.sleep(0.25)
+    assert [c.name for c in source.poll()] == ["add_workers"] and len(reads) == 2
