@@ -138,8 +138,7 @@ def inbox_commands(catalog: SQLiteCatalog, storage_path: str) -> InboxCommands:
     """The commands other processes send a run (`framework.connect`): the requests in its inbox that no `command`
     event of the run names yet (all of them, for a new run)."""
     run_id = catalog.meta()["run_id"]
-    events = catalog.events()
-    seen = {json.loads(d).get("request") for d in events[events.kind == "command"].detail} - {None}
+    seen = {json.loads(d).get("request") for d in catalog.events("command").detail} - {None}
     return InboxCommands(lambda after: read_requests(storage_path, run_id, after), seen)
 
 

@@ -116,10 +116,10 @@ class RunHandle:
     def _answer(self, nonce: str) -> CommandOutcome | None:
         catalog = SQLiteCatalog(os.path.join(self.path, CATALOG_FILE), readonly=True)
         try:
-            events = catalog.events()
+            events = catalog.events("command")
         finally:
             catalog.close()
-        for detail in reversed(events[events.kind == "command"].detail.tolist()):
+        for detail in reversed(events.detail.tolist()):
             d = json.loads(detail)
             if d.get("request") == nonce:
                 return CommandOutcome(d["name"], d.get("args", {}), bool(d["applied"]), str(d["outcome"]))

@@ -582,9 +582,11 @@ class SQLiteCatalog:
         with self._tx():
             self._insert("events", {"time": time.time(), "kind": kind, "detail": json.dumps(detail, default=str)})
 
-    def events(self) -> pd.DataFrame:
+    def events(self, kind: str | None = None) -> pd.DataFrame:
+        """The events in the order they were logged; only those of `kind` when given."""
         order = "seq" if "seq" in {r[1] for r in self._read("PRAGMA table_info(events)")} else "rowid"  # older runs
-        rows = self._read(f"SELECT time, kind, detail FROM events ORDER BY {order}")
+        where, args = ("WHERE kind = ?", (kind,)) if kind is not None else ("", ())
+        rows = self._read(f"SELECT time, kind, detail FROM events {where} ORDER BY {order}", args)
         return pd.DataFrame(rows, columns=["time", "kind", "detail"])
 
 
