@@ -124,6 +124,11 @@ def _workers(args: argparse.Namespace) -> int:
         outcomes.append(handle.add_workers(args.add, timeout=args.timeout))
     if args.drain is not None:
         outcomes.append(handle.drain(args.drain, timeout=args.timeout))
+    return _report(outcomes)
+
+
+def _report(outcomes: list) -> int:
+    """What the driver did with each command, one line each; exit code 1 when it rejected one."""
     for o in outcomes:
         print(f"{o.name}: {o.outcome}" if o.applied else f"{o.name} rejected: {o.outcome}")
     return 0 if all(o.applied for o in outcomes) else 1
@@ -133,9 +138,7 @@ def _pause(args: argparse.Namespace) -> int:
     from framework.steering import connect
 
     handle = connect(args.run, source="cli")
-    o = handle.pause(args.timeout) if args.command == "pause" else handle.unpause(args.timeout)
-    print(f"{o.name}: {o.outcome}" if o.applied else f"{o.name} rejected: {o.outcome}")
-    return 0 if o.applied else 1
+    return _report([handle.pause(args.timeout) if args.command == "pause" else handle.unpause(args.timeout)])
 
 
 def _watch(args: argparse.Namespace) -> int:
