@@ -8,6 +8,8 @@ procedure without Ray, on the engine's own driver loop.
 from automl._base import (
     ACTIVE,
     FAILED,
+    PERSON,
+    PROCEDURE,
     STATUSES,
     STOPPED,
     ConfigState,
@@ -15,6 +17,7 @@ from automl._base import (
     FixedEpochsProcedure,
     Procedure,
     check_states,
+    own_active,
 )
 from automl.asha import ASHA, asha_promotable, asha_rungs
 from automl.grid import GridSearch
@@ -41,6 +44,8 @@ __all__ = [
     "ACTIVE",
     "ASHA",
     "FAILED",
+    "PERSON",
+    "PROCEDURE",
     "PBT",
     "STATUSES",
     "STOPPED",
@@ -66,6 +71,7 @@ __all__ = [
     "asha_rungs",
     "available_procedures",
     "check_states",
+    "own_active",
     "hyperband_brackets",
     "load_procedure",
     "loguniform",

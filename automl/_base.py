@@ -5,9 +5,17 @@ barrier) `procedure.step(states)` with the state of every config it has ever see
 not stopped trains one more epoch in the next round; new configs (`add`, `clone`) join the next round. The run ends
 when no config is active and the procedure adds nothing.
 
-Ids: the engine numbers configs from 0 in the order they appear in decisions: first every `add` entry of a decision
-in order, then every `clone` entry in order, then the next decision's. Procedures may rely on this to know the id of
-a config they asked for (`check_states` verifies it).
+Ids: the engine numbers configs from 0 in the order they appear: a decision's new configs get the ids `len(states)`,
+`len(states) + 1`, ... (every `add` entry in order, then every `clone` entry), where `states` is what that `step`
+was given. Procedures may rely on this to know the id of a config they asked for (`check_states` verifies the
+numbering). Predict ids from `len(states)`, not from a count of your own: a person may add configs between steps.
+
+Configs a person steers (`framework.connect`: add, clone, stop, resume): a config a person added, cloned or resumed
+is the person's (`ConfigState.owner == PERSON`). The procedure sees it in `states` (its `origin` says who added it)
+but does not decide about it: it trains until the person stops it or it reaches its own epoch budget (the command's
+`epochs`, by default the procedure's `epochs_per_config()`), and a procedure's `stop` of it is ignored. A config a
+person stopped is STOPPED with `outcome` "stopped"; the procedure sees it so and treats it as any stopped config.
+Every procedure here says in its docstring how configs a person added or stopped count towards its own rules.
 
 Clones (PBT): `Decision.clone=[(source_id, config)]` starts a new config, with a new id and `parent=source_id`, from
 the source's latest weights (after the source's last completed epoch). Its `epochs` and `history` count only what
@@ -28,6 +36,9 @@ ACTIVE = "active"  # will train in the next round
 STOPPED = "stopped"  # stopped by the procedure (early stopping or end of its budget); keeps weights and metrics
 FAILED = "failed"  # user code raised or returned a NaN loss
 STATUSES = (ACTIVE, STOPPED, FAILED)
+PROCEDURE = "procedure"  # who added or steers a config: the procedure ...
+PERSON = "person"  # ... or a person, through a command (`framework.connect`, the CLI, the dashboard)
+OWNERS = (PROCEDURE, PERSON)
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,9 @@ class ConfigState:
         history: one metrics dict per completed epoch (`train_*` and `valid_*` keys, example-weighted means).
         status: one of `ACTIVE`, `STOPPED`, `FAILED`.
         parent: id of the config it was cloned from (PBT), else None.
+        origin: who added it: `PROCEDURE` (a decision of this procedure) or `PERSON` (a command).
+        owner: who decides about it now: `PROCEDURE`, or `PERSON` for a config a person added, cloned or resumed
+            (the procedure leaves it alone: see the module docstring).
     """
 
     id: int
@@ -49,8 +63,13 @@ class ConfigState:
     history: tuple[dict[str, float], ...] = ()
     status: str = ACTIVE
     parent: int | None = None
+    origin: str = PROCEDURE
+    owner: str = PROCEDURE
 
     def __post_init__(self) -> None:
+        if self.origin not in OWNERS or self.owner not in OWNERS:
+            raise ValueError(f"`origin` and `owner` are {self.origin!r} and {self.owner!r}, but each must be one of "
+                             f"{OWNERS}")
         if self.status not in STATUSES:
             raise ValueError(f"`status` is {self.status!r}, but must be one of {STATUSES}")
         if self.epochs != len(self.history):
@@ -72,12 +91,16 @@ class Decision:
         pruned: the ids in `stop` that are stopped early for their results (a lost rung of ASHA or HyperBand, PBT's
             bottom quantile); the rest of `stop` completed their budget. `Result.status` says `pruned` or
             `completed` accordingly.
+        resume: ids of STOPPED configs to train again, from their latest weights, continuing their epoch count
+            (a procedure whose budget grew, `Procedure.extend`). A resumed config that stopped in the middle of an
+            epoch (a person's stop) finishes that epoch first.
     """
 
     add: list[dict[str, Any]] = field(default_factory=list)
     stop: list[int] = field(default_factory=list)
     clone: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     pruned: list[int] = field(default_factory=list)
+    resume: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for c in self.add:
@@ -104,8 +127,9 @@ class Procedure(abc.ABC):
           the same arguments, after a resume);
         * `workers_changed(n)` is called, between steps, whenever the number of live workers changes (a worker
           joined, was lost for good, or drained).
-    A procedure must not return ids it has not seen, nor re-activate stopped configs, and should be deterministic given
-    its seed and the sequence of states (so runs replay and resume). It must pickle (it is saved with the run).
+    A procedure must not return ids it has not seen, nor re-activate stopped configs other than through
+    `Decision.resume`, and should be deterministic given its seed and the sequence of states (so runs replay and
+    resume). It must pickle (it is saved with the run).
     """
 
     #: Whether the procedure needs the epoch barrier. True (the default, and what grid search, HyperBand and PBT
@@ -124,6 +148,18 @@ class Procedure(abc.ABC):
     @abc.abstractmethod
     def step(self, states: list[ConfigState]) -> Decision:
         """Decide which configs to add, stop or clone after a round (see the class docstring)."""
+
+    def epochs_per_config(self) -> int | None:
+        """The epochs one config trains at most under this procedure (its per-config budget), or None when it has
+        none. A config a person adds or resumes without saying how long trains this many epochs."""
+        return None
+
+    def extend(self, epochs: int | None = None, samples: int | None = None) -> str:
+        """A person grows the budget while the run goes on: `epochs` more epochs per config, `samples` more configs.
+        Returns what changed (one line); raises `ValueError` naming what this procedure cannot extend. The new
+        budget acts at the next `step` (configs that completed the old budget come back through
+        `Decision.resume`). The default extends nothing."""
+        raise ValueError(f"{type(self).__name__} cannot extend its budget (epochs={epochs!r}, samples={samples!r})")
 
     def planned_epochs(self) -> int | None:
         """Config-epochs the procedure will train when nothing fails (the progress bar's total), or None when it
@@ -203,6 +239,7 @@ class FixedEpochsProcedure(Procedure):
             raise ValueError(f"`epochs` is {epochs!r}, but must be an int >= 1")
         self.epochs = epochs
         self._started = False
+        self._done: set[int] = set()
 
     @abc.abstractmethod
     def configs(self) -> list[dict[str, Any]]:
@@ -211,19 +248,50 @@ class FixedEpochsProcedure(Procedure):
     def planned_epochs(self) -> int:
         return len(self.configs()) * self.epochs
 
+    def epochs_per_config(self) -> int:
+        return self.epochs
+
+    def extend(self, epochs: int | None = None, samples: int | None = None) -> str:
+        """`epochs` more per config: configs that completed the old budget train on (configs a person added keep
+        their own budget). A fixed set of configs takes no more samples."""
+        if samples is not None:
+            raise ValueError(f"`samples` is {samples!r}, but {type(self).__name__} trains a fixed set of configs: it "
+                             "can only extend `epochs`")
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"`epochs` is {epochs!r}, but must be an int >= 1")
+        self.epochs += epochs
+        return f"every config now trains {self.epochs} epochs"
+
     def step(self, states: list[ConfigState]) -> Decision:
+        configs = self.configs()
         if not self._started:
-            self._started = True
-            return Decision(add=self.configs())
-        return Decision(stop=[s.id for s in states if s.status == ACTIVE and s.epochs >= self.epochs])
+            self._started, self._issued = True, len(configs)
+            return Decision(add=configs)
+        add = configs[vars(self).get("_issued", len(configs)):]  # more samples (`extend`)
+        self._issued = len(configs)
+        mine = [s for s in states if s.owner == PROCEDURE]
+        stop = [s.id for s in mine if s.status == ACTIVE and s.epochs >= self.epochs]
+        done = vars(self).setdefault("_done", set())  # ids it stopped at its budget: what an extension resumes
+        resume = [s.id for s in mine if s.status == STOPPED and s.id in done and s.epochs < self.epochs]
+        done.difference_update(resume)
+        done.update(stop)
+        return Decision(add=add, stop=stop, resume=resume)
 
 
 def check_states(states: list[ConfigState], issued: int) -> None:
-    """Raise when `states` is not what the engine promised: the `issued` configs so far, ids 0..issued-1 in order.
+    """Raise when `states` is not what the engine promised: ids 0..len(states)-1 in order, `issued` of them added by
+    the procedure (the rest a person added).
 
-    Procedures that predict ids (the engine numbers `add` entries, then `clone` entries, of each decision in order,
-    from 0) call this at the top of `step` so a mismatch fails loudly instead of misattributing results.
+    Procedures that predict ids (a decision's new configs get ids from `len(states)` on, `add` entries first) call
+    this at the top of `step` so a mismatch fails loudly instead of misattributing results.
     """
-    if len(states) != issued or any(s.id != i for i, s in enumerate(states)):
+    own = sum(s.origin == PROCEDURE for s in states)
+    if own != issued or any(s.id != i for i, s in enumerate(states)):
         ids = [s.id for s in states]
-        raise RuntimeError(f"`states` has ids {ids}, but the procedure issued {issued} configs (ids 0..{issued - 1})")
+        raise RuntimeError(f"`states` has ids {ids} ({own} added by the procedure), but the procedure issued {issued} "
+                           "configs and ids must be 0, 1, ... in order")
+
+
+def own_active(states: list[ConfigState]) -> list[ConfigState]:
+    """The ACTIVE configs the procedure decides about (those a person steers are left out)."""
+    return [s for s in states if s.status == ACTIVE and s.owner == PROCEDURE]

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from automl._base import ACTIVE, FAILED, ConfigState, Procedure
+from automl._base import FAILED, ConfigState, Procedure, own_active
 from automl.space import SearchSpace
 
 
@@ -179,4 +179,18 @@ class OptunaProcedure(Procedure):
 
     @staticmethod
     def _active(states: list[ConfigState]) -> list[ConfigState]:
-        return [s for s in states if s.status == ACTIVE]
+        """The ACTIVE configs the procedure decides about: its trials (not the configs a person steers)."""
+        return own_active(states)
+
+    def _extend_samples(self, attr: str, epochs: int | None, samples: int | None) -> str:
+        """`samples` more trials (`attr` holds the procedure's count); the epochs of a trial are fixed once Optuna
+        was told its result."""
+        if epochs is not None:
+            raise ValueError(f"`epochs` is {epochs!r}, but {type(self).__name__} tells each trial its result when it "
+                             "ends: it can only extend `samples`")
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ValueError(f"`samples` is {samples!r}, but must be an int >= 1")
+        if getattr(self, attr) is None:
+            raise ValueError(f"`samples` is {samples!r}, but {type(self).__name__} has no `{attr}` to extend")
+        setattr(self, attr, getattr(self, attr) + samples)
+        return f"`{attr}` is now {getattr(self, attr)}"

@@ -58,6 +58,11 @@ class ASHA(OptunaProcedure):
     cannot pause a config). Run under a barrier (`deterministic=True`, or the offline runner), each decision sees
     every result of its round (Cerebro E.2).
     At least one of `max_configs` and `time_budget_s` must be given, so the run ends.
+
+    Configs a person steers: a config a person adds is not a trial; it trains its own budget (`max_epochs` by
+    default), is not ranked at the rungs and does not count towards `max_configs`, but it holds one of the
+    `num_workers` slots while it trains. A config a person stops frees its slot (its trial stays as it was: a
+    stopped trial is never told a result it did not reach). `extend(samples=k)` raises `max_configs` by k.
     """
 
     synchronous = False  # no epoch barrier: decide as each config finishes an epoch
@@ -98,6 +103,12 @@ class ASHA(OptunaProcedure):
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=self.sampler_seed)
 
+    def epochs_per_config(self) -> int:
+        return self.max_epochs
+
+    def extend(self, epochs: int | None = None, samples: int | None = None) -> str:
+        return self._extend_samples("max_configs", epochs, samples)
+
     @property
     def concurrency(self) -> int:
         return self.num_workers or 4
@@ -136,6 +147,6 @@ class ASHA(OptunaProcedure):
         running = sum(1 for s in states if s.status == ACTIVE) - len(stop)
         add = []
         while running + len(add) < self.concurrency and self._can_add():
-            add.append(self._ask(self._issued))
+            add.append(self._ask(len(states) + len(add)))
             self._issued += 1
         return Decision(add=add, stop=sorted(stop), pruned=sorted(pruned))

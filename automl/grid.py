@@ -15,6 +15,8 @@ class GridSearch(FixedEpochsProcedure):
 
     A value that is not a list or tuple is a constant (as in `automl.SearchSpace`); ranges such as
     `automl.uniform(...)` have no grid and are rejected.
+    A person may add configs (each trains its own budget, `epochs` by default) or stop any; `extend(epochs=k)` trains
+    every config of the grid k epochs more, those that completed the old budget included.
     """
 
     def __init__(self, space: dict[str, list[Any]], epochs: int) -> None:

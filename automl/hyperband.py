@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from automl._base import ACTIVE, ConfigState, Decision, Procedure, check_states
+from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, Procedure, check_states
 from automl._checks import check_int, check_seed
 from automl.space import SearchSpace
 
@@ -67,6 +67,12 @@ class HyperBand(Procedure):
     Configs are drawn from `space` with `numpy.random.default_rng(seed)`, bracket s_max first. `iterations` repeats
     the whole bracket table (Li et al.'s outer loop); the repeats run side by side from the first round, each with
     configs of its own.
+
+    Configs a person steers keep every bracket valid: a config a person adds is in no bracket (it trains its own
+    budget, `max_epochs` by default, and is never ranked); a member a person stops leaves its bracket, whose rung
+    ranks it by what it reached (last when it did not get there) and promotes only from the members still training;
+    a member a person resumes is the person's from then on, outside its bracket. The budget cannot be extended (the
+    bracket table fixes it).
     """
 
     def __init__(
@@ -81,6 +87,9 @@ class HyperBand(Procedure):
         self._issued = 0
         self._members: list[list[int]] = []  # per bracket: ids of its configs
         self._rung: list[int] = []  # per bracket: index of the rung its configs are training towards
+
+    def epochs_per_config(self) -> int:
+        return self.max_epochs
 
     def planned_epochs(self) -> int:
         """Each rung's configs train up to its epoch budget: sum over brackets and rungs of n_i * (r_i - r_{i-1})."""
@@ -107,7 +116,7 @@ class HyperBand(Procedure):
         stop: list[int] = []
         pruned: list[int] = []
         for b, bracket in enumerate(self.brackets):
-            alive = [i for i in self._members[b] if states[i].status == ACTIVE]
+            alive = [i for i in self._members[b] if states[i].status == ACTIVE and states[i].owner == PROCEDURE]
             i = self._rung[b]
             if i >= len(bracket.rungs) or not alive:
                 continue

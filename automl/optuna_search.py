@@ -69,6 +69,11 @@ class OptunaSearch(OptunaProcedure):
     Every epoch is reported to the trial (`trial.report(value, step=epoch)`, 0-based as in `Result.metrics`; with
     several objectives as the trial's user attribute `epoch_<e>`, since Optuna keeps no intermediate values there);
     a config that finishes its epochs is told COMPLETE with its last values, a pruned one PRUNED, a failed one FAIL.
+
+    Configs a person steers: a config a person adds is not a trial (the study does not learn from it); it trains
+    its own budget (`epochs` by default) outside `num_samples`, but holds one of the `concurrency` slots while it
+    trains. A trial a person stops frees its slot and stays RUNNING in the study (it was never finished).
+    `extend(samples=k)` raises `num_samples` by k.
     """
 
     synchronous = False  # no epoch barrier: decide as each config finishes an epoch
@@ -160,6 +165,12 @@ class OptunaSearch(OptunaProcedure):
     def planned_epochs(self) -> int:
         return self.num_samples * self.epochs
 
+    def epochs_per_config(self) -> int:
+        return self.epochs
+
+    def extend(self, epochs: int | None = None, samples: int | None = None) -> str:
+        return self._extend_samples("num_samples", epochs, samples)
+
     def _enqueue_points(self) -> None:
         """Put `points_to_evaluate` first in the study's queue (once: the queue is kept in the study)."""
         if self._enqueued:
@@ -186,7 +197,7 @@ class OptunaSearch(OptunaProcedure):
         running = sum(1 for s in states if s.status == ACTIVE) - len(stop)
         add = []
         while running + len(add) < self.concurrency and self._issued < self.num_samples:
-            add.append(self._ask(self._issued))
+            add.append(self._ask(len(states) + len(add)))
             self._issued += 1
         return Decision(add=add, stop=stop, pruned=pruned)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from automl._base import ACTIVE, FAILED, ConfigState, Decision, Procedure, check_states
+from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, Procedure, check_states
 from automl._checks import check_int, check_seed
 from automl.space import Categorical, Constant, RandInt, SearchSpace, Uniform
 
@@ -55,6 +55,11 @@ class PBT(Procedure):
     `perturbation_interval`, and a member stops when it reaches `epochs`, so every lineage trains exactly `epochs`
     epochs and the population stays in lockstep (a clone trains in the round after its donor's perturbation, as
     its donor does).
+
+    Configs a person steers stay outside the population: a config a person adds or clones trains its own budget
+    (`epochs` by default) and is never a donor nor replaced; a member a person stops is replaced by a clone at the
+    next perturbation, like a failed one; a member a person resumes leaves the population. The budget cannot be
+    extended.
     """
 
     #: Probability that a categorical hyper-parameter is redrawn instead of moved to a neighbour (as Ray Tune).
@@ -90,6 +95,9 @@ class PBT(Procedure):
         """Epochs of `state`'s lineage: inherited ones plus its own."""
         return self.offsets[state.id] + state.epochs
 
+    def epochs_per_config(self) -> int:
+        return self.epochs
+
     def planned_epochs(self) -> int:
         """Every lineage trains `epochs` epochs (a clone continues its donor's count)."""
         return self.population * self.epochs
@@ -102,7 +110,7 @@ class PBT(Procedure):
             self._issued = self.population
             return Decision(add=add)
         check_states(states, self._issued)
-        alive = [states[m] for m in self.members if states[m].status == ACTIVE]
+        alive = [states[m] for m in self.members if states[m].status == ACTIVE and states[m].owner == PROCEDURE]
         if not alive:
             return Decision()
         t = max(self.progress(s) for s in alive)
@@ -114,12 +122,12 @@ class PBT(Procedure):
         n_q = min(math.ceil(len(alive) * self.quantile_fraction), len(alive) // 2)
         donors = ranked[: max(n_q, 1)]
         bottom = ranked[::-1][:n_q]  # worst first
-        failed = [m for m in self.members if states[m].status == FAILED]
+        failed = [m for m in self.members if states[m].status != ACTIVE or states[m].owner != PROCEDURE]
         clone = []
         for j, victim in enumerate(bottom + failed):
             donor = donors[j % len(donors)]
             clone.append((donor, perturb(self.space, states[donor].config, self._rng, self.resample_probability)))
-            new_id = self._issued
+            new_id = len(states) + j
             self._issued += 1
             self.offsets[new_id] = self.progress(states[donor])
             self.members[self.members.index(victim)] = new_id

@@ -31,7 +31,7 @@ from framework.trainable import Trainable, import_ref
 CATALOG_FILE = "run.db"
 #: what a config's `status` says in a Result: it trained its budget, a procedure stopped it early for its results,
 #: its user code failed, or it was still training when the run ended (a crashed run)
-OUTCOMES = ("completed", "pruned", "failed", "active")
+OUTCOMES = ("completed", "pruned", "stopped", "failed", "active")  # "stopped": by a person (a command)
 SCOPES = ("last", "all", "avg", "last-5-avg", "last-10-avg")  # and any "last-N-avg"
 logger = logging.getLogger(__name__)
 

@@ -67,6 +67,7 @@ def validate_schedule(
     eval_partitions: Iterable[int] | None = None,
     tol: float = 1e-9,
     raise_on_error: bool = False,
+    cut: Iterable[tuple[int, int]] = (),
 ) -> ValidationReport:
     """Check the MOP invariants of Cerebro section 3.1 on completed units, plus availability.
 
@@ -78,6 +79,8 @@ def validate_schedule(
     Non-preemption is structural (one row = one uninterrupted run); rows must have end >= start.
     Gangs and packs (rows sharing a `group`): a gang's rows of one config (one per worker) are one visit, a pack's
     rows on one worker (one per member) are one run; a group's rows share their epoch, partition, kind and times.
+    `cut`: `(config, epoch)` pairs a person stopped in the middle (a `stop_config` command): those epochs may miss
+    partitions, and still train none twice.
     Makespan is max(end) - min(start). Returns a `ValidationReport`; raises `ValueError` if `raise_on_error`.
     """
     df = as_frame(schedule)
@@ -96,10 +99,11 @@ def validate_schedule(
     train = visits[visits["kind"] == "train"]
     parts = set(partitions) if partitions is not None else set(train["partition"].unique())
     ev = visits[visits["kind"] != "train"]
+    cut = {(int(c), int(e)) for c, e in cut}
     for (c, e), g in train.groupby(["config_id", "epoch"]):
         counts = g["partition"].value_counts()
         dup = sorted(int(q) for q, n in counts.items() if n > 1)
-        miss = sorted(int(q) for q in parts - set(counts.index))
+        miss = sorted(int(q) for q in parts - set(counts.index)) if (c, e) not in cut else []
         extra = sorted(int(q) for q in set(counts.index) - parts)
         if dup or miss or extra:
             v.append(f"config {c} epoch {e}: completeness broken (duplicated {dup}, missing {miss}, unknown {extra})")

@@ -1,14 +1,19 @@
 """Commands from outside the loop: where they come from (`CommandSource`) and how they are applied.
 
-A command is a request a person or another program makes of a running selection: add workers, drain one, kill one
-(chaos testing), pause the run (units running finish, nothing new starts; a wall-clock run only) and unpause it. It enters through a `CommandSource`, which the driver loop polls between events (never in the
-middle of handling one), so a command acts at a well-defined point: before the next dispatch. `QueueCommands` is an
+A command is a request a person or another program makes of a running selection: about workers (add workers,
+drain one, kill one for chaos testing), about the run (pause it: units running finish, nothing new starts, a
+wall-clock run only; unpause it; extend the procedure's budget), and about configs (stop one now, resume a stopped
+one, add one, clone one with changes, warm from its weights or cold from `model_fn`). It enters through a
+`CommandSource`, which the driver loop polls between events (never in the middle of handling one), so a command
+acts at a well-defined point: a unit boundary, before the next dispatch. `QueueCommands` is an
 in-process, thread-safe queue (`ModelSelection.add_workers` puts into it, from any thread, before or during
 `run()`); `InboxCommands` reads the requests other processes append to the run's inbox (`framework.connect`).
 
 Applying a command follows the same rule as applying a procedure's `Decision`: what cannot be applied (an unknown
-command, a worker that does not live, a count below 1) is rejected with its reason and the run goes on. Every
-command and its outcome is logged as a `command` event.
+command, a worker that does not live, a count below 1, a config that is not stopped) is rejected with its reason
+and the run goes on. Every command and its outcome is logged as a `command` event, in one transaction with what it
+changed (config rows, the procedure's state), so a resume neither loses nor repeats it. A config a person added,
+cloned or resumed is the person's (`automl.PERSON`): see `automl._base` for what the procedure does with it.
 """
 
 from __future__ import annotations
@@ -23,8 +28,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from automl import ACTIVE, PERSON, STOPPED
+from framework.driver import commit, units
 from framework.driver._state import RunState
+from framework.driver.configs import BY_PERSON, ConfigRecord
 from framework.driver.control import add_workers, drain_worker
+from framework.engine.checkpoint import CorruptCheckpointError
+from framework.engine.recovery import resume_units
 
 
 @dataclass(frozen=True)
@@ -187,28 +197,186 @@ def _unpause(run: RunState, args: Mapping[str, Any]) -> str:
     return "dispatching again"
 
 
-#: name -> handler(run, args) -> outcome; a handler raises `CommandRejected` with the reason
-COMMANDS: dict[str, Callable[[RunState, Mapping[str, Any]], str]] = {
+# ---- configs ---------------------------------------------------------------------------------------------------
+@dataclass
+class Effect:
+    """What an applied command changed that must be durable with its `command` event (one transaction)."""
+
+    outcome: str
+    statuses: list[ConfigRecord] = field(default_factory=list)  # configs whose status changed
+    new: list[ConfigRecord] = field(default_factory=list)  # configs it added
+    procedure: bool = False  # the procedure's state changed (its budget)
+
+    def steered(self) -> list[dict[str, Any]]:
+        """The configs a person steers now, as a resume rebuilds them (`commit.restore`)."""
+        return [{"id": c.id, "origin": c.origin, "owner": c.owner, "budget": c.budget}
+                for c in [*self.statuses, *self.new] if c.owner == PERSON]
+
+
+def _config_arg(run: RunState, args: Mapping[str, Any], key: str = "config_id") -> ConfigRecord:
+    cid = args.get(key)
+    if isinstance(cid, bool) or not isinstance(cid, int):
+        raise CommandRejected(f"`{key}` is {cid!r}, but must be a config id (an int)")
+    if cid not in run.configs.configs:
+        raise CommandRejected(f"`{key}` is {cid}, but no config has that id (ids 0..{len(run.configs) - 1})")
+    return run.configs[cid]
+
+
+def _budget(run: RunState, args: Mapping[str, Any], trained: int, what: str) -> int:
+    """The epochs a config a person steers trains in all: `epochs`, by default the procedure's per-config budget."""
+    epochs = args.get("epochs")
+    if epochs is None:
+        epochs = run.procedure.epochs_per_config()
+        if epochs is None:
+            raise CommandRejected(f"`epochs` is None, and {type(run.procedure).__name__} has no per-config budget: "
+                                  f"say how many epochs {what} trains")
+    elif isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise CommandRejected(f"`epochs` is {epochs!r}, but must be an int >= 1 (the epochs {what} trains in all)")
+    if epochs <= trained:
+        raise CommandRejected(f"`epochs` is {epochs}, but {what} has trained {trained} epochs already: pass more "
+                              f"(its epochs in all)")
+    return epochs
+
+
+def _config_dict(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise CommandRejected(f"`{key}` is {value!r}, but must be a dict of hyper-parameter name -> value")
+    return dict(value)
+
+
+def _stop_config(run: RunState, args: Mapping[str, Any]) -> Effect:
+    c = _config_arg(run, args)
+    if c.status != ACTIVE:
+        raise CommandRejected(f"config {c.id} is {c.outcome or c.status}: only an active config can be stopped")
+    c.outcome = BY_PERSON
+    if c.open == 0 and c.id in run.ended:  # its epoch ended and waits for the round's barrier: it stops there
+        c.stopping = True
+        return Effect(f"config {c.id} stops: its epoch {c.epoch} has ended and closes with the round")
+    run.dispatch.drop_config(c.id)  # its units not started are gone; those running finish
+    state = run.dispatch.state
+    c.open = sum(u.config_id == c.id for u in state.running) if state is not None else 0
+    c.status, c.stopping = STOPPED, False
+    if c.open == 0:
+        units.checkpoint_final(run, c)
+    done = sorted(c.visited.get(c.epoch, ()))
+    return Effect(f"config {c.id} stopped in epoch {c.epoch} ({len(done)} of {len(run.workers.partitions)} "
+                  f"partitions trained, {c.open} unit(s) running finish)", statuses=[c])
+
+
+def _latest(run: RunState, c: ConfigRecord) -> Any:
+    """The config's latest weights (a backend handle), read from its newest checkpoint when the driver holds none
+    (a config stopped before this process resumed the run); None when it never trained."""
+    if c.state is not None:
+        return c.state
+    try:
+        state, _, c.units = run.log.load_latest(c.id)
+    except CorruptCheckpointError as e:
+        if c.history or c.parent is not None:
+            raise CommandRejected(f"config {c.id} has no readable weights: {e}") from None
+        return None
+    c.visited = {int(e): list(ps) for e, ps in state.get("visited", {}).items()}
+    kept, lost, _ = resume_units(c.id, c.epoch, run.workers.partitions, c.visited.get(c.epoch, []),
+                                 [(seq, r.unit) for seq, r in run.log.done_units(c.id, c.epoch)])
+    reports = dict(run.log.done_units(c.id, c.epoch))
+    c.reports = [reports[seq] for seq in kept]
+    run.log.mark_seqs(lost, "lost")
+    c.state = c.epoch_state = run.backend.put(state)
+    return c.state
+
+
+def _resume_config(run: RunState, args: Mapping[str, Any]) -> Effect:
+    c = _config_arg(run, args)
+    if c.status != STOPPED:
+        raise CommandRejected(f"config {c.id} is {c.status}: only a stopped config can be resumed")
+    budget = _budget(run, args, len(c.history), f"config {c.id}")
+    _latest(run, c)
+    run.configs.resume(c, budget, PERSON)
+    commit.open_epochs(run, [c])
+    run.round_open = True
+    return Effect(f"config {c.id} trains again, from epoch {c.epoch} to {budget} epochs", statuses=[c])
+
+
+def _new_config(run: RunState, config: dict[str, Any], budget: int, parent: int | None = None) -> ConfigRecord:
+    c = ConfigRecord(len(run.configs), config, parent=parent, origin=PERSON, owner=PERSON, budget=budget)
+    run.configs.add(c)
+    return c
+
+
+def _add_config(run: RunState, args: Mapping[str, Any]) -> Effect:
+    config = _config_dict(args.get("config"), "config")
+    c = _new_config(run, config, _budget(run, args, 0, "the config"))
+    commit.open_epochs(run, [c])
+    run.round_open = True
+    return Effect(f"config {c.id} added: {config}, {c.budget} epochs", new=[c])
+
+
+def _clone_config(run: RunState, args: Mapping[str, Any]) -> Effect:
+    src = _config_arg(run, args)
+    overrides = _config_dict(args.get("overrides", {}), "overrides")
+    warm = args.get("warm", True)
+    if not isinstance(warm, bool):
+        raise CommandRejected(f"`warm` is {warm!r}, but must be True (start from config {src.id}'s weights) or False "
+                              "(start from `model_fn`)")
+    budget = _budget(run, args, 0, "the clone")
+    handle = None
+    if warm:
+        handle = src.epoch_state if src.epoch_state is not None else _latest(run, src)
+        if handle is None:
+            raise CommandRejected(f"config {src.id} has not trained yet: clone it cold (warm=False)")
+    c = _new_config(run, {**src.config, **overrides}, budget, parent=src.id if warm else None)
+    if warm:  # its own epochs count from 0: it inherits weights, not visits; on disk before its row commits
+        c.state = c.epoch_state = run.backend.put({**run.backend.get(handle), "visited": {}})
+        units.checkpoint(run, c, 0, 0, c.state, None)
+        run.log.flush()
+    commit.open_epochs(run, [c])
+    run.round_open = True
+    start = f"from config {src.id}'s weights" if warm else "from model_fn"
+    return Effect(f"config {c.id} cloned from config {src.id} with {overrides}, {start}, {budget} epochs", new=[c])
+
+
+def _extend(run: RunState, args: Mapping[str, Any]) -> Effect:
+    try:
+        outcome = run.procedure.extend(epochs=args.get("epochs"), samples=args.get("samples"))
+    except (TypeError, ValueError) as e:
+        raise CommandRejected(str(e)) from None
+    return Effect(f"{type(run.procedure).__name__}: {outcome}", procedure=True)
+
+
+#: name -> handler(run, args) -> outcome (or the `Effect` of a command that changed configs or the procedure); a
+#: handler raises `CommandRejected` with the reason
+COMMANDS: dict[str, Callable[[RunState, Mapping[str, Any]], str | Effect]] = {
     "add_workers": _add,
     "drain_worker": _drain,
     "kill_worker": _kill,
     "pause": _pause,
     "unpause": _unpause,
+    "stop_config": _stop_config,
+    "resume_config": _resume_config,
+    "add_config": _add_config,
+    "clone_config": _clone_config,
+    "extend": _extend,
 }
 
 
 def apply(run: RunState, command: Command) -> bool:
-    """Apply `command` to the run; log it with its outcome. Returns whether it was applied."""
+    """Apply `command` to the run; log it with its outcome and effect. Returns whether it was applied."""
     handler = COMMANDS.get(command.name)
     try:
         if command.problem is not None:
             raise CommandRejected(f"the request cannot be trusted: {command.problem}")
         if handler is None:
             raise CommandRejected(f"unknown command {command.name!r}; known: {sorted(COMMANDS)}")
-        outcome, applied = handler(run, command.args), True
+        effect, applied = handler(run, command.args), True
     except CommandRejected as e:
-        outcome, applied = str(e), False
+        effect, applied = str(e), False
         run.write(f"command {command.name} {dict(command.args)} rejected: {e}")
-    run.event("command", name=command.name, args=dict(command.args), source=command.source, id=command.id,
-              request=command.request, applied=applied, outcome=outcome)
+    effect = Effect(effect) if isinstance(effect, str) else effect
+    detail = {"name": command.name, "args": dict(command.args), "source": command.source, "id": command.id,
+              "request": command.request, "applied": applied, "outcome": effect.outcome}
+    if effect.steered():
+        detail["steered"] = effect.steered()
+    run.log.record_command(detail, statuses=[(c.id, c.status, len(c.history), c.outcome) for c in effect.statuses],
+                           new_configs=[(c.id, c.config, c.parent, run.round) for c in effect.new],
+                           procedure=run.procedure if effect.procedure else None, round_=run.round - 1)
+    run.observers.call("on_event", "command", detail)
     return applied

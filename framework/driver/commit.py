@@ -13,7 +13,7 @@ import json
 import time
 from collections import defaultdict
 
-from automl import ACTIVE, FAILED, STOPPED
+from automl import ACTIVE, FAILED, PERSON, STOPPED
 from framework.driver import units
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
@@ -26,18 +26,25 @@ from framework.scheduling.units import UnitReport, epoch_metrics
 
 
 def epoch_units(run: RunState, c: ConfigRecord) -> list[Unit]:
-    """A config's units of its next epoch: one train unit per partition, then one eval unit per eval partition."""
-    return ([Unit(c.id, c.epoch, p, TRAIN) for p in run.workers.partitions]
-            + [Unit(c.id, c.epoch, p, EVAL) for p in run.workers.eval_partitions])
+    """A config's units of its next epoch: one train unit per partition, then one eval unit per eval partition;
+    those it has not done yet, when it stopped in the middle of the epoch and now trains again."""
+    trained = set(c.visited.get(c.epoch, ()))
+    evaluated = {r.unit.partition for r in c.reports if r.unit.kind != TRAIN and r.unit.epoch == c.epoch}
+    return ([Unit(c.id, c.epoch, p, TRAIN) for p in run.workers.partitions if p not in trained]
+            + [Unit(c.id, c.epoch, p, EVAL) for p in run.workers.eval_partitions if p not in evaluated])
 
 
 def open_epochs(run: RunState, configs: list[ConfigRecord], units: list[Unit] | None = None) -> None:
     """Open the next epoch of `configs` (or just `units`, after a resume) as one wave of the dispatcher."""
-    if units is None:
-        units = [u for c in configs for u in epoch_units(run, c)]
+    state = run.dispatch.state
+    running = state.running if state is not None else {}
+    if units is None:  # (a unit in flight, of a config a person stopped and resumed meanwhile, is not opened again)
+        units = [u for c in configs for u in epoch_units(run, c) if u not in running]
     per_config: dict[int, int] = defaultdict(int)
-    for u in units:
+    for u in [*units, *running]:
         per_config[u.config_id] += 1
+    if state is not None:
+        state.dropped.difference_update(c.id for c in configs)  # a unit in flight that must run again, runs again
     for c in configs:
         c.open = per_config.get(c.id, 0)
         if c.open == 0:  # nothing left to run (a resume after its last unit): it ends at once
@@ -52,6 +59,8 @@ def close_epoch(c: ConfigRecord) -> None:
     c.reports, c.epoch_state, c.open = [], c.state, 0
     if c.stopping:
         c.status, c.stopping = STOPPED, False
+    elif c.owner == PERSON and c.budget is not None and len(c.history) >= c.budget:  # a person's config, done
+        c.status, c.outcome = STOPPED, "completed"
 
 
 def settle(run: RunState) -> bool:
@@ -88,11 +97,13 @@ def settle(run: RunState) -> bool:
 
 
 def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
-    """Ask the procedure, apply its decision, commit it with the epochs that `ended`; returns the new configs."""
+    """Ask the procedure, apply its decision, commit it with the epochs that `ended`; returns the configs whose
+    units the caller opens besides those that ended: the new ones, then those it resumed."""
     run.run_deferred()  # every unit of the epochs that ended is logged (and its checkpoint queued) first
     t0 = time.perf_counter()
     decision = run.procedure.step(run.configs.views())
     new = run.configs.apply(decision, type(run.procedure).__name__)
+    resumed = [run.configs[cid] for cid in decision.resume]
     for c in new:
         if c.parent is None:
             continue
@@ -125,7 +136,7 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
         run.crash()
     run.round += 1
     grow_into_free_resources(run)
-    return new
+    return new + resumed
 
 
 def first_gap(visited: dict[int, list[int]], epochs: int, partitions: list[int]) -> tuple[int, list[int]] | None:
@@ -173,12 +184,18 @@ def restore(run: RunState, catalog) -> list[Unit]:
     for row in epochs.sort_values(["config_id", "epoch"]).to_dict("records"):
         history[row.pop("config_id")].append({k: v for k, v in row.items() if k not in ("epoch", "round") and v == v})
     done = catalog.units(status="done")
+    steered: dict[int, dict] = {}  # the configs a person steers, as the applied commands left them
+    for detail in catalog.events("command").detail:
+        d = json.loads(detail)
+        steered.update((int(rec["id"]), rec) for rec in d.get("steered", ()) if d.get("applied"))
     todo: list[Unit] = []
     lost_seqs: list[int] = []
     for row in configs.itertuples():
         parent = parent_id(row.parent)
         c = ConfigRecord(int(row.config_id), row.config, parent=parent, status=row.status,
                          history=history.get(int(row.config_id), []), outcome=row.outcome or None)
+        if c.id in steered:
+            c.origin, c.owner, c.budget = (steered[c.id][k] for k in ("origin", "owner", "budget"))
         run.configs.add(c)
         if c.status != ACTIVE:  # it ended before the crash: its committed epochs were checked when they ended
             c.visited = {e: list(run.workers.partitions) for e in range(len(c.history))}

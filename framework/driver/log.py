@@ -7,6 +7,7 @@ that want a thousand unit events per millisecond and no files; its checkpoints a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,20 @@ class SQLiteRunLog:
     def commit(self, round_: int, epochs: list, statuses: list, new_configs: list, procedure: Any) -> None:
         self.catalog.commit_round(round_, epochs=epochs, statuses=statuses, new_configs=new_configs,
                                   procedure=dumps_signed(procedure))
+
+    def record_command(self, detail: dict[str, Any], statuses: list, new_configs: list, procedure: Any = None,
+                       round_: int = 0) -> None:
+        """An applied command's event with what it changed (config rows, the procedure's state), in one transaction."""
+        signed = (round_, dumps_signed(procedure)) if procedure is not None else None
+        self.catalog.record_command(detail, statuses=statuses, new_configs=new_configs, procedure=signed)
+
+    def done_units(self, config_id: int, epoch: int) -> list[tuple[int, UnitReport]]:
+        """`(seq, report)` of the config's units of `epoch` logged done, in log order."""
+        rows = self.catalog.units(status="done")
+        rows = rows[(rows.config_id == config_id) & (rows.epoch == epoch)]
+        return [(int(r.seq), UnitReport(Unit(config_id, epoch, int(r.partition), r.kind), int(r.worker), r.start,
+                                        r.end, json.loads(r.metrics) if r.metrics else {}, int(r.num_examples),
+                                        int(r.state_bytes))) for r in rows.itertuples()]
 
     def checkpoint(self, config_id: int, epoch: int, units: int, backend: Any, handle: Any,
                    worker: int | None = None) -> None:
@@ -100,6 +115,16 @@ class MemoryRunLog:
             self.configs[cid] = {"config": config, "parent": parent, "first_round": first, "status": "active",
                                  "epochs": 0}
         self.rounds += 1
+
+    def record_command(self, detail: dict[str, Any], statuses: list, new_configs: list, procedure: Any = None,
+                       round_: int = 0) -> None:
+        self.commit(round_, [], statuses, new_configs, None)
+        self.rounds -= 1  # not a round
+        self.add_event("command", **detail)
+
+    def done_units(self, config_id: int, epoch: int) -> list[tuple[int, UnitReport]]:
+        return [(i, rep) for i, (_, rep, st) in enumerate(self.units)
+                if st == "done" and rep.unit.config_id == config_id and rep.unit.epoch == epoch]
 
     def checkpoint(self, config_id: int, epoch: int, units: int, backend: Any, handle: Any,
                    worker: int | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from automl import STOPPED
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
 from framework.driver.control import end_flight
@@ -79,7 +80,9 @@ def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: 
                        report.end - report.start, dict(report.metrics))
     run.deferred.append(record)  # done once the next units are on their way
     c.open -= 1
-    if c.open == 0:
+    if c.open == 0 and c.status == STOPPED:  # a person stopped it while this unit ran: its final state is kept
+        run.deferred.append(lambda: checkpoint_final(run, c))
+    elif c.open == 0:
         run.ended.append(c.id)
 
 

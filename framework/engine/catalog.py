@@ -531,6 +531,27 @@ class SQLiteCatalog:
             self._insert("rounds", {"round": round_, "committed": time.time(), "procedure": blob,
                                     "signature": signature}, replace=True)
 
+    def record_command(
+        self,
+        detail: dict[str, Any],
+        statuses: list[tuple[int, str, int, str | None]] = (),
+        new_configs: list[tuple[int, dict[str, Any], int | None, int]] = (),
+        procedure: tuple[int, tuple[bytes, str]] | None = None,
+    ) -> None:
+        """Record an applied command with what it changed, in one transaction (a resume sees both or neither): its
+        `command` event, config updates and new configs as in `commit_round`, and `procedure` `(round, signed
+        state)`, which replaces that committed round's procedure (a budget a person extended)."""
+        with self._tx():
+            for cid, status, n, outcome in statuses:
+                self._update("configs", {"id": cid}, {"status": status, "epochs": n, "outcome": outcome})
+            for cid, config, parent, first in new_configs:
+                self._insert("configs", _config_row(cid, config, "active", parent, first))
+            if procedure is not None:
+                round_, (blob, signature) = procedure
+                self._insert("rounds", {"round": round_, "committed": time.time(), "procedure": blob,
+                                        "signature": signature}, replace=True)
+            self._insert("events", {"time": time.time(), "kind": "command", "detail": json.dumps(detail, default=str)})
+
     def last_round(self) -> tuple[int, bytes | None, str | None]:
         """(round, procedure blob, signature) of the last committed round; round -1 before the first commit."""
         rows = self._read("SELECT round, procedure, signature FROM rounds ORDER BY round DESC LIMIT 1")

@@ -477,6 +477,8 @@ class DispatchState:
         self._release(unit)
         if unit.config_id not in self.dropped:
             self._add_pending(unit)
+        elif unit.kind == TRAIN:  # it leaves with its config: no eval of a later wave waits for it
+            self._train_left[unit.config_id] -= 1
 
     def drop_config(self, config_id: int) -> None:
         """Remove a config (failed or stopped) from the round: its pending units are discarded."""
@@ -486,6 +488,9 @@ class DispatchState:
         for u in gone:
             self._unindex_config(u)
             self._leave(u)
+        trains = sum(u.kind == TRAIN for u in gone)
+        if trains:  # a config that comes back (`add_units`) counts its training units afresh
+            self._train_left[config_id] -= trains
         if self._cost is not None:
             self._work[config_id] = 0.0
 

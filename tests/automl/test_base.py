@@ -74,8 +74,13 @@ def test_rank_orders_best_first_with_ties_by_id():
 
 def test_check_states_rejects_missing_or_reordered_ids():
     automl.check_states([_state(0), _state(1)], 2)
-    with pytest.raises(RuntimeError, match=r"`states` has ids \[0\], but the procedure issued 2 configs"):
+    with pytest.raises(RuntimeError, match=r"`states` has ids \[0\] \(1 added by the procedure\), but the procedure "
+                       r"issued 2 configs"):
         automl.check_states([_state(0)], 2)
+    person = automl.ConfigState(1, {}, origin=automl.PERSON, owner=automl.PERSON)
+    automl.check_states([_state(0), person], 1)  # a config a person added is not the procedure's
+    with pytest.raises(RuntimeError, match=r"1 added by the procedure"):
+        automl.check_states([_state(0), person], 2)
     with pytest.raises(RuntimeError, match=r"has ids \[1, 0\]"):
         automl.check_states([_state(1), _state(0)], 2)
 

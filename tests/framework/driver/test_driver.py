@@ -265,8 +265,8 @@ def test_an_invalid_command_is_rejected_with_its_reason_and_the_run_goes_on():
         ("drain_worker", False, "worker 9 does not live (live workers: [0, 1, 2])"),
         ("add_workers", False, "`count` is 0, but must be an int >= 1"),
         ("add_workers", False, "`partitions` is [7], but must be a non-empty list of the run's partitions [0, 1, 2]"),
-        ("reboot", False, "unknown command 'reboot'; known: ['add_workers', 'drain_worker', 'kill_worker', 'pause', "
-                          "'unpause']"),
+        ("reboot", False, "unknown command 'reboot'; known: ['add_config', 'add_workers', 'clone_config', "
+                          "'drain_worker', 'extend', 'kill_worker', 'pause', 'resume_config', 'stop_config', 'unpause']"),
         ("unpause", False, "the run is not paused"),
     ]
     assert logged[5] == ("drain_worker", True, "worker 1 draining")

@@ -1,0 +1,228 @@
+"""Commands about configs on the driver loop (`LocalBackend`, real tiny MLPs, no Ray): a person stops a config in
+the middle of an epoch, resumes it, adds one, clones one warm or cold, extends the procedure's budget. Every test
+checks that no unit runs twice and that every epoch a config finished trained on every partition once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import automl
+from automl import ACTIVE, PERSON, PROCEDURE, STOPPED, ConfigState
+from framework.callbacks import Callback
+from framework.driver import Driver, MemoryRunLog
+from framework.driver.commands import QueueCommands
+from framework.engine.local import LocalBackend
+from framework.options import RunOptions
+from framework.scheduling import EVAL, TRAIN
+from simulators import validate_schedule
+from tests.framework.driver.test_driver import FNS, SPACE, P, _entries, _events
+
+
+class _At(Callback):
+    """Puts commands when a hook fires: `when(hook, *args) -> list of (name, args)`."""
+
+    def __init__(self, commands: QueueCommands, when) -> None:
+        self.commands, self.when, self.driver = commands, when, None
+
+    def _put(self, *event) -> None:
+        for name, args in self.when(self.driver, *event):
+            self.commands.put(name, **args)
+
+    def on_unit_end(self, config_id, epoch, partition, kind, worker, seconds, metrics) -> None:
+        self._put("unit_end", config_id, epoch, partition, kind)
+
+    def on_event(self, kind, detail) -> None:
+        self._put(kind, detail)
+
+
+def _run(procedure, when, **options) -> tuple[Driver, MemoryRunLog]:
+    commands = QueueCommands()
+    at = _At(commands, when)
+    log = MemoryRunLog()
+    driver = Driver(LocalBackend(FNS, _entries(), num_threads=1), procedure, log, {w: [w] for w in range(P)},
+                    list(range(P)), RunOptions(queue_depth=1, **options), commands=commands, observers=[at])
+    at.driver = driver
+    driver.run()
+    return driver, log
+
+
+def _commands(log: MemoryRunLog) -> list[tuple[str, bool, str]]:
+    return [(d["name"], d["applied"], d["outcome"]) for d in _events(log, "command")]
+
+
+def _check_no_unit_twice(driver: Driver, log: MemoryRunLog) -> None:
+    done = log.schedule()
+    assert not done.duplicated(["config_id", "epoch", "partition", "kind"]).any(), "a unit counted twice"
+    cut = [(c.id, c.epoch) for c in driver.run_state.configs if c.outcome == "stopped" and c.visited.get(c.epoch)]
+    assert validate_schedule(done, cut=cut).ok
+    for c in driver.run_state.configs:
+        for e in range(len(c.history)):
+            mine = done[(done.config_id == c.id) & (done.epoch == e)]
+            assert sorted(mine[mine.kind == TRAIN].partition) == list(range(P)), (c.id, e)
+            assert sorted(mine[mine.kind == EVAL].partition) == list(range(P)), (c.id, e)
+
+
+def _once(fn):
+    """A `when` that fires at most once."""
+    fired = []
+
+    def when(driver, hook, *args):
+        if fired:
+            return []
+        out = fn(driver, hook, *args)
+        if out:
+            fired.append(True)
+        return out or []
+    return when
+
+
+def test_a_stop_acts_at_the_next_unit_boundary_and_a_resume_finishes_that_epoch_without_repeating_a_unit():
+    state = {}
+
+    def when(driver, hook, *args):
+        if hook == "unit_end" and args[:2] == (0, 1) and "stopped" not in state:  # config 0's first unit of epoch 1
+            state["stopped"] = True
+            return [("stop_config", {"config_id": 0})]
+        if hook == "round_committed" and args[0]["round"] == 2 and "resumed" not in state:
+            state["resumed"] = True
+            return [("resume_config", {"config_id": 0, "epochs": 3})]
+        return []
+
+    driver, log = _run(automl.GridSearch(SPACE, epochs=4), when)
+    outcomes = _commands(log)
+    assert outcomes[0][:2] == ("stop_config", True) and "stopped in epoch 1" in outcomes[0][2], outcomes
+    assert outcomes[1] == ("resume_config", True, "config 0 trains again, from epoch 1 to 3 epochs")
+    c0 = driver.run_state.configs[0]
+    assert (c0.status, c0.outcome, c0.owner, len(c0.history)) == (STOPPED, "completed", PERSON, 3)
+    done = log.schedule()
+    first = done[(done.config_id == 0) & (done.epoch == 1)].sort_values("start")
+    # epoch 1 was cut after at most a unit or two (those already on their way), and finished after the resume
+    assert first.start.diff().max() > 0 and len(first) == 2 * P
+    assert [len(driver.run_state.configs[i].history) for i in (1, 2)] == [4, 4]
+    _check_no_unit_twice(driver, log)
+    final = driver.run_state.backend.get(c0.state)["visited"]
+    assert {e: sorted(ps) for e, ps in final.items()} == {e: list(range(P)) for e in range(3)}
+
+
+def test_a_stopped_config_keeps_its_partial_epoch_and_the_procedure_sees_it_stopped_by_a_person():
+    seen = []
+
+    class Watch(automl.GridSearch):
+        def step(self, states):
+            seen.append([(s.id, s.status) for s in states])
+            return super().step(states)
+
+    when = _once(lambda d, hook, *a: [("stop_config", {"config_id": 2})] if hook == "unit_end" and a[:2] == (2, 0)
+                 else None)
+    driver, log = _run(Watch(SPACE, epochs=2), when)
+    c2 = driver.run_state.configs[2]
+    assert (c2.status, c2.outcome, c2.owner, len(c2.history)) == (STOPPED, "stopped", PROCEDURE, 0)
+    assert 1 <= len(c2.visited.get(0, ())) < P
+    assert seen[1][2] == (2, STOPPED)
+    _check_no_unit_twice(driver, log)
+
+
+def test_added_and_cloned_configs_are_the_persons_train_their_budget_and_leave_the_procedures_ids_alone():
+    def when(driver, hook, *args):
+        if hook == "round_committed" and args[0]["round"] == 1:  # after epoch 1 of every config
+            run = driver.run_state
+            return [("add_config", {"config": {**SPACE_ONE, "lr": 0.2}, "epochs": 1}),
+                    ("clone_config", {"config_id": 1, "overrides": {"lr": 0.001}}),
+                    ("clone_config", {"config_id": 1, "overrides": {"lr": 0.3}, "warm": False, "epochs": 1})] \
+                if len(run.configs) == 3 else []
+        if hook == "command" and args[0]["name"] == "clone_config" and args[0]["applied"]:
+            run = driver.run_state
+            new = run.configs[len(run.configs) - 1]
+            if new.parent is not None:  # warm: the clone's weights are its source's after its epoch 1
+                got, want = (run.backend.get(h)["model"] for h in (new.state, run.configs[1].epoch_state))
+                assert all(torch.equal(got[k], want[k]) for k in want)
+                assert run.backend.get(new.state)["visited"] == {}
+            else:
+                assert new.state is None  # cold: model_fn builds it
+        return []
+
+    driver, log = _run(automl.GridSearch(SPACE, epochs=3), when)
+    assert [o[:2] for o in _commands(log)] == [("add_config", True), ("clone_config", True), ("clone_config", True)]
+    configs = driver.run_state.configs
+    assert [(c.id, c.origin, c.owner, c.budget, len(c.history), c.outcome) for c in configs] == [
+        (0, PROCEDURE, PROCEDURE, None, 3, "completed"), (1, PROCEDURE, PROCEDURE, None, 3, "completed"),
+        (2, PROCEDURE, PROCEDURE, None, 3, "completed"), (3, PERSON, PERSON, 1, 1, "completed"),
+        (4, PERSON, PERSON, 3, 3, "completed"), (5, PERSON, PERSON, 1, 1, "completed")]
+    assert configs[4].parent == 1 and configs[5].parent is None and configs[4].config["lr"] == 0.001
+    assert _commands(log)[1][2] == ("config 4 cloned from config 1 with {'lr': 0.001}, from config 1's weights, "
+                                    "3 epochs")
+    _check_no_unit_twice(driver, log)
+
+
+SPACE_ONE = {k: v[0] for k, v in SPACE.items()}
+
+
+def test_extend_resumes_the_configs_that_completed_the_old_budget_while_a_persons_config_still_trains():
+    def when(driver, hook, *args):
+        # rounds: -1 is the first decision, round r commits epoch r
+        if hook == "round_committed" and args[0]["round"] == 0 and len(driver.run_state.configs) == 3:
+            return [("add_config", {"config": SPACE_ONE, "epochs": 4})]  # trains epochs 0..3 in rounds 1..4
+        if hook == "round_committed" and args[0]["round"] == 2 and not _events(driver.run_state.log, "command")[1:]:
+            return [("extend", {"epochs": 1}), ("extend", {"samples": 2})]
+        return []
+
+    driver, log = _run(automl.GridSearch(SPACE, epochs=2), when)
+    assert _commands(log)[1] == ("extend", True, "GridSearch: every config now trains 3 epochs")
+    assert _commands(log)[2] == ("extend", False, "`samples` is 2, but GridSearch trains a fixed set of configs: it "
+                                                  "can only extend `epochs`")
+    assert [len(c.history) for c in driver.run_state.configs] == [3, 3, 3, 4]
+    _check_no_unit_twice(driver, log)
+
+
+def test_commands_about_configs_that_cannot_apply_are_rejected_with_their_reason():
+    def when(driver, hook, *args):
+        if hook == "round_committed" and args[0]["round"] == 0 and not _events(driver.run_state.log, "command"):
+            return [("stop_config", {"config_id": 7}), ("stop_config", {"config_id": "0"}),
+                    ("resume_config", {"config_id": 0}), ("add_config", {"config": [1, 2]}),
+                    ("add_config", {"config": SPACE_ONE, "epochs": 0}),
+                    ("clone_config", {"config_id": 0, "warm": "yes"}), ("extend", {}),
+                    ("stop_config", {"config_id": 1}), ("stop_config", {"config_id": 1}),
+                    ("resume_config", {"config_id": 1, "epochs": 1})]
+        return []
+
+    driver, log = _run(automl.RandomSearch({"lr": [0.01, 0.1], **{k: v for k, v in SPACE.items() if k != "lr"}},
+                                           num_samples=3, epochs=2), when)
+    assert [(n, a) for n, a, _ in _commands(log)] == [(n, False) for n in (
+        "stop_config", "stop_config", "resume_config", "add_config", "add_config", "clone_config", "extend")] + [
+        ("stop_config", True), ("stop_config", False), ("resume_config", False)]
+    reasons = [o for _, _, o in _commands(log)]
+    assert reasons[0] == "`config_id` is 7, but no config has that id (ids 0..2)"
+    assert reasons[1] == "`config_id` is '0', but must be a config id (an int)"
+    assert reasons[2] == "config 0 is active: only a stopped config can be resumed"
+    assert reasons[3] == "`config` is [1, 2], but must be a dict of hyper-parameter name -> value"
+    assert reasons[4] == "`epochs` is 0, but must be an int >= 1 (the epochs the config trains in all)"
+    assert reasons[5].startswith("`warm` is 'yes', but must be True")
+    assert reasons[6] == "`epochs` and `samples` are both None: say what to extend"
+    assert reasons[8] == "config 1 is stopped: only an active config can be stopped"
+    assert reasons[9] == ("`epochs` is 1, but config 1 has trained 1 epochs already: pass more (its epochs in all)")
+    assert [len(c.history) for c in driver.run_state.configs] == [2, 1, 2]
+    _check_no_unit_twice(driver, log)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: automl.ASHA({"lr": automl.loguniform(1e-3, 1e-1)}, max_epochs=3, max_configs=4, seed=0),
+    lambda: automl.OptunaSearch({"lr": automl.loguniform(1e-3, 1e-1)}, num_samples=4, epochs=2, seed=0),
+    lambda: automl.HyperBand({"lr": automl.loguniform(1e-3, 1e-1)}, max_epochs=3, eta=3, seed=0),
+    lambda: automl.PBT({"lr": automl.loguniform(1e-3, 1e-1)}, population=4, epochs=4, perturbation_interval=2),
+])
+def test_procedures_leave_a_persons_configs_alone_and_number_their_own_after_them(make, tmp_path):
+    """A config a person added between two steps: the procedure neither stops nor ranks it, and the ids it
+    predicts for its own new configs skip it."""
+    procedure = make()
+    procedure.bind("valid_loss", "min", str(tmp_path), num_workers=2)
+    states = [ConfigState(c.id if hasattr(c, "id") else i, c) for i, c in enumerate(procedure.step([]).add)]
+    person = ConfigState(len(states), {"lr": 0.5}, 0, (), ACTIVE, None, PERSON, PERSON)
+    history = tuple({"valid_loss": 1.0 / (i + 1)} for i in range(3))
+    states = [ConfigState(s.id, s.config, 3, history, ACTIVE) for s in states] + [
+        ConfigState(person.id, person.config, 3, history, ACTIVE, None, PERSON, PERSON)]
+    decision = procedure.step(states)
+    assert person.id not in decision.stop
+    assert all(cid != person.id for cid, _ in decision.clone)
+    if isinstance(procedure, automl.PBT):
+        assert person.id not in procedure.members
