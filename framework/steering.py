@@ -3,7 +3,8 @@
     handle = framework.connect("~/modelhopper_runs/gridsearch-20260101-120000-000000")
     handle.status()["status"]          # "running"
     handle.add_workers(2)              # CommandOutcome(name='add_workers', applied=True, outcome='started ...')
-    handle.drain(0)
+    handle.stop(3)                     # config 3 stops at the next unit boundary
+    handle.clone(0, lr=0.001)          # a new config from config 0's weights, with lr changed
     handle.leaderboard()               # a DataFrame, best first
 
 A command goes through the run's inbox (`framework.engine.inbox`): the driver applies it at its next look between
@@ -77,6 +78,33 @@ class RunHandle:
         """Worker `worker` takes no new units, finishes the one it runs, then leaves."""
         return self.send("drain_worker", timeout=timeout, worker=worker)
 
+    def stop(self, config_id: int, timeout: float = 60.0) -> CommandOutcome:
+        """Stop config `config_id` now: its units not started are dropped, those running finish, and it keeps its
+        weights and metrics (an epoch it was in the middle of stays open: `resume` finishes it)."""
+        return self.send("stop_config", timeout=timeout, config_id=config_id)
+
+    def resume(self, config_id: int, epochs: int | None = None, timeout: float = 60.0) -> CommandOutcome:
+        """Train a stopped config again from its latest weights, to `epochs` epochs in all (default: the
+        procedure's per-config budget). It is the person's from then on: the procedure leaves it alone."""
+        return self.send("resume_config", timeout=timeout, **_given(config_id=config_id, epochs=epochs))
+
+    def add(self, config: dict[str, Any], epochs: int | None = None, timeout: float = 60.0) -> CommandOutcome:
+        """Add a config the procedure did not ask for; it trains from `model_fn` for `epochs` epochs (default: the
+        procedure's per-config budget). The outcome names its id."""
+        return self.send("add_config", timeout=timeout, **_given(config=config, epochs=epochs))
+
+    def clone(self, config_id: int, warm: bool = True, epochs: int | None = None, timeout: float = 60.0,
+              **overrides: Any) -> CommandOutcome:
+        """A new config: config `config_id`'s hyper-parameters with `overrides`, starting from its latest weights
+        (`warm`, as PBT's exploit step) or from `model_fn` (`warm=False`); it trains `epochs` epochs of its own."""
+        return self.send("clone_config", timeout=timeout,
+                         **_given(config_id=config_id, overrides=overrides, warm=warm, epochs=epochs))
+
+    def extend(self, epochs: int | None = None, samples: int | None = None, timeout: float = 60.0) -> CommandOutcome:
+        """Grow the procedure's budget: `epochs` more per config, `samples` more configs, as far as the procedure
+        allows (the outcome says what changed, or why it cannot)."""
+        return self.send("extend", timeout=timeout, **_given(epochs=epochs, samples=samples))
+
     def pause(self, timeout: float = 60.0) -> CommandOutcome:
         """Pause the run: the units running finish, nothing new starts, workers stay (and keep their data)."""
         return self.send("pause", timeout=timeout)
@@ -137,6 +165,11 @@ class RunHandle:
         if status != "running?":  # a driver on another host, through a shared file system
             raise NotRunningError(f"the run in {self.path!r} is {status}, not running: commands reach only a running "
                                "run (resume it first: `modelhopper resume RUN`)")
+
+
+def _given(**args: Any) -> dict[str, Any]:
+    """The arguments a caller gave (None: the driver's default)."""
+    return {k: v for k, v in args.items() if v is not None}
 
 
 def connect(run: str, source: str = "connect") -> RunHandle:

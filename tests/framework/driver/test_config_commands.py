@@ -226,3 +226,54 @@ def test_procedures_leave_a_persons_configs_alone_and_number_their_own_after_the
     assert all(cid != person.id for cid, _ in decision.clone)
     if isinstance(procedure, automl.PBT):
         assert person.id not in procedure.members
+
+
+def test_a_run_stopped_after_commands_resumes_with_every_persons_decision_and_finishes_them(tmp_path):
+    """Commands are committed with their effect: a resume (here after the driver stopped as by a crash) keeps the
+    configs a person added, cloned, stopped and resumed, with their owners and budgets, and resumes a stopped one
+    from its checkpoint, its cut epoch finished without repeating a unit."""
+    from framework.driver import SQLiteRunLog
+    from framework.engine.catalog import SQLiteCatalog
+    from framework.engine.checkpoint import CheckpointStore
+    from framework.engine.signing import loads_signed
+
+    commands = QueueCommands()
+
+    def driver(procedure, when):
+        at = _At(commands, when)
+        d = Driver(LocalBackend(FNS, _entries(), num_threads=1), procedure, SQLiteRunLog(catalog, ckpt),
+                   {w: [w] for w in range(P)}, list(range(P)), RunOptions(checkpoint="unit", queue_depth=1),
+                   commands=commands, observers=[at])
+        at.driver = d
+        return d
+
+    def first_when(d, hook, *args):
+        if hook == "round_committed" and args[0]["round"] == 0:
+            return [("add_config", {"config": SPACE_ONE, "epochs": 2}), ("clone_config", {"config_id": 0})]
+        if hook == "unit_end" and args[:2] == (1, 1) and d.run_state.configs[1].status == ACTIVE:
+            return [("stop_config", {"config_id": 1})]
+        return []
+
+    catalog = SQLiteCatalog(str(tmp_path / "run.db"))
+    ckpt = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
+    first = driver(automl.GridSearch(SPACE, epochs=4), first_when)
+    assert first.run(max_commits=3) is False  # stopped after round 1 (as by a crash after that commit)
+    ckpt.flush()
+    cut = sorted(first.run_state.configs[1].visited[1])
+    assert 1 <= len(cut) < P
+    _, blob, signature = catalog.last_round()
+    resume_at = [("resume_config", {"config_id": 1})]
+    resumed = driver(loads_signed(blob, signature), _once(lambda d, hook, *a: resume_at if hook == "round_committed"
+                                                          else None))
+    assert resumed.run(resume_from=catalog) is True
+    configs = resumed.run_state.configs
+    assert [(c.id, c.origin, c.owner, c.budget, len(c.history), c.outcome) for c in configs] == [
+        (0, PROCEDURE, PROCEDURE, None, 4, "completed"), (1, PROCEDURE, PERSON, 4, 4, "completed"),
+        (2, PROCEDURE, PROCEDURE, None, 4, "completed"), (3, PERSON, PERSON, 2, 2, "completed"),
+        (4, PERSON, PERSON, 4, 4, "completed")]
+    done = catalog.units(status="done")
+    assert not done.duplicated(["config_id", "epoch", "partition", "kind"]).any()
+    mine = done[(done.config_id == 1) & (done.epoch == 1) & (done.kind == TRAIN)]
+    assert sorted(mine.partition) == list(range(P))  # the cut epoch, finished after the resume
+    ckpt.close()
+    catalog.close()
