@@ -318,9 +318,10 @@ def _clone_config(run: RunState, args: Mapping[str, Any]) -> Effect:
         raise CommandRejected(f"`warm` is {warm!r}, but must be True (start from config {src.id}'s weights) or False "
                               "(start from `model_fn`)")
     budget = _budget(run, args, 0, "the clone")
-    handle = None
+    handle, units_in = None, 0
     if warm:
         handle = src.epoch_state if src.epoch_state is not None else _latest(run, src)
+        units_in = src.units if handle is src.state else sum(len(v) for e, v in src.visited.items() if e < src.epoch)
         if handle is None:
             raise CommandRejected(f"config {src.id} has not trained yet: clone it cold (warm=False)")
     c = _new_config(run, {**src.config, **overrides}, budget, parent=src.id if warm else None)
@@ -330,7 +331,7 @@ def _clone_config(run: RunState, args: Mapping[str, Any]) -> Effect:
         run.log.flush()
     commit.open_epochs(run, [c])
     run.round_open = True
-    start = f"from config {src.id}'s weights" if warm else "from model_fn"
+    start = f"from config {src.id}'s weights after {units_in} training units" if warm else "from model_fn"
     return Effect(f"config {c.id} cloned from config {src.id} with {overrides}, {start}, {budget} epochs", new=[c])
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import automl
 import framework
@@ -151,3 +152,72 @@ def test_a_paused_run_starts_nothing_new_until_it_is_unpaused(ray_cluster, digit
     started_while_paused = result.schedule[(result.schedule.start > t_pause) & (result.schedule.start < t_unpause)]
     assert len(started_while_paused) <= running  # only what was already on its way to a worker
     assert (result.schedule.start > t_unpause).any() and set(result.status.status) == {"completed"}
+
+
+_STEER = """
+import json, sys
+import framework
+h = framework.connect(sys.argv[1], source="steer")
+gate = sys.argv[2]
+out = [h.stop(0), h.clone(1, lr=0.001), h.clone(1, warm=False, epochs=1),
+       h.add({"hidden": 16, "lr": 0.2, "batch_size": 64, "gate": gate}, epochs=1), h.stop(4), h.resume(0, epochs=3),
+       h.stop(9), h.resume(1), h.extend(epochs=1)]
+print(json.dumps([[o.name, o.applied, o.outcome] for o in out]))
+"""
+
+
+def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_cluster, digits, tmp_path):
+    """stop, clone warm and cold, add, resume, extend, from a second process, while the run trains on Ray: each
+    command is applied at a unit boundary and kept; the MOP invariants and the completeness check hold."""
+    from framework.engine.catalog import SQLiteCatalog
+    from framework.engine.checkpoint import load_verified
+    from simulators import validate_schedule
+
+    gate = tmp_path / "gate"
+    x, y = digits
+    ds = framework.PartitionedDataset.from_arrays(x[:300], y[:300], num_partitions=2, seed=0)
+    path = str(tmp_path / "run")
+    space = {"hidden": [16], "lr": [0.05, 0.1], "batch_size": [64], "gate": [str(gate)]}
+    sel = framework.ModelSelection(mlp_model_fn, gated_train_fn, classifier_eval_fn, ds,
+                                   automl.GridSearch(space, epochs=3), num_workers=2, storage_path=path,
+                                   progress=False, checkpoint="unit")
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.setdefault("result", sel.run()), daemon=True)
+    runner.start()
+    try:
+        _wait(lambda: sel.rounds_completed >= 1)  # every config trained epoch 0
+        gate.write_text("")  # closed: the run waits while the person steers it
+        out = subprocess.run([sys.executable, "-c", _STEER, path, str(gate)], capture_output=True, text=True,
+                             timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+        assert out.returncode == 0, out.stderr
+        said = json.loads(out.stdout.strip().splitlines()[-1])
+        # while the gate holds the run: the warm clone's first state is config 1's weights when it was cloned
+        units = int(said[1][2].split("after ")[1].split()[0])
+        catalog = SQLiteCatalog(os.path.join(path, "run.db"), readonly=True)
+        try:
+            start = {u: (p, d) for _, u, p, d in catalog.checkpoints(2)}[0]
+            source = {u: (p, d) for _, u, p, d in catalog.checkpoints(1)}[units]
+            parents = catalog.configs().set_index("config_id").parent
+        finally:
+            catalog.close()
+        got, want = load_verified(*start)["model"], load_verified(*source)["model"]
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        assert parents[2] == 1 and parents[3] != parents[3]  # the cold clone (NaN: no parent) starts from model_fn
+    finally:
+        gate.unlink(missing_ok=True)
+        runner.join(timeout=180)
+    assert [(n, a) for n, a, _ in said] == [
+        ("stop_config", True), ("clone_config", True), ("clone_config", True), ("add_config", True),
+        ("stop_config", True), ("resume_config", True), ("stop_config", False), ("resume_config", False),
+        ("extend", True)]
+    assert said[6][2] == "`config_id` is 9, but no config has that id (ids 0..4)"
+    assert said[7][2] == "config 1 is active: only a stopped config can be resumed"
+    result = done["result"]
+    assert result.commands.source.unique().tolist() == ["inbox:steer"] and len(result.commands) == 9
+    status = result.status.set_index("config_id")
+    assert status.status.tolist() == ["completed", "completed", "completed", "completed", "stopped"]
+    assert status.epochs.tolist() == [3, 4, 3, 1, 0]  # the grid's budget grew to 4 epochs; the person's own
+    assert result.configs[2]["lr"] == 0.001 and result.configs[3]["lr"] == 0.1
+    assert validate_schedule(result.schedule).ok  # config 0's cut epoch was finished after its resume
+    assert not result.schedule.duplicated(["config_id", "epoch", "partition", "kind"]).any()
+    assert result.verified

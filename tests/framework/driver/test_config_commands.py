@@ -150,8 +150,8 @@ def test_added_and_cloned_configs_are_the_persons_train_their_budget_and_leave_t
         (2, PROCEDURE, PROCEDURE, None, 3, "completed"), (3, PERSON, PERSON, 1, 1, "completed"),
         (4, PERSON, PERSON, 3, 3, "completed"), (5, PERSON, PERSON, 1, 1, "completed")]
     assert configs[4].parent == 1 and configs[5].parent is None and configs[4].config["lr"] == 0.001
-    assert _commands(log)[1][2] == ("config 4 cloned from config 1 with {'lr': 0.001}, from config 1's weights, "
-                                    "3 epochs")
+    assert _commands(log)[1][2] == ("config 4 cloned from config 1 with {'lr': 0.001}, from config 1's weights "
+                                    f"after {2 * P} training units, 3 epochs")
     _check_no_unit_twice(driver, log)
 
 
