@@ -1,7 +1,9 @@
 """Latency of a command from another process to its effect in a running selection (`framework.connect`).
 
 A real run (Ray workers whose units sleep `unit_s`) goes on in this process's driver while a second process sends
-`commands` commands through the run's inbox, one at a time, alternating `pause` and `unpause`. For each it measures:
+`commands` commands through the run's inbox, one at a time, cycling through `pause`, `unpause`, `stop_config` (a
+config of the run), `resume_config` (the same config), `add_config` and `clone_config` (warm, from the config just
+resumed). For each it measures:
 
     applied_s    from the request written to the driver's `command` event (the driver's clock: when it applied it)
     answered_s   from the request written to the sender reading the outcome back from run.db (what a caller waits)
@@ -40,13 +42,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @dataclass
 class Defaults:
-    commands: int = 100  # commands sent (alternately pause and unpause)
+    commands: int = 102  # commands sent (17 of each of the six kinds)
     workers: int = 2  # workers of the run (one partition each)
     unit_s: float = 0.2  # seconds each training unit sleeps
     seed: int = 0  # seeds the run
 
 
-QUICK = dict(commands=20)
+QUICK = dict(commands=12)
 
 
 class UntilFile(automl.Procedure):
@@ -80,12 +82,20 @@ SENDER = """
 import json, sys, time
 import framework
 handle = framework.connect(sys.argv[1])
-rows = []
+n, unit_s = int(sys.argv[3]), float(sys.argv[4])
+rows, added = [], []
 for i in range(int(sys.argv[2])):
-    name = "pause" if i % 2 == 0 else "unpause"
+    cid = (i // 6) % n  # one of the run's own configs
+    name, args = [("pause", {}), ("unpause", {}), ("stop_config", {"config_id": cid}),
+                  ("resume_config", {"config_id": cid, "epochs": 10**6}),
+                  ("add_config", {"config": {"unit_s": unit_s, "i": 1000 + i}, "epochs": 2}),
+                  ("clone_config", {"config_id": cid, "overrides": {"i": 2000 + i}, "epochs": 2})][i % 6]
     t0 = time.time()
-    outcome = handle.send(name, timeout=60)
-    rows.append({"i": i, "name": name, "sent": t0, "answered": time.time(), "applied": outcome.applied})
+    outcome = handle.send(name, timeout=60, **args)
+    rows.append({"i": i, "name": name, "sent": t0, "answered": time.time(), "applied": outcome.applied,
+                 "outcome": outcome.outcome})
+for cid in range(n):  # the configs resumed by a person train until a person stops them (not measured)
+    handle.send("stop_config", timeout=60, config_id=cid)
 print(json.dumps(rows))
 """
 
@@ -106,8 +116,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     while not sel.rounds_completed:
         time.sleep(0.1)
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", SENDER, path, str(cfg.commands)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", SENDER, path, str(cfg.commands), str(len(configs)), str(cfg.unit_s)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"the sender failed:\n{proc.stderr[-2000:]}")
     sent = pd.DataFrame(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -118,6 +128,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     applied_at = [json.loads(d) for d in events.detail]
     sent["applied_at"] = list(events.time)[: len(sent)]
     assert [a["name"] for a in applied_at][: len(sent)] == sent.name.tolist()
+    if not sent.applied.all():
+        raise RuntimeError(f"commands were rejected:\n{sent[~sent.applied].to_string()}")
     sent["applied_s"] = sent.applied_at - sent.sent
     sent["answered_s"] = sent.answered - sent.sent
     table = sent.groupby("name")[["applied_s", "answered_s"]].agg(["median", "max"])

@@ -12,6 +12,7 @@ when a layer freezes can differ between a run and its replay.)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections import defaultdict
@@ -19,9 +20,11 @@ from collections.abc import Callable
 
 import torch
 
-from automl import ACTIVE, FAILED, Decision, Procedure
+from automl import ACTIVE, FAILED, PERSON, Decision, Procedure
 from framework.data import PartitionedDataset
 from framework.driver import Driver, SQLiteRunLog
+from framework.driver.commands import Command, CommandSource
+from framework.driver.configs import BY_PERSON
 from framework.engine.catalog import SQLiteCatalog, check_verified, confine, describe_problems, parent_id
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
@@ -41,16 +44,19 @@ _META_NEEDED = ("functions", "dataset", "executor", "seed", "metric", "mode")
 class LoggedDecisions(Procedure):
     """The decisions of a logged run, repeated: at commit k, the configs that first appeared in round k + 1 are
     added (`parent` None) or cloned; a config is stopped once it has trained the epochs it trained in the run
-    (configs that failed are failed by their failing unit instead)."""
+    (configs that failed are failed by their failing unit instead). Configs a person created (`by_person`) are
+    `LoggedCommands`' to create."""
 
-    def __init__(self, configs, synchronous: bool = True, fails: set[int] = frozenset()) -> None:
+    def __init__(self, configs, synchronous: bool = True, fails: set[int] = frozenset(),
+                 by_person: set[int] = frozenset()) -> None:
         self.synchronous = synchronous
         self._commit = -1
         self._new: dict[int, list[tuple[int | None, dict]]] = defaultdict(list)  # first round -> (parent, config)
         self._epochs: dict[int, int] = {}
         self._pruned: set[int] = set()
         for row in configs.itertuples():
-            self._new[int(row.first_round)].append((parent_id(row.parent), dict(row.config)))
+            if int(row.config_id) not in by_person:  # (`LoggedCommands` creates those)
+                self._new[int(row.first_round)].append((parent_id(row.parent), dict(row.config)))
             self._epochs[int(row.config_id)] = int(row.epochs)
             if row.outcome == "pruned":
                 self._pruned.add(int(row.config_id))
@@ -64,6 +70,60 @@ class LoggedDecisions(Procedure):
         return Decision(add=[dict(c) for p, c in rows if p is None],
                         clone=[(p, dict(c)) for p, c in rows if p is not None], stop=stop,
                         pruned=[cid for cid in stop if cid in self._pruned])
+
+
+class LoggedCommands(CommandSource):
+    """What a person did to the run's configs, repeated where it happened in the logged order of units.
+
+    A config a person added or cloned is created when the replay reaches the round it was created in and every
+    config with a smaller id exists (a warm clone once its source has absorbed as many units as when it was
+    cloned), with the same budget. A config the run trained no further (a person stopped it, in the middle of an
+    epoch or between two) is stopped once the replay has run its last logged unit. Resumes and extensions need no
+    command: the replay runs each config's logged units in order, and `LoggedDecisions` stops it at its epochs.
+    """
+
+    def __init__(self, created: list[dict], order: list[Unit], scheduler: LoggedOrder) -> None:
+        self.created, self.scheduler = sorted(created, key=lambda c: c["id"]), scheduler
+        self.last: dict[int, int] = {}  # config -> index of its last unit in `order`
+        for i, u in enumerate(order):
+            self.last[u.config_id] = i
+        self.run = None  # the driver's run state, set once the driver exists
+
+    def poll(self) -> list[Command]:
+        run = self.run
+        if run is None or run.dispatch.flights:
+            return []
+        out: list[Command] = []
+        n = len(run.configs)
+        while self.created and self.created[0]["id"] == n and run.round >= self.created[0]["first_round"]:
+            c = self.created[0]
+            if c["parent"] is not None:
+                if run.configs[c["parent"]].units < c["source_units"]:
+                    break
+                args = {"config_id": c["parent"], "overrides": c["config"], "epochs": c["budget"]}
+                out.append(Command("clone_config", args, "replay"))
+            else:
+                out.append(Command("add_config", {"config": c["config"], "epochs": c["budget"]}, "replay"))
+            self.created.pop(0)
+            n += 1
+        for c in run.configs.active():
+            if c.open and self.scheduler._next > self.last.get(c.id, -1):  # the run trained it no further
+                out.append(Command("stop_config", {"config_id": c.id}, "replay"))
+        return out
+
+
+def _created_by_a_person(events) -> dict[int, dict]:
+    """The configs a person added or cloned, by id: config, parent, budget, and a warm clone's source units."""
+    out: dict[int, dict] = {}
+    for detail in events.detail:
+        d = json.loads(detail)
+        if not d.get("applied") or d.get("name") not in ("add_config", "clone_config"):
+            continue
+        for rec in d.get("steered", ()):
+            if rec.get("origin") == PERSON and rec["id"] not in out:
+                out[int(rec["id"])] = {"id": int(rec["id"]), "budget": rec["budget"],
+                                       "source_units": d.get("source_units", 0)}
+    return out
 
 
 class LoggedOrder(Scheduler):
@@ -164,6 +224,7 @@ def _replay_dir(
         unverified = check_verified(src, "replay", trust_unverified)
         meta, configs = src.meta(), src.configs()
         done, failed = src.units(status="done"), src.units(status="failed")
+        created = _created_by_a_person(src.events("command"))
     finally:
         src.close()
     lacking = [k for k in _META_NEEDED if k not in meta]
@@ -203,7 +264,9 @@ def _replay_dir(
             faults.append(Fault("raise", config_id=int(cid), epoch=int(last.epoch), partition=int(last.partition),
                                 kind=last.kind))
     fails = {f.config_id for f in faults}
-    rows = [r for r in done.itertuples() if r.epoch < epochs[r.config_id] or r.config_id in fails]
+    # a config a person stopped in the middle of an epoch trained part of it: those units run too
+    cut = set(configs.config_id[configs.outcome == BY_PERSON])
+    rows = [r for r in done.itertuples() if r.epoch < epochs[r.config_id] or r.config_id in fails | cut]
     rows += [failed[failed.config_id == cid].iloc[-1] for cid in sorted(fails)]
     rows.sort(key=lambda r: r.seq)
     order = [Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind) for r in rows]
@@ -227,11 +290,19 @@ def _replay_dir(
              "data_on_device": bool(meta.get("data_on_device", False))},
             held, num_threads=int(meta.get("num_threads", 1)), device=device)
         procedure = LoggedDecisions(configs, synchronous=bool(meta.get("synchronous", True)),
-                                    fails={f.config_id for f in faults})
+                                    fails={f.config_id for f in faults}, by_person=set(created))
+        scheduler = LoggedOrder(order)
+        rows_by_id = configs.set_index("config_id")
+        for c in created.values():
+            c.update(config=dict(rows_by_id.config[c["id"]]), parent=parent_id(rows_by_id.parent[c["id"]]),
+                     first_round=int(rows_by_id.first_round[c["id"]]))
+        commands = LoggedCommands(list(created.values()), order, scheduler)
         options = RunOptions(seed=int(meta["seed"]), metric=meta["metric"], mode=meta["mode"],
-                             scheduler=LoggedOrder(order), max_worker_restarts=0, queue_depth=1)
-        Driver(backend, procedure, _ReplayLog(dst, ckpt, workers), {REPLAY_WORKER: sorted(held)}, sorted(held),
-               options, FaultPlan(faults)).run()
+                             scheduler=scheduler, max_worker_restarts=0, queue_depth=1)
+        driver = Driver(backend, procedure, _ReplayLog(dst, ckpt, workers), {REPLAY_WORKER: sorted(held)},
+                        sorted(held), options, FaultPlan(faults), commands=commands)
+        commands.run = driver.run_state
+        driver.run()
         for row in configs.itertuples():  # the run's own words for why a config failed
             if row.status == FAILED:
                 dst.update_config(int(row.config_id), status=FAILED, error=row.error)

@@ -206,6 +206,7 @@ class Effect:
     statuses: list[ConfigRecord] = field(default_factory=list)  # configs whose status changed
     new: list[ConfigRecord] = field(default_factory=list)  # configs it added
     procedure: bool = False  # the procedure's state changed (its budget)
+    detail: dict[str, Any] = field(default_factory=dict)  # more for the event (what a replay needs to repeat it)
 
     def steered(self) -> list[dict[str, Any]]:
         """The configs a person steers now, as a resume rebuilds them (`commit.restore`)."""
@@ -332,7 +333,8 @@ def _clone_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     commit.open_epochs(run, [c])
     run.round_open = True
     start = f"from config {src.id}'s weights after {units_in} training units" if warm else "from model_fn"
-    return Effect(f"config {c.id} cloned from config {src.id} with {overrides}, {start}, {budget} epochs", new=[c])
+    return Effect(f"config {c.id} cloned from config {src.id} with {overrides}, {start}, {budget} epochs", new=[c],
+                  detail={"source_units": units_in} if warm else {})
 
 
 def _extend(run: RunState, args: Mapping[str, Any]) -> Effect:
@@ -373,7 +375,7 @@ def apply(run: RunState, command: Command) -> bool:
         run.write(f"command {command.name} {dict(command.args)} rejected: {e}")
     effect = Effect(effect) if isinstance(effect, str) else effect
     detail = {"name": command.name, "args": dict(command.args), "source": command.source, "id": command.id,
-              "request": command.request, "applied": applied, "outcome": effect.outcome}
+              "request": command.request, "applied": applied, "outcome": effect.outcome, **effect.detail}
     if effect.steered():
         detail["steered"] = effect.steered()
     run.log.record_command(detail, statuses=[(c.id, c.status, len(c.history), c.outcome) for c in effect.statuses],

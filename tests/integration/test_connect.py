@@ -61,6 +61,9 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
         assert added.stdout.strip() == "add_workers: started workers [2]"
         bad = _cli("workers", path, "--drain", "7")
         assert bad.returncode == 1 and "drain_worker rejected: worker 7 does not live" in bad.stdout, bad.stderr
+        unknown = _cli("stop", path, "7")
+        assert unknown.returncode == 1 and unknown.stdout == (
+            "stop_config rejected: `config_id` is 7, but no config has that id (ids 0..1)\n"), unknown.stderr
         # from Python in another process: a command the driver does not know is rejected with the known ones
         code = (f"import framework, json; h = framework.connect({path!r}); o = h.send('fly', timeout=30); "
                 "print(json.dumps([o.applied, o.outcome]))")
@@ -86,15 +89,17 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
     result = done["result"]
     cmds = result.commands
     assert cmds[["name", "applied"]].values.tolist() == [
-        ["add_workers", True], ["drain_worker", False], ["fly", False], ["add_workers", False]]
-    assert cmds.source.tolist() == ["inbox:cli", "inbox:cli", "inbox:connect", "inbox:x"]
-    assert "cannot be trusted: its signature does not verify" in cmds.outcome.iloc[3]
+        ["add_workers", True], ["drain_worker", False], ["stop_config", False], ["fly", False], ["add_workers", False]]
+    assert cmds.source.tolist() == ["inbox:cli", "inbox:cli", "inbox:cli", "inbox:connect", "inbox:x"]
+    assert "cannot be trusted: its signature does not verify" in cmds.outcome.iloc[4]
     assert (cmds.t.diff().dropna() >= 0).all()
     assert result.status.status.tolist() == ["completed", "completed"]
     assert set(result.schedule.worker) <= {0, 1, 2}
     # the run has ended: a command cannot reach it, in one line
     late = _cli("workers", path, "--add", "1")
     assert late.returncode == 2 and late.stderr.count("\n") == 1 and "is finished, not running" in late.stderr
+    bad_json = _cli("add", path, "{lr: 1}")
+    assert bad_json.returncode == 2 and bad_json.stderr.count("\n") == 1 and "must be a JSON object" in bad_json.stderr
 
 
 def test_commands_sent_while_the_run_was_down_are_applied_once_when_it_resumes(ray_cluster, tmp_path):
@@ -219,5 +224,10 @@ def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_c
     assert status.epochs.tolist() == [3, 4, 3, 1, 0]  # the grid's budget grew to 4 epochs; the person's own
     assert result.configs[2]["lr"] == 0.001 and result.configs[3]["lr"] == 0.1
     assert validate_schedule(result.schedule).ok  # config 0's cut epoch was finished after its resume
+    # a replay repeats what the person did where it happened: bit-identical weights for every config that trained
+    again = framework.replay(path)
+    for cid in range(4):
+        a, b = result.load_state(cid), again.load_state(cid)
+        assert a["visited"] == b["visited"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert not result.schedule.duplicated(["config_id", "epoch", "partition", "kind"]).any()
     assert result.verified
