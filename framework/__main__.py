@@ -1,6 +1,7 @@
 """Command line: `python -m framework COMMAND --help` (the console script `modelhopper`): demo, show, replay, list,
-status, watch, compare, export, resume, workers, pause, unpause. The commands about runs are thin glue over
-`framework.runs` (reading them) and `framework.steering` (steering a running one)."""
+status, watch, compare, export, resume, workers, pause, unpause, stop, resume-config, add, clone, extend, dashboard.
+The commands about runs are thin glue over `framework.runs` (reading them), `framework.steering` (steering a running
+one) and `framework.dashboard` (a web page of one)."""
 
 from __future__ import annotations
 
@@ -141,6 +142,51 @@ def _pause(args: argparse.Namespace) -> int:
     return _report([handle.pause(args.timeout) if args.command == "pause" else handle.unpause(args.timeout)])
 
 
+def _config_command(args: argparse.Namespace) -> int:
+    """stop, resume-config, add, clone, extend: one command to the running run's driver."""
+    from framework.steering import connect
+
+    handle, t = connect(args.run, source="cli"), args.timeout
+    if args.command == "stop":
+        return _report([handle.stop(args.config_id, timeout=t)])
+    if args.command == "resume-config":
+        return _report([handle.resume(args.config_id, epochs=args.epochs, timeout=t)])
+    if args.command == "add":
+        return _report([handle.add(_json_object(args.config, "config"), epochs=args.epochs, timeout=t)])
+    if args.command == "clone":
+        overrides = dict(_setting(kv) for kv in args.set)
+        return _report([handle.clone(args.config_id, warm=not args.cold, epochs=args.epochs, timeout=t,
+                                     **overrides)])
+    if args.epochs is None and args.samples is None:
+        raise ValueError("give --epochs N or --samples N (or both)")
+    return _report([handle.extend(epochs=args.epochs, samples=args.samples, timeout=t)])
+
+
+def _json_object(text: str, what: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"`{what}` is {text!r}, but must be a JSON object such as '{{\"lr\": 0.01}}' ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"`{what}` is {text!r}, but must be a JSON object such as '{{\"lr\": 0.01}}'")
+    return value
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """`--set name=value`: the value read as JSON when it is JSON (0.001, true, "adam"), else as a string."""
+    import json
+
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"`--set` is {text!r}, but must be NAME=VALUE (e.g. lr=0.001)")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
 def _watch(args: argparse.Namespace) -> int:
     import time
 
@@ -245,6 +291,20 @@ def _resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    import time
+
+    from framework.dashboard import serve
+
+    with serve(args.run, host=args.host, port=args.port, token=args.token) as board:
+        print(f"Serving the dashboard of {args.run} at {board.url} (Ctrl-C stops it)", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+
+
 def _int_at_least(low: int):
     """An argparse type: an int >= `low`."""
 
@@ -308,6 +368,38 @@ _STATUS_RULE = (
     "pid and host the run records at its start and at each resume) recorded its end, or ran on this host and is "
     "gone; running when it runs on this host; running? when it cannot be checked from here (another host, or a "
     "run from before drivers were recorded) and the run changed in the last 10 minutes, unknown when it did not.")
+
+
+def _config_parsers(sub, fmt) -> None:
+    """stop, resume-config, add, clone and extend: commands about the configs of a running run."""
+    said = ". Prints what the run's driver did with it (exit code 1 when it rejected it)."
+    specs = {
+        "stop": "stop a config of a running run now (units running finish; it keeps its weights and metrics)",
+        "resume-config": "train a stopped config again, from its latest weights (the person's from then on)",
+        "add": "add a config to a running run; it trains from model_fn",
+        "clone": "add a copy of a config with changed hyper-parameters, from its weights (or --cold, model_fn)",
+        "extend": "grow the procedure's budget: more epochs per config and/or more configs, where it allows it",
+    }
+    for name, what in specs.items():
+        p = sub.add_parser(name, help=what, formatter_class=fmt, description=what + said)
+        p.add_argument("run", help="run directory of a running run")
+        if name in ("stop", "resume-config", "clone"):
+            p.add_argument("config_id", type=_count, metavar="ID", help="the config's id")
+        if name == "add":
+            p.add_argument("config", metavar="CONFIG", help='the config as a JSON object, e.g. \'{"lr": 0.01}\'')
+        if name == "clone":
+            p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                           help="a hyper-parameter to change (repeat for several); the value is read as JSON when it "
+                                "is JSON (0.001, true), else as a string")
+            p.add_argument("--cold", action="store_true", help="start from model_fn instead of the config's weights")
+        if name == "extend":
+            p.add_argument("--epochs", type=_positive_int, default=None, help="epochs more per config")
+            p.add_argument("--samples", type=_positive_int, default=None, help="configs more")
+        elif name != "stop":
+            p.add_argument("--epochs", type=_positive_int, default=None,
+                           help="epochs it trains in all (default: the procedure's per-config budget)")
+        p.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the driver's answer")
+        p.set_defaults(func=_config_command)
 
 
 def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
@@ -380,6 +472,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
         pa.add_argument("run", help="run directory of a running run")
         pa.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the driver's answer")
         pa.set_defaults(func=_pause)
+    _config_parsers(sub, fmt)
     cmp = sub.add_parser("compare", help="the best configs of several runs side by side (reads only)",
                          formatter_class=fmt,
                          description="Each run is ranked by its own metric and mode unless --metric is given.")
@@ -436,6 +529,18 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                           "workers (None: the run's)")
     res.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     res.set_defaults(func=_resume)
+    da = sub.add_parser("dashboard", help="serve a live web dashboard of a run (framework.dashboard) until Ctrl-C",
+                        formatter_class=fmt, description="Serves a page with the run's status, leaderboard, learning "
+                        "curves, schedule and events, refreshed every second, with buttons that steer a running run "
+                        "(stop, resume or clone a config, add one, pause, add workers, extend). Bound to a host other "
+                        "than 127.0.0.1, localhost or ::1 it requires a token, made when none is given; the URL it "
+                        "prints carries it.")
+    da.add_argument("run", help="run directory")
+    da.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    da.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
+    da.add_argument("--token", default=None, help="the token every request must carry (None: none on localhost, "
+                                                  "else a new random one)")
+    da.set_defaults(func=_dashboard)
     return parser
 
 

@@ -145,6 +145,19 @@ def check_callbacks(callbacks: Any) -> list[Callback]:
     return list(callbacks)
 
 
+def dashboard_callbacks(dashboard: Any) -> list[Callback]:
+    """`ModelSelection(dashboard=...)`: False (none), True (127.0.0.1, a free port), or a dict of
+    `framework.dashboard.serve`'s `host`, `port` and `token`: a `framework.dashboard.DashboardCallback`."""
+    if dashboard is False or dashboard is None:
+        return []
+    if not (dashboard is True or isinstance(dashboard, dict) and set(dashboard) <= {"host", "port", "token"}):
+        raise ValueError(f"`dashboard` is {dashboard!r}, but must be True, False or a dict with keys among 'host', "
+                         "'port' and 'token'")
+    from framework.dashboard import DashboardCallback  # (aiohttp is imported only by those who serve a page)
+
+    return [DashboardCallback(**({} if dashboard is True else dashboard))]
+
+
 def _scalar(v: Any) -> Any:
     """A hyper-parameter as trackers take it: numbers, strings and bools as they are, the rest as text."""
     return v if isinstance(v, (bool, int, float, str)) else str(v)

@@ -24,7 +24,7 @@ from typing import Any
 
 from automl import Procedure
 from framework.arguments import check_dataset, check_faults, check_user_code, new_run_storage, resolve_procedure
-from framework.callbacks import Callback, RunInfo, check_callbacks
+from framework.callbacks import Callback, RunInfo, check_callbacks, dashboard_callbacks
 from framework.data import PartitionedDataset
 from framework.driver import Driver, SQLiteRunLog
 from framework.driver.commands import QueueCommands, Sources
@@ -72,11 +72,11 @@ class ModelSelection:
             `model_fn`, from a family of models that share a frozen prefix; hops then carry only trainable state.
         faults: a `framework.engine.faults.FaultPlan`: faults injected at exact points (a worker killed, a unit
             hung, a state object lost, the driver crashed after a given commit) and an observer of the run's
-            events, so tests and chaos experiments reach each recovery path on purpose. A `crash_driver` fault
-            SIGKILLs the process that calls `run()`.
+            events, so tests and chaos experiments reach each recovery path on purpose (`crash_driver` SIGKILLs).
         callbacks: `framework.Callback` instances called as the run goes on (`on_run_start`, `on_unit_end`,
             `on_epoch_end`, `on_decision`, `on_run_end`), e.g. `framework.TensorBoardCallback()` or
-            `framework.MLflowCallback()`.
+            `framework.MLflowCallback()`. `dashboard=True` serves the run's web page while it runs (or a dict of
+            `framework.dashboard.serve`'s host, port, token); its URL goes to stderr.
 
     The other arguments are the run's options: `framework.RunOptions` documents each one, holds their defaults and
     validates them (`self.options` is the validated record, `num_workers` resolved). In short:
@@ -110,7 +110,7 @@ class ModelSelection:
         deterministic: bool = _D.deterministic, queue_depth: int = _D.queue_depth,
         checkpoint: str | float = _D.checkpoint, data_on_device: bool = _D.data_on_device,
         callbacks: list[Callback] | None = None, name: str | None = None,
-        procedure_args: Mapping[str, Any] | None = None,
+        procedure_args: Mapping[str, Any] | None = None, dashboard: bool | Mapping[str, Any] = False,
     ) -> None:
         check_user_code(model_fn, train_fn, eval_fn, input_fn, extract)
         check_dataset(dataset)
@@ -127,7 +127,7 @@ class ModelSelection:
         self.dataset, self.extract, self.progress = dataset, extract, progress
         self.procedure = resolve_procedure(procedure, procedure_args)
         self.faults = check_faults(faults)
-        self.callbacks = check_callbacks(callbacks)
+        self.callbacks = check_callbacks(callbacks) + dashboard_callbacks(dashboard)
         self.storage = new_run_storage(storage_path, name, self.procedure)
         self.options: RunOptions = options.replace(storage_path=self.storage.local)
         self._resuming = False

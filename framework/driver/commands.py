@@ -287,6 +287,10 @@ def _latest(run: RunState, c: ConfigRecord) -> Any:
 
 def _resume_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     c = _config_arg(run, args)
+    if c.status == ACTIVE and c.stopping and c.outcome == BY_PERSON:  # stopped at a barrier it has not reached
+        budget = _budget(run, args, len(c.history), f"config {c.id}")
+        c.stopping, c.outcome, c.owner, c.budget = False, None, PERSON, budget
+        return Effect(f"config {c.id} trains on to {budget} epochs (its stop had not taken effect)", statuses=[c])
     if c.status != STOPPED:
         raise CommandRejected(f"config {c.id} is {c.status}: only a stopped config can be resumed")
     budget = _budget(run, args, len(c.history), f"config {c.id}")

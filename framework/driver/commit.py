@@ -185,9 +185,16 @@ def restore(run: RunState, catalog) -> list[Unit]:
         history[row.pop("config_id")].append({k: v for k, v in row.items() if k not in ("epoch", "round") and v == v})
     done = catalog.units(status="done")
     steered: dict[int, dict] = {}  # the configs a person steers, as the applied commands left them
+    paused = False
     for detail in catalog.events("command").detail:
         d = json.loads(detail)
         steered.update((int(rec["id"]), rec) for rec in d.get("steered", ()) if d.get("applied"))
+        if d.get("applied") and d.get("name") in ("pause", "unpause"):
+            paused = d["name"] == "pause"
+    if paused and run.backend.wall_clock:  # a person paused it: it stays paused until they unpause it
+        run.paused = True
+        run.write("the run was paused when it stopped and stays paused: unpause it (`modelhopper unpause RUN` or "
+                  "framework.connect(RUN).unpause())")
     todo: list[Unit] = []
     lost_seqs: list[int] = []
     for row in configs.itertuples():

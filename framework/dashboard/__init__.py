@@ -1,0 +1,393 @@
+"""A live web dashboard of one run: `framework.dashboard.serve(run)` (CLI: `modelhopper dashboard RUN`).
+
+    with serve("~/modelhopper_runs/gridsearch-20260101-120000-000000") as board:
+        print(board.url)           # open it in a browser: status, leaderboard, curves, schedule, events, commands
+
+The page (`index.html` beside this module: inline CSS and plain JavaScript, nothing fetched from the internet) polls
+the JSON endpoints below about once a second; each request reads the run's files afresh (catalogs opened read-only),
+so the dashboard serves a running run, a crashed one and a finished one alike, from any process of the machine:
+
+    GET  /                 the page
+    GET  /api/status       `framework.runs.run_status(run)`
+    GET  /api/leaderboard  every config, best first: config_id, status, epochs, value (of the run's metric), config
+    GET  /api/curves       each config's value of the run's metric per epoch
+    GET  /api/schedule     the last `SCHEDULE_LIMIT` units done: config_id, epoch, partition, worker, kind, start, end
+    GET  /api/events       the last `EVENTS_LIMIT` events (failures, workers, commands; not each round's commit)
+    POST /api/command      {"name": ..., "args": {...}}: sent through `framework.connect(run, source="dashboard")`;
+                           200 with the driver's outcome (applied true or false), 409 when the run is not running,
+                           504 when the driver did not answer in time, 400 for a body of another shape
+
+**Access.** Bound to 127.0.0.1, localhost or ::1, it answers only requests addressed to that host (a web page from
+elsewhere cannot reach it by renaming a host of its own: DNS rebinding), and commands must be sent as
+`application/json` from the dashboard's own origin (a foreign page cannot send one). Bound to any other host it
+requires a token (one is made with `secrets.token_urlsafe(16)` when none is given): every request carries it as
+`?token=...` or `Authorization: Bearer ...`, else 401. The token travels in clear: beyond a trusted network, put the
+dashboard behind TLS (an SSH tunnel to a localhost-bound dashboard is the simplest).
+
+The server is aiohttp's (`aiohttp.web`): no new dependency, since `ray[default]` installs it (Ray's own dashboard
+runs on it), and it serves on an asyncio loop of its own on a daemon thread. Reads and commands run on small thread
+pools, so a command waiting for the driver holds up nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ipaddress
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import sys
+import threading
+import urllib.parse
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from framework.callbacks import Callback, RunInfo
+from framework.engine.catalog import SQLiteCatalog
+from framework.result import CATALOG_FILE, Result
+
+__all__ = ["EVENTS_LIMIT", "LOCAL_HOSTS", "SCHEDULE_LIMIT", "Dashboard", "DashboardCallback", "serve"]
+
+#: hosts a dashboard may listen on without a token (reachable from this machine only)
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+#: how many of the latest units `/api/schedule` returns, and events `/api/events`
+SCHEDULE_LIMIT, EVENTS_LIMIT = 2000, 200
+#: events `/api/events` leaves out: one per round, routine
+QUIET_EVENTS = ("round_committed",)
+#: seconds `POST /api/command` waits for the driver's answer
+COMMAND_TIMEOUT_S = 30.0
+logger = logging.getLogger(__name__)
+
+
+class Dashboard:
+    """A dashboard server that is listening (made by `serve`): `url` to open (with `?token=...` when it has a token),
+    `port`, `host`, `token`, `run`; `close()` stops it (also at the end of a `with` block)."""
+
+    def __init__(self, run: str, host: str, sock: socket.socket, token: str | None) -> None:
+        self.run, self.host, self.token = run, host, token
+        self.port: int = sock.getsockname()[1]
+        shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+        netloc = f"[{shown}]:{self.port}" if ":" in shown else f"{shown}:{self.port}"
+        self.url = f"http://{netloc}/" + (f"?token={urllib.parse.quote(token)}" if token else "")
+        self._reads = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="dashboard-read")
+        self._commands = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="dashboard-command")
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._closed = False
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._serve, args=(sock, ready), name=f"dashboard-{self.port}",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            ready.result(timeout=30)
+        except BaseException:
+            self.close()
+            raise
+
+    def _serve(self, sock: socket.socket, ready: concurrent.futures.Future) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._runner = web.AppRunner(_app(self), access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.SockSite(self._runner, sock, shutdown_timeout=1.0).start())
+        except BaseException as e:
+            sock.close()
+            self._loop.close()
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        self._loop.run_forever()
+        self._loop.close()
+
+    def close(self) -> None:
+        """Stop serving and free the port (commands already sent stay sent); a no-op when called again."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread.is_alive() and self._loop.is_running():
+            if self._runner is not None:
+                try:
+                    asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+                except (concurrent.futures.TimeoutError, RuntimeError) as e:
+                    logger.warning("the dashboard on port %s did not shut down cleanly: %s", self.port, e)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        for pool in (self._reads, self._commands):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Dashboard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Dashboard(run={self.run!r}, url={self.url!r}{', closed' if self._closed else ''})"
+
+
+def serve(run: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> Dashboard:
+    """Serve the dashboard of the run in directory `run` on `host`:`port` (0: a free port) and return once it
+    listens; it serves from a daemon thread until `close()`. Bound to a host other than 127.0.0.1, localhost or ::1
+    it needs a `token` and makes one when none is given (`Dashboard.url` carries it). Raises `ValueError` for a bad
+    argument, or a host and port that cannot be listened on, and `FileNotFoundError` when `run` holds no run."""
+    if not isinstance(run, (str, os.PathLike)):
+        raise ValueError(f"`run` is {run!r}, but must be the path of a run directory (a str)")
+    path = os.path.abspath(os.path.expanduser(os.fspath(run)))
+    if not os.path.isfile(os.path.join(path, CATALOG_FILE)):
+        raise FileNotFoundError(f"`run` {os.fspath(run)!r} holds no {CATALOG_FILE}: not a run directory")
+    if not isinstance(host, str):
+        raise ValueError(f"`host` is {host!r}, but must be a host name or address (a str), e.g. '127.0.0.1'")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"`port` is {port!r}, but must be an int in 0..65535 (0: a free port)")
+    if token is not None and (not isinstance(token, str) or not token or any(c.isspace() for c in token)):
+        raise ValueError(f"`token` is {token!r}, but must be None or a non-empty str without spaces")
+    if token is None and host not in LOCAL_HOSTS:
+        token = secrets.token_urlsafe(16)
+    return Dashboard(path, host, _listen(host, port), token)
+
+
+class DashboardCallback(Callback):
+    """Serves the dashboard of the run while it runs (`ModelSelection(dashboard=True)` adds one): from the run's
+    start to its end, with `serve`'s arguments; prints the URL to stderr and keeps it as `url`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise ValueError(f"`port` is {port!r}, but must be an int in 0..65535 (0: a free port)")
+        self.host, self.port, self.token = host, port, token
+        self.board: Dashboard | None = None
+        self.url: str | None = None
+
+    def on_run_start(self, run: RunInfo) -> None:
+        if self.board is None:
+            self.board = serve(run.storage_path, self.host, self.port, self.token)
+            self.url = self.board.url
+            print(f"Dashboard: {self.url}", file=sys.stderr, flush=True)
+
+    def on_run_end(self, result: Result) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on `host`:`port`, or a one-line `ValueError` saying why there is none."""
+    try:
+        family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    except socket.gaierror as e:
+        raise ValueError(f"`host` is {host!r}, which does not resolve to an address of this machine: {e}") from None
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as e:
+        raise ValueError(f"`port` is {port}, but {host}:{port} cannot be listened on: "
+                         f"{e.strerror or e} (0 picks a free port)") from None
+
+
+# ---- the web application ----------------------------------------------------------------------------------------
+def _app(board: Dashboard) -> web.Application:
+    app = web.Application(middlewares=[_guard(board)], client_max_size=64 * 1024)
+    page = resources.files(__package__).joinpath("index.html").read_text(encoding="utf-8")
+
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/html", headers={
+            "Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+            "Content-Security-Policy": "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+                                       "img-src 'self' data:; frame-ancestors 'none'"})
+
+    def reader(read):
+        async def handler(request: web.Request) -> web.Response:
+            loop = asyncio.get_running_loop()
+            try:
+                body = await loop.run_in_executor(board._reads, read, board.run)
+            except Exception as e:  # the server's edge: a run that cannot be read now is an answer, not a crash
+                logger.debug("dashboard read %s failed", request.path, exc_info=True)
+                return _json({"error": f"{type(e).__name__}: {e}"}, status=503)
+            return _json(body)
+
+        return handler
+
+    async def command(request: web.Request) -> web.Response:
+        from framework.steering import NotRunningError, connect
+
+        try:
+            body = await request.json()
+        except ValueError:
+            return _json({"error": "the body must be JSON: {\"name\": ..., \"args\": {...}}"}, status=400)
+        problem = _command_problem(body)
+        if problem:
+            return _json({"error": problem}, status=400)
+        name, args = body["name"], body.get("args") or {}
+
+        def send() -> dict[str, Any]:
+            outcome = connect(board.run, source="dashboard").send(name, timeout=COMMAND_TIMEOUT_S, **args)
+            return {"name": outcome.name, "args": outcome.args, "applied": outcome.applied,
+                    "outcome": outcome.outcome}
+
+        try:
+            return _json(await asyncio.get_running_loop().run_in_executor(board._commands, send))
+        except NotRunningError as e:
+            return _json({"error": str(e)}, status=409)
+        except TimeoutError as e:
+            return _json({"error": str(e)}, status=504)
+        except ValueError as e:
+            return _json({"error": str(e)}, status=400)
+
+    app.router.add_get("/", index)
+    for name, read in (("status", _status), ("leaderboard", _leaderboard), ("curves", _curves),
+                       ("schedule", _schedule), ("events", _events)):
+        app.router.add_get(f"/api/{name}", reader(read))
+    app.router.add_post("/api/command", command)
+    return app
+
+
+def _guard(board: Dashboard):
+    """The middleware that enforces the access rules of the module docstring."""
+    local_names = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+    @web.middleware
+    async def guard(request: web.Request, handler) -> web.StreamResponse:
+        if board.token is not None:
+            given = request.query.get("token")
+            auth = request.headers.get("Authorization", "")
+            if given is None and auth.startswith("Bearer "):
+                given = auth[len("Bearer "):].strip()
+            if given is None or not secrets.compare_digest(given.encode(), board.token.encode()):
+                return _json({"error": "this dashboard needs its token: ?token=... or Authorization: Bearer ..."},
+                             status=401)
+        elif _host_name(request.host) not in local_names:
+            return _json({"error": f"Host {request.host!r} is not this dashboard's (it serves 127.0.0.1, localhost "
+                                   "and ::1 only)"}, status=403)
+        if request.method not in ("GET", "HEAD"):
+            origin = request.headers.get("Origin")
+            if origin is not None and urllib.parse.urlsplit(origin).netloc != request.host:
+                return _json({"error": f"a command from origin {origin!r}, not this dashboard's: refused"},
+                             status=403)
+            if request.content_type != "application/json":
+                return _json({"error": f"the body must be application/json, not {request.content_type!r}"},
+                             status=415)
+        return await handler(request)
+
+    return guard
+
+
+def _host_name(host: str) -> str:
+    """`Host` header without its port ("[::1]:80" -> "[::1]", "localhost:80" -> "localhost")."""
+    if host.startswith("["):
+        return host.split("]")[0] + "]"
+    try:
+        ipaddress.IPv6Address(host)
+        return host  # a bare IPv6 address (no port)
+    except ValueError:
+        return host.rsplit(":", 1)[0] if ":" in host else host
+
+
+def _command_problem(body: Any) -> str | None:
+    """Why `body` is not a command (`{"name": str, "args": dict}`), or None when it is one."""
+    if not isinstance(body, dict) or set(body) - {"name", "args"}:
+        return f"the body is {json.dumps(body)[:200]}, but must be an object {{\"name\": ..., \"args\": {{...}}}}"
+    name, args = body.get("name"), body.get("args", {})
+    if not isinstance(name, str) or not name.isidentifier():
+        return f"`name` is {name!r}, but must name a command (e.g. \"pause\")"
+    if args is not None and not isinstance(args, dict):
+        return f"`args` is {args!r}, but must be an object of the command's arguments"
+    bad = [k for k in args or {} if not k.isidentifier() or k in ("name", "timeout")]
+    if bad:
+        return f"`args` names {bad}, which cannot be a command's arguments"
+    return None
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(_plain(body), allow_nan=False, default=str), status=status,
+                        content_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+def _plain(value: Any) -> Any:
+    """`value` with NaN and infinities as None and numpy/pandas scalars as Python ones (JSON that browsers parse)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalar
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# ---- reading the run (each on a thread of the read pool; every catalog read-only) -------------------------------
+def _status(run: str) -> dict[str, Any]:
+    from framework.runs import run_status
+
+    return run_status(run)
+
+
+def _leaderboard(run: str) -> dict[str, Any]:
+    with Result.open(run) as result:
+        board = result.get_dataframe()
+        status = result.status.set_index("config_id")
+        configs, metric, mode = result.configs, result.metric, result.mode
+    value = dict(zip(board.config_id, board[metric])) if metric in board else {}
+    ranked = [int(c) for c in board.config_id]
+    order = ranked + [int(c) for c in status.index if int(c) not in set(ranked)]  # none with a value yet: by id
+    rows = [{"config_id": cid, "status": status.at[cid, "status"], "epochs": status.at[cid, "epochs"],
+             "value": value.get(cid), "parent": status.at[cid, "parent"], "config": configs[cid]} for cid in order]
+    return {"metric": metric, "mode": mode, "configs": rows}
+
+
+def _catalog(run: str) -> SQLiteCatalog:
+    return SQLiteCatalog(os.path.join(run, CATALOG_FILE), readonly=True)
+
+
+def _curves(run: str) -> dict[str, Any]:
+    catalog = _catalog(run)
+    try:
+        meta, epochs = catalog.meta(), catalog.epochs()
+    finally:
+        catalog.close()
+    metric = meta.get("metric", "valid_loss")
+    curves = []
+    if metric in epochs:
+        for cid, rows in epochs.groupby("config_id", sort=True):
+            curves.append({"config_id": int(cid), "epochs": rows.epoch.tolist(), "values": rows[metric].tolist()})
+    return {"metric": metric, "mode": meta.get("mode", "min"), "curves": curves}
+
+
+def _schedule(run: str) -> dict[str, Any]:
+    catalog = _catalog(run)
+    try:
+        t0 = float(catalog.meta().get("start_time", 0.0) or 0.0)
+        # the latest units only: a long run logs hundreds of thousands (`units()` reads them all, metrics included)
+        rows = catalog._read("SELECT config_id, epoch, partition, worker, kind, start, end FROM units "
+                             "WHERE status = 'done' ORDER BY seq DESC LIMIT ?", (SCHEDULE_LIMIT,))
+        (total,) = catalog._read("SELECT COUNT(*) FROM units WHERE status = 'done'")[0]
+    finally:
+        catalog.close()
+    keys = ("config_id", "epoch", "partition", "worker", "kind", "start", "end")
+    units = [dict(zip(keys, (*r[:5], r[5] - t0, r[6] - t0))) for r in reversed(rows)]
+    return {"units": units, "total": int(total), "limit": SCHEDULE_LIMIT}
+
+
+def _events(run: str) -> dict[str, Any]:
+    catalog = _catalog(run)
+    try:
+        t0 = float(catalog.meta().get("start_time", 0.0) or 0.0)
+        events = catalog.events()
+    finally:
+        catalog.close()
+    events = events[~events.kind.isin(QUIET_EVENTS)].tail(EVENTS_LIMIT)
+    out = []
+    for t, kind, detail in zip(events.time, events.kind, events.detail):
+        try:
+            parsed = json.loads(detail)
+        except (TypeError, ValueError):
+            parsed = detail
+        out.append({"t": float(t) - t0, "kind": kind, "detail": parsed})
+    return {"events": out}
