@@ -36,11 +36,11 @@ class _At(Callback):
         self._put(kind, detail)
 
 
-def _run(procedure, when, **options) -> tuple[Driver, MemoryRunLog]:
+def _run(procedure, when, unit_time=None, **options) -> tuple[Driver, MemoryRunLog]:
     commands = QueueCommands()
     at = _At(commands, when)
     log = MemoryRunLog()
-    driver = Driver(LocalBackend(FNS, _entries(), num_threads=1), procedure, log, {w: [w] for w in range(P)},
+    driver = Driver(LocalBackend(FNS, _entries(), num_threads=1, unit_time=unit_time), procedure, log, {w: [w] for w in range(P)},
                     list(range(P)), RunOptions(queue_depth=1, **options), commands=commands, observers=[at])
     at.driver = driver
     driver.run()
@@ -61,6 +61,18 @@ def _check_no_unit_twice(driver: Driver, log: MemoryRunLog) -> None:
             mine = done[(done.config_id == c.id) & (done.epoch == e)]
             assert sorted(mine[mine.kind == TRAIN].partition) == list(range(P)), (c.id, e)
             assert sorted(mine[mine.kind == EVAL].partition) == list(range(P)), (c.id, e)
+
+
+class _WallClockLocal(LocalBackend):
+    """The local backend on the wall clock, where a run can be paused."""
+
+    wall_clock = True
+
+
+def _events_of(catalog) -> list[dict]:
+    import json
+
+    return [json.loads(d) for d in catalog.events("command").detail]
 
 
 def _once(fn):
@@ -239,9 +251,9 @@ def test_a_run_stopped_after_commands_resumes_with_every_persons_decision_and_fi
 
     commands = QueueCommands()
 
-    def driver(procedure, when):
+    def driver(procedure, when, backend=LocalBackend):
         at = _At(commands, when)
-        d = Driver(LocalBackend(FNS, _entries(), num_threads=1), procedure, SQLiteRunLog(catalog, ckpt),
+        d = Driver(backend(FNS, _entries(), num_threads=1), procedure, SQLiteRunLog(catalog, ckpt),
                    {w: [w] for w in range(P)}, list(range(P)), RunOptions(checkpoint="unit", queue_depth=1),
                    commands=commands, observers=[at])
         at.driver = d
@@ -261,11 +273,20 @@ def test_a_run_stopped_after_commands_resumes_with_every_persons_decision_and_fi
     ckpt.flush()
     cut = sorted(first.run_state.configs[1].visited[1])
     assert 1 <= len(cut) < P
+    # the person paused it just before it stopped (what its driver would have recorded; the local backend's clock
+    # is simulated, and a simulated run cannot be paused)
+    catalog.record_command({"name": "pause", "args": {}, "source": "api", "id": 9, "request": None, "applied": True,
+                            "outcome": "paused: nothing new is dispatched; 0 running unit(s) finish"})
     _, blob, signature = catalog.last_round()
     resume_at = [("resume_config", {"config_id": 1})]
     resumed = driver(loads_signed(blob, signature), _once(lambda d, hook, *a: resume_at if hook == "round_committed"
-                                                          else None))
+                                                          else None), _WallClockLocal)
+    notices = []
+    resumed.run_state.observers.add(type("N", (Callback,), {"on_notice": lambda self, line: notices.append(line)})())
+    commands.put("unpause")  # the run resumes paused, as the person left it, until this unpause
     assert resumed.run(resume_from=catalog) is True
+    assert any("stays paused" in n for n in notices), [(d["name"], d["outcome"]) for d in _events_of(catalog)]
+    assert [d["outcome"] for d in _events_of(catalog) if d["name"] == "unpause"][-1] == "dispatching again"
     configs = resumed.run_state.configs
     assert [(c.id, c.origin, c.owner, c.budget, len(c.history), c.outcome) for c in configs] == [
         (0, PROCEDURE, PROCEDURE, None, 4, "completed"), (1, PROCEDURE, PERSON, 4, 4, "completed"),
@@ -277,3 +298,23 @@ def test_a_run_stopped_after_commands_resumes_with_every_persons_decision_and_fi
     assert sorted(mine.partition) == list(range(P))  # the cut epoch, finished after the resume
     ckpt.close()
     catalog.close()
+
+
+def test_a_resume_before_the_barrier_cancels_a_stop_that_waits_for_it():
+    evals = []
+
+    def when(driver, hook, *args):
+        if hook == "unit_end" and args[0] == 0 and args[1] == 0 and args[3] == EVAL:
+            evals.append(args)
+            if len(evals) == P:  # config 0's epoch 0 is done; the others' is not: it waits at the barrier
+                return [("stop_config", {"config_id": 0}), ("resume_config", {"config_id": 0, "epochs": 3})]
+        return []
+
+    # config 0's units are the fastest: its epoch ends while the others' go on
+    driver, log = _run(automl.GridSearch(SPACE, epochs=2), when, unit_time=lambda u, w: 1.0 + 4.0 * (u.config_id > 0))
+    assert _commands(log) == [
+        ("stop_config", True, "config 0 stops: its epoch 0 has ended and closes with the round"),
+        ("resume_config", True, "config 0 trains on to 3 epochs (its stop had not taken effect)")]
+    c0 = driver.run_state.configs[0]
+    assert (c0.owner, len(c0.history), c0.outcome) == (PERSON, 3, "completed")
+    _check_no_unit_twice(driver, log)
