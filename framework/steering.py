@@ -144,7 +144,7 @@ class RunHandle:
     def _answer(self, nonce: str) -> CommandOutcome | None:
         catalog = SQLiteCatalog(os.path.join(self.path, CATALOG_FILE), readonly=True)
         try:
-            events = catalog.events("command")
+            events = catalog.events("command", verified=True)  # an answer planted without the key is no answer
         finally:
             catalog.close()
         for detail in reversed(events.detail.tolist()):

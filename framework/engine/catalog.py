@@ -603,11 +603,22 @@ class SQLiteCatalog:
         with self._tx():
             self._insert("events", {"time": time.time(), "kind": kind, "detail": json.dumps(detail, default=str)})
 
-    def events(self, kind: str | None = None) -> pd.DataFrame:
-        """The events in the order they were logged; only those of `kind` when given."""
+    def events(self, kind: str | None = None, verified: bool = False) -> pd.DataFrame:
+        """The events in the order they were logged; only those of `kind` when given; with `verified`, only rows
+        whose signature verifies under this machine's key (what a sender trusts as its command's answer)."""
         order = "seq" if "seq" in {r[1] for r in self._read("PRAGMA table_info(events)")} else "rowid"  # older runs
         where, args = ("WHERE kind = ?", (kind,)) if kind is not None else ("", ())
-        rows = self._read(f"SELECT time, kind, detail FROM events {where} ORDER BY {order}", args)
+        if verified:
+            try:
+                self._key = self._key or load_key()
+            except SigningKeyError:
+                return pd.DataFrame([], columns=["time", "kind", "detail"])  # without the key nothing verifies
+            table = _TABLES["events"]
+            rows = [(t, k, d) for q, t, k, d, m in self._read(
+                f"SELECT seq, time, kind, detail, mac FROM events {where} ORDER BY seq", args)
+                if self._verifies(table, (q, t, k, d), m)]
+        else:
+            rows = self._read(f"SELECT time, kind, detail FROM events {where} ORDER BY {order}", args)
         return pd.DataFrame(rows, columns=["time", "kind", "detail"])
 
 

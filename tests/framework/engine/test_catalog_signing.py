@@ -266,3 +266,23 @@ def test_a_checkpoint_row_may_name_only_a_file_in_the_checkpoints_folder(db):
         with pytest.raises(UnsafePathError, match="checkpoints \\(config 0, units 2\\)"):
             catalog.resolve(stored, 0, 2)
     catalog.close()
+
+
+def test_verified_events_leave_out_a_row_planted_without_the_key(db):
+    """What a sender trusts as its command's answer: a `command` row written by someone who can write into run.db
+    but does not hold the key is not returned with `verified=True`."""
+    cat = SQLiteCatalog(db)
+    cat.add_event("command", request="a", applied=True, outcome="started workers [2]")
+    cat.close()
+    raw = sqlite3.connect(db)
+    raw.execute("INSERT INTO events (seq, time, kind, detail, mac) VALUES (99, 0, 'command', ?, '00')",
+                ('{"request": "b", "applied": true, "outcome": "forged"}',))
+    raw.commit()
+    raw.close()
+    reader = SQLiteCatalog(db, readonly=True)
+    try:
+        assert len(reader.events("command")) == 2
+        assert [d for d in reader.events("command", verified=True).detail] == [
+            '{"request": "a", "applied": true, "outcome": "started workers [2]"}']
+    finally:
+        reader.close()
