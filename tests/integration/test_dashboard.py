@@ -198,6 +198,23 @@ def test_pause_and_unpause_from_the_dashboard_reach_the_driver(run):
     assert set(mine.source) == {"inbox:dashboard"}
 
 
+def test_clone_add_and_extend_from_the_dashboard_reach_the_driver(run):
+    run.advance()  # every config has trained weights to clone
+    with serve(run.path) as board:
+        base = board.url.rstrip("/")
+        status, cloned = _command(base, "clone_config", config_id=1, overrides={"lr": 0.02}, epochs=1)
+        assert status == 200 and cloned["applied"] and "from config 1's weights" in cloned["outcome"], cloned
+        new_id = int(cloned["outcome"].split()[1])
+        status, added = _command(base, "add_config", config={"hidden": 16, "lr": 0.3, "batch_size": 64,
+                                                             "gate": str(run.gate)}, epochs=1)
+        assert status == 200 and added["applied"], added
+        status, extended = _command(base, "extend", epochs=1)
+        assert status == 200 and extended["outcome"] == f"GridSearch: every config now trains {EPOCHS + 1} epochs"
+        status, board_now = _call(base + "/api/leaderboard")
+        ids = {r["config_id"]: r for r in board_now["configs"]}
+        assert ids[new_id]["config"]["lr"] == 0.02 and ids[new_id]["parent"] == 1 and new_id + 1 in ids
+
+
 def test_bad_requests_and_arguments_are_one_line_errors(run):
     with serve(run.path) as board:
         base = board.url.rstrip("/")
