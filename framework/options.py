@@ -213,6 +213,19 @@ class RunOptions:
                              "for executor='mop'")
         return self.replace(num_workers=n)
 
+    def for_live_run(self) -> RunOptions:
+        """These options, checked for a run on live workers: a policy that forms data-parallel gangs is refused
+        (the simulators run gangs; a live worker does not run a gang's unit yet)."""
+        from framework.scheduling import GANG_POLICIES
+
+        gangs = self.scheduler in GANG_POLICIES if isinstance(self.scheduler, str) \
+            else getattr(self.scheduler, "name", None) in GANG_POLICIES
+        if gangs:
+            raise ValueError(f"`scheduler` is {self.scheduler!r}, which forms data-parallel gangs: the simulators run "
+                             "them (`python -m simulators crossover`), but live workers do not run a gang's unit yet; "
+                             "use a hop policy such as 'randomized'")
+        return self
+
     @property
     def scheduler_name(self) -> str:
         """The scheduler's name, or its class name when it is an instance (what the catalog records)."""

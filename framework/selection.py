@@ -3,9 +3,8 @@
 The work itself is done by the driver loop (`framework.driver`) over a `RayBackend` (`framework.engine`): workers
 hold partitions, units hop between them, the procedure decides at every barrier (or at every epoch end when it
 needs no barrier), and every decision is committed to the run directory (the point a resume restarts from).
-Failures (Cerebro 5.6) are the driver's event handlers: a unit whose worker dies or hangs re-runs from the
-config's last state, a failure in user code counts against its config only. The run's options (their defaults,
-their validation) are `framework.options.RunOptions`; what a run records and resume reads is `framework.run_record`.
+Failures (Cerebro 5.6) are the driver's event handlers. The run's options (their defaults, their validation) are
+`framework.options.RunOptions`; what a run records and resume reads is `framework.run_record`.
 """
 
 from __future__ import annotations
@@ -120,7 +119,7 @@ class ModelSelection:
             max_worker_restarts=max_worker_restarts, max_workers=max_workers, freezing=freezing,
             deterministic=deterministic, queue_depth=queue_depth, checkpoint=checkpoint,
             data_on_device=data_on_device, check_metric=True,
-        ).resolve_workers(dataset.num_partitions)
+        ).resolve_workers(dataset.num_partitions).for_live_run()
         n = options.num_workers
         self.placement = dataset.placement(n) if executor == "mop" else {0: list(range(n))}
         self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn

@@ -1,4 +1,4 @@
-"""CLI: `python -m simulators compare|gantt|comm-cost ...` (each with --help); results go to --out."""
+"""CLI: `python -m simulators compare|gantt|comm-cost|crossover ...` (each with --help); results go to --out."""
 
 from __future__ import annotations
 
@@ -102,6 +102,26 @@ def cmd_comm_cost(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_crossover(a: argparse.Namespace) -> int:
+    from simulators.crossover import CrossoverConfig, crossover_and_write
+
+    bad = sorted(set(a.kinds) - {"homogeneous", "heterogeneous"})
+    if bad:
+        raise ValueError(f"`--kinds` has {bad}, but must be among homogeneous, heterogeneous")
+    if not a.comm >= 0:
+        raise ValueError(f"`--comm` is {a.comm}, but must be >= 0")
+    cfg = CrossoverConfig(workers=a.workers, kinds=a.kinds, comm=a.comm, seed=a.seed, time_limit_s=a.time_limit,
+                          hyperband_workers=a.hyperband_workers)
+    out = Path(a.out)
+    summary, hb = crossover_and_write(cfg, out, progress=not a.quiet)
+    with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
+        print(summary.to_string(index=False))
+        if not hb.empty:
+            print(hb.to_string(index=False))
+    print(f"wrote {out / 'crossover_summary.csv'}, {out / 'crossover.png'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     ap = OneLineParser(prog="python -m simulators", description=__doc__, formatter_class=fmt)
@@ -148,6 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--minibatches", type=int, default=100_000, help="|D|/b, minibatches per epoch")
     m.add_argument("--out", default="results/comm_cost", help="output folder")
     m.set_defaults(func=cmd_comm_cost)
+    x = sub.add_parser("crossover", help="Cerebro Figure 17: MOP, data parallel, Cerebro's switch and the joint "
+                       "planner as |S| goes from 1 to p", formatter_class=fmt)
+    x.add_argument("--workers", type=_ints, default=(8, 16, 64), help="comma-separated p values")
+    x.add_argument("--kinds", type=_strs, default=("homogeneous", "heterogeneous"),
+                   help="comma-separated workload kinds: homogeneous, heterogeneous")
+    x.add_argument("--comm", type=float, default=0.05,
+                   help="a gang unit's all-reduce as a fraction of a mean unit's compute")
+    x.add_argument("--seed", type=int, default=0, help="workload and policy seed")
+    x.add_argument("--time-limit", type=float, default=2.0, help="seconds per plan of the planner's CP-SAT")
+    x.add_argument("--hyperband-workers", type=int, default=8, help="p of the HyperBand run (0: none)")
+    x.add_argument("--out", default="results/crossover", help="output folder")
+    x.add_argument("--quiet", action="store_true", help="no progress line")
+    x.set_defaults(func=cmd_crossover)
     return ap
 
 

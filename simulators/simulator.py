@@ -19,7 +19,7 @@ from automl import FixedEpochsProcedure, Procedure
 from framework.driver import Driver, MemoryRunLog
 from framework.options import RunOptions
 from framework.scheduling import Scheduler, Unit, make_scheduler
-from simulators.backend import FAIL, JOIN, RETURN, Noise, Objective, SimulatedBackend, WorkerEvent
+from simulators.backend import FAIL, JOIN, RETURN, CostModel, Noise, Objective, SimulatedBackend, WorkerEvent
 from simulators.workload import Workload
 
 __all__ = ["FAIL", "JOIN", "RETURN", "Noise", "SimulationResult", "Simulator", "WorkerEvent", "simulate",
@@ -74,6 +74,7 @@ class Simulator:
         seed: seeds the noise and, for a scheduler given by name, the policy.
         queue_depth: units a worker holds at once (the engine's `queue_depth`): a unit queued behind another starts
             when it ends, and its config is reserved meanwhile.
+        cost: how long gang and pack units take (`simulators.backend.CostModel`).
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class Simulator:
         noise: Noise | None = None,
         seed: int = 0,
         queue_depth: int = 1,
+        cost: CostModel | None = None,
     ) -> None:
         if epochs < 1:
             raise ValueError(f"`epochs` is {epochs}, but must be >= 1")
@@ -94,12 +96,12 @@ class Simulator:
         make_scheduler(scheduler, seed=seed)  # validates a name now
         self.workload, self.scheduler, self.epochs = workload, scheduler, epochs
         self.events = sorted(events, key=lambda e: e.time)
-        self.noise, self.seed, self.queue_depth = noise or Noise(), seed, queue_depth
+        self.noise, self.seed, self.queue_depth, self.cost = noise or Noise(), seed, queue_depth, cost
 
     def run(self) -> SimulationResult:
         return simulate_selection(_Workload(self.workload.n_configs, self.epochs), self.workload,
                                   scheduler=self.scheduler, events=self.events, noise=self.noise, seed=self.seed,
-                                  queue_depth=self.queue_depth)
+                                  queue_depth=self.queue_depth, cost=self.cost)
 
 
 def simulate(workload: Workload, scheduler: Scheduler | str, **kwargs) -> SimulationResult:
@@ -120,17 +122,18 @@ def simulate_selection(
     mode: str = "min",
     max_worker_restarts: int = 0,
     queue_depth: int = 1,
+    cost: CostModel | None = None,
 ) -> SimulationResult:
     """A whole model selection (`procedure` deciding, the driver recovering from `events`) on a simulated clock.
 
     Config i takes row i of `workload.times` (the workload needs at least as many rows as the procedure starts
     configs); its metrics come from `objective(config, epoch)` (see `SimulatedBackend`). The result's `configs`
-    holds every config's status and history.
+    holds every config's status and history. `cost`: how long gang and pack units take (`CostModel`).
     """
     joining = {e.worker for e in events if e.kind == JOIN}
     placement = {w: [q for q, ws in workload.availability.items() if w in ws]
                  for w in range(workload.n_workers) if w not in joining}
-    backend = SimulatedBackend(workload, noise, seed, events, objective=objective)
+    backend = SimulatedBackend(workload, noise, seed, events, objective=objective, cost=cost)
     log = MemoryRunLog()
     options = RunOptions(seed=seed, metric=metric, mode=mode, scheduler=scheduler,
                          max_worker_restarts=max_worker_restarts, reassign_partitions=False, queue_depth=queue_depth)

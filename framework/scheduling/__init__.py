@@ -22,6 +22,7 @@ from framework.scheduling.lookahead import LookaheadScheduler, LookaheadSolver
 from framework.scheduling.lpt import LPTScheduler
 from framework.scheduling.milp import MILPSolver
 from framework.scheduling.mwr import MWRScheduler
+from framework.scheduling.parallelism import CerebroSwitch, DataParallel, ParallelismPlanner
 from framework.scheduling.plan import PlanScheduler
 from framework.scheduling.randomized import RandomizedScheduler
 from framework.scheduling.seeded import SeededOrderScheduler
@@ -57,7 +58,12 @@ SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
     "approx": _plan(DenseApproxSolver, "approx"),
     "cpsat": _plan(CPSATSolver, "cpsat"),
     "milp": _plan(MILPSolver, "milp"),
+    "data_parallel": DataParallel,
+    "cerebro": CerebroSwitch,
+    "planner": ParallelismPlanner,
 }
+#: the policies above that form data-parallel gangs
+GANG_POLICIES = ("data_parallel", "cerebro", "planner")
 
 #: name -> offline solver class (ShopProblem -> Schedule)
 SOLVERS: dict[str, type[OfflineSolver]] = {
@@ -87,6 +93,10 @@ __all__ = [
     "KINDS",
     "OPTIMAL",
     "SCHEDULERS",
+    "GANG_POLICIES",
+    "CerebroSwitch",
+    "DataParallel",
+    "ParallelismPlanner",
     "SOLVERS",
     "TRAIN",
     "Assignment",

@@ -1,0 +1,81 @@
+"""Hybrid parallelism on the simulator (`framework.scheduling.parallelism`, `simulators.crossover`): the real driver
+runs MOP, data-parallel gangs, Cerebro's switch and the joint planner at every |S| from 1 to p."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework.scheduling import DataParallel, ParallelismPlanner
+from framework.scheduling.parallelism import gang_seconds, plan_parallelism
+from simulators import simulate, validate_schedule
+from simulators.__main__ import main
+from simulators.backend import CostModel
+from simulators.crossover import CrossoverConfig, config_counts, policy, run_crossover, summarize, workload
+
+
+def test_the_planner_gives_each_config_a_gang_of_its_share_of_the_workers_when_there_are_few():
+    work = {c: (8, 1.0) for c in range(4)}  # 4 configs, 8 units of 1 s each, on 8 workers
+    plan, order, span, how = plan_parallelism(work, 8, (1, 2, 4, 8), comm_s=0.05, time_limit_s=1)
+    assert plan == dict.fromkeys(range(4), 2) and span == pytest.approx(8 * gang_seconds(1.0, 2, 0.05))
+    assert sorted(order) == list(range(4))
+    hop, _, span, _ = plan_parallelism({c: (8, 1.0) for c in range(16)}, 8, (1, 2, 4, 8), 0.05, 1)
+    assert set(hop.values()) == {1} and span == pytest.approx(16.0)  # more configs than workers: every one hops
+
+
+@pytest.mark.parametrize("kind", ["homogeneous", "heterogeneous"])
+def test_at_every_config_count_the_planner_is_within_2_percent_of_the_better_of_mop_and_data_parallel(kind):
+    cfg = CrossoverConfig(workers=(8,), kinds=(kind,), time_limit_s=0.5, hyperband_workers=0)
+    summary = summarize(run_crossover(cfg, progress=False))
+    assert summary.configs.tolist() == config_counts(8) == list(range(1, 9))
+    assert (summary.planner_vs_best <= 1.02).all(), summary
+    assert (summary.planner_vs_best < 0.9).any(), summary  # strictly better in the crossover region
+    assert summary.cerebro.notna().all()
+
+
+def test_gang_schedules_keep_the_mop_invariants_and_take_what_the_cost_model_says():
+    w = workload("homogeneous", 2, 4, 0)  # 2 configs, 4 workers: MOP takes 4 s, one unit per second per config
+    dp = simulate(w, DataParallel(), cost=CostModel(comm_s=0.1))
+    rows = dp.schedule
+    assert validate_schedule(rows).ok
+    assert set(rows.groupby("group").worker.nunique()) == {4}  # each unit: one row per member of a gang of 4
+    assert dp.makespan == pytest.approx(2 * 4 * gang_seconds(1.0, 4, 0.1))  # 3.2 s
+    planner = ParallelismPlanner(comm_s=0.1, time_limit_s=0.5)
+    planned = simulate(w, planner, cost=CostModel(comm_s=0.1))
+    assert planner.plan == {0: 2, 1: 2}  # a gang of 2 each, side by side: 4 x (0.5 + 0.1) = 2.4 s
+    assert validate_schedule(planned.schedule).ok and planned.makespan == pytest.approx(2.4)
+    done = planned.schedule.drop_duplicates(["config_id", "epoch", "partition", "kind"])
+    assert len(done) == 2 * 4  # every unit once, however it was run
+
+
+def test_a_policy_by_name_and_a_bad_kind_is_one_error():
+    assert type(policy("planner", 0.1, 0, 1.0)).__name__ == "ParallelismPlanner"
+    with pytest.raises(ValueError, match="`kind` is 'gpu', but must be"):
+        workload("gpu", 2, 4, 0)
+
+
+def test_the_cli_writes_a_table_and_a_png(tmp_path, capsys):
+    out = tmp_path / "xo"
+    assert main(["crossover", "--workers", "4", "--kinds", "homogeneous", "--time-limit", "0.3",
+                 "--hyperband-workers", "4", "--out", str(out), "--quiet"]) == 0
+    assert (out / "crossover.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"crossover.csv", "crossover_summary.csv", "hyperband.csv"} <= {p.name for p in out.iterdir()}
+    assert "planner_vs_best" in capsys.readouterr().out
+    assert main(["crossover", "--kinds", "gpu", "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_live_run_refuses_a_policy_that_forms_gangs_before_it_starts(tmp_path):
+    import numpy as np
+
+    import automl
+    import framework
+    from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+
+    ds = framework.PartitionedDataset.from_arrays(np.zeros((8, 4), np.float32), np.zeros(8, np.int64),
+                                                  num_partitions=2, seed=0)
+    for scheduler in ("planner", DataParallel()):
+        with pytest.raises(ValueError, match="forms data-parallel gangs: the simulators run them"):
+            framework.ModelSelection(mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds,
+                                     automl.GridSearch({"lr": [0.1]}, epochs=1), scheduler=scheduler,
+                                     storage_path=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
