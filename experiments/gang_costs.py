@@ -25,7 +25,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from experiments._common import parse_config, record_run  # noqa: E402
-from framework.engine.gang import Gang, open_store  # noqa: E402
+from framework.engine.gang import GangMember  # noqa: E402
 
 
 @dataclass
@@ -39,18 +39,13 @@ class Defaults:
 QUICK = dict(gangs="2", sizes="100000,1000000", steps=5, repeats=2)
 
 
-class Member:
+class Member(GangMember):
     def __init__(self) -> None:
         torch.set_num_threads(1)
-        self.store = None
 
-    def open(self) -> int:
-        self.store, port = open_store()
-        return port
-
-    def join(self, gang_id: str, rank: int, size: int, port: int) -> float:
+    def timed_join(self, gang_id: str, rank: int, size: int, port: int) -> float:
         t0 = time.perf_counter()
-        self.gang = Gang(gang_id, rank, size, "127.0.0.1", port, store=self.store)
+        self.join_gang(gang_id, rank, size, port)
         return time.perf_counter() - t0
 
     def steps(self, size: int, steps: int) -> list[float]:
@@ -81,8 +76,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             actors = [member.remote() for _ in range(k)]
             ray.get([a.__ray_ready__.remote() for a in actors])  # started: time the rendezvous alone
             t0 = time.perf_counter()
-            port = ray.get(actors[0].open.remote())
-            ray.get([a.join.remote(f"k{k}-{r}", i, k, port) for i, a in enumerate(actors)])
+            port = ray.get(actors[0].host_gang.remote())
+            ray.get([a.timed_join.remote(f"k{k}-{r}", i, k, port) for i, a in enumerate(actors)])
             setups.append(time.perf_counter() - t0)
         setup = float(np.median(setups))
         for n in sizes:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Gang", "open_store"]
+__all__ = ["Gang", "GangMember", "open_store"]
 
 
 def open_store(host: str = "127.0.0.1", timeout_s: float = 60.0) -> tuple[dist.TCPStore, int]:
@@ -118,6 +118,23 @@ class Gang:
         """Leave the gang (its group's resources go; rank 0's store goes with its last reference)."""
         self.group = None
         self._store = None
+
+
+class GangMember:
+    """What a worker process does to take part in gangs (mix it into an actor class): `host_gang()` on the gang's
+    rank 0 returns the port of the store it hosts, then `join_gang(...)` on every member (all at once) makes
+    `self.gang`."""
+
+    _store: Any = None
+    gang: Gang | None = None
+
+    def host_gang(self, host: str = "127.0.0.1") -> int:
+        self._store, port = open_store(host)
+        return port
+
+    def join_gang(self, gang_id: str, rank: int, size: int, port: int, host: str = "127.0.0.1") -> int:
+        self.gang = Gang(gang_id, rank, size, host, port, store=self._store if rank == 0 else None)
+        return rank
 
 
 class _Averaging:

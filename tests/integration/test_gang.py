@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.engine.gang import Gang, open_store
+from framework.engine.gang import GangMember
 
 pytestmark = pytest.mark.ray
 
@@ -31,20 +31,11 @@ def _train(model, optimizer, batches) -> None:
         optimizer.step()
 
 
-class _Member:
+class _Member(GangMember):
     """A worker actor's side of a gang."""
 
     def __init__(self) -> None:
         torch.set_num_threads(1)
-        self.store = None
-
-    def open(self) -> int:
-        self.store, port = open_store()
-        return port
-
-    def join(self, gang_id: str, rank: int, size: int, port: int) -> int:
-        self.gang = Gang(gang_id, rank, size, "127.0.0.1", port, store=self.store)
-        return rank
 
     def train(self, seed: int, n: int) -> tuple[dict, int, int]:
         model, optimizer = _model_and_optimizer()
@@ -59,8 +50,8 @@ class _Member:
 def test_a_gang_of_two_takes_the_steps_of_one_worker_on_the_global_batches(ray_cluster, counts):
     member = ray_cluster.remote(num_cpus=1)(_Member)
     a, b = member.remote(), member.remote()
-    port = ray_cluster.get(a.open.remote())
-    assert ray_cluster.get([a.join.remote("g", 0, 2, port), b.join.remote("g", 1, 2, port)]) == [0, 1]
+    port = ray_cluster.get(a.host_gang.remote())
+    assert ray_cluster.get([a.join_gang.remote("g", 0, 2, port), b.join_gang.remote("g", 1, 2, port)]) == [0, 1]
     (wa, followed_a, steps_a), (wb, followed_b, steps_b) = ray_cluster.get(
         [a.train.remote(0, counts[0]), b.train.remote(1, counts[1])])
     mine, theirs = _batches(0, counts[0]), _batches(1, counts[1])
