@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from automl._base import FAILED, ConfigState, Procedure, own_active
+from automl._base import FAILED, PROCEDURE, ConfigState, Procedure, own_active
 from automl.space import SearchSpace
 
 
@@ -130,8 +130,8 @@ class OptunaProcedure(Procedure):
         multi = len(self.objectives) > 1
         for s in states:
             done = self._reported.get(s.id)
-            if done is None or done >= s.epochs:
-                continue
+            if done is None or done >= s.epochs or s.id in self._told or s.owner != PROCEDURE:
+                continue  # (a trial that ended, or that a person took over, hears of no more epochs)
             trial = optuna.Trial(self.study, self._trial_ids[s.id])
             for e in range(done, s.epochs):
                 # A metric the procedure was given itself must be reported (a typo would otherwise fail every

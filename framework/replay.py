@@ -78,8 +78,10 @@ class LoggedCommands(CommandSource):
     A config a person added or cloned is created when the replay reaches the round it was created in and every
     config with a smaller id exists (a warm clone once its source has absorbed as many units as when it was
     cloned), with the same budget. A config the run trained no further (a person stopped it, in the middle of an
-    epoch or between two) is stopped once the replay has run its last logged unit. Resumes and extensions need no
-    command: the replay runs each config's logged units in order, and `LoggedDecisions` stops it at its epochs.
+    epoch or between two) is stopped once the replay has run its last logged unit. Resumes and extensions are not
+    repeated as such: the replay runs each config's logged units in order, and `LoggedDecisions` stops it at its
+    epochs. Not yet repeated: with an epoch barrier, a config stopped in one round and resumed in a later one (by a
+    person, or by a procedure whose budget a person extended) holds the barrier in the replay.
     """
 
     def __init__(self, created: list[dict], order: list[Unit], scheduler: LoggedOrder) -> None:
@@ -290,7 +292,7 @@ def _replay_dir(
              "data_on_device": bool(meta.get("data_on_device", False))},
             held, num_threads=int(meta.get("num_threads", 1)), device=device)
         procedure = LoggedDecisions(configs, synchronous=bool(meta.get("synchronous", True)),
-                                    fails={f.config_id for f in faults}, by_person=set(created))
+                                    fails={f.config_id for f in faults} | cut, by_person=set(created))
         scheduler = LoggedOrder(order)
         rows_by_id = configs.set_index("config_id")
         for c in created.values():

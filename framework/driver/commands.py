@@ -34,7 +34,6 @@ from framework.driver._state import RunState
 from framework.driver.configs import BY_PERSON, ConfigRecord
 from framework.driver.control import add_workers, drain_worker
 from framework.engine.checkpoint import CorruptCheckpointError
-from framework.engine.recovery import resume_units
 
 
 @dataclass(frozen=True)
@@ -251,8 +250,9 @@ def _stop_config(run: RunState, args: Mapping[str, Any]) -> Effect:
         raise CommandRejected(f"config {c.id} is {c.outcome or c.status}: only an active config can be stopped")
     c.outcome = BY_PERSON
     if c.open == 0 and c.id in run.ended:  # its epoch ended and waits for the round's barrier: it stops there
-        c.stopping = True
-        return Effect(f"config {c.id} stops: its epoch {c.epoch} has ended and closes with the round")
+        c.stopping = True  # (recorded as active with the outcome "stopped": a resume keeps the stop)
+        return Effect(f"config {c.id} stops: its epoch {c.epoch} has ended and closes with the round",
+                      statuses=[c])
     run.dispatch.drop_config(c.id)  # its units not started are gone; those running finish
     state = run.dispatch.state
     c.open = sum(u.config_id == c.id for u in state.running) if state is not None else 0
@@ -265,24 +265,11 @@ def _stop_config(run: RunState, args: Mapping[str, Any]) -> Effect:
 
 
 def _latest(run: RunState, c: ConfigRecord) -> Any:
-    """The config's latest weights (a backend handle), read from its newest checkpoint when the driver holds none
-    (a config stopped before this process resumed the run); None when it never trained."""
-    if c.state is not None:
-        return c.state
+    """The config's latest weights (`commit.latest_state`), or the reason they cannot be read, as a rejection."""
     try:
-        state, _, c.units = run.log.load_latest(c.id)
+        return commit.latest_state(run, c)
     except CorruptCheckpointError as e:
-        if c.history or c.parent is not None:
-            raise CommandRejected(f"config {c.id} has no readable weights: {e}") from None
-        return None
-    c.visited = {int(e): list(ps) for e, ps in state.get("visited", {}).items()}
-    kept, lost, _ = resume_units(c.id, c.epoch, run.workers.partitions, c.visited.get(c.epoch, []),
-                                 [(seq, r.unit) for seq, r in run.log.done_units(c.id, c.epoch)])
-    reports = dict(run.log.done_units(c.id, c.epoch))
-    c.reports = [reports[seq] for seq in kept]
-    run.log.mark_seqs(lost, "lost")
-    c.state = c.epoch_state = run.backend.put(state)
-    return c.state
+        raise CommandRejected(f"config {c.id} has no readable weights: {e}") from None
 
 
 def _resume_config(run: RunState, args: Mapping[str, Any]) -> Effect:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from typing import Any
 
 from automl import ACTIVE, FAILED, PERSON, STOPPED
 from framework.driver import units
@@ -103,7 +104,13 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     t0 = time.perf_counter()
     decision = run.procedure.step(run.configs.views())
     new = run.configs.apply(decision, type(run.procedure).__name__)
-    resumed = [run.configs[cid] for cid in decision.resume]
+    ended_ids = {c.id for c in ended}  # (one of those the decision resumes opens with them)
+    resumed = [run.configs[cid] for cid in dict.fromkeys(decision.resume) if cid not in ended_ids]
+    for c in resumed:  # its weights, where the driver holds none (it stopped before a resume of the run)
+        try:
+            latest_state(run, c)
+        except CorruptCheckpointError as e:
+            _cannot_resume(run, c, f"the procedure resumed it, but {e}", readable=False)
     for c in new:
         if c.parent is None:
             continue
@@ -136,7 +143,31 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
         run.crash()
     run.round += 1
     grow_into_free_resources(run)
-    return new + resumed
+    return new + [c for c in resumed if c.status == ACTIVE]
+
+
+def latest_state(run: RunState, c: ConfigRecord) -> Any:
+    """The latest weights of a stopped config (a backend handle), read from its newest checkpoint when the driver
+    holds none (it stopped before this process resumed the run), with the units of an epoch it was cut in that the
+    checkpoint holds (those it does not are marked lost). None when it never trained. Raises
+    `CorruptCheckpointError` when it trained and no checkpoint of it can be read."""
+    if c.state is not None:
+        return c.state
+    try:
+        state, _, c.units = run.log.load_latest(c.id)
+    except CorruptCheckpointError:
+        if c.history or c.parent is not None:
+            raise
+        return None
+    c.visited = {int(e): list(ps) for e, ps in state.get("visited", {}).items()}
+    logged = run.log.done_units(c.id, c.epoch)
+    kept, lost, _ = resume_units(c.id, c.epoch, run.workers.partitions, c.visited.get(c.epoch, []),
+                                 [(seq, r.unit) for seq, r in logged])
+    reports = dict(logged)
+    c.reports = [reports[seq] for seq in kept]
+    run.log.mark_seqs(lost, "lost")
+    c.state = c.epoch_state = run.backend.put(state)
+    return c.state
 
 
 def first_gap(visited: dict[int, list[int]], epochs: int, partitions: list[int]) -> tuple[int, list[int]] | None:
@@ -203,6 +234,8 @@ def restore(run: RunState, catalog) -> list[Unit]:
                          history=history.get(int(row.config_id), []), outcome=row.outcome or None)
         if c.id in steered:
             c.origin, c.owner, c.budget = (steered[c.id][k] for k in ("origin", "owner", "budget"))
+        if c.status == ACTIVE and c.outcome == "stopped":  # a person stopped it as its epoch waited for the barrier
+            c.stopping = True
         run.configs.add(c)
         if c.status != ACTIVE:  # it ended before the crash: its committed epochs were checked when they ended
             c.visited = {e: list(run.workers.partitions) for e in range(len(c.history))}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from automl import STOPPED
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
 from framework.driver.control import count_workers, end_flight, restart_or_reassign
@@ -59,12 +60,25 @@ def worker_lost(run: RunState, worker: int, why: str, started: tuple[int, ...] |
                 run.log.add_unit(run.round, row, "interrupted" if running else "lost")
         labels["requeued" if running else "lost_results"].append(str(f.unit))
     lost = run.dispatch.lose_worker(worker)
+    for u in lost:
+        if run.configs[u.config_id].status == STOPPED:  # (the dispatcher dropped it: its config is stopped)
+            leave_stopped(run, run.configs[u.config_id])
     held = run.workers.remove(worker)
     run.backend.stop_worker(worker)
     run.event("worker_failed", worker=worker, why=why, **labels)
     count_workers(run)
     run.write(f"worker {worker} {why}; re-queued {len(lost)} unit(s)")
     restart_or_reassign(run, worker, held)
+
+
+def leave_stopped(run: RunState, c: ConfigRecord) -> None:
+    """A unit of a config a person stopped while it ran has ended without a result (its user code failed, its
+    worker was lost): nothing runs it again; once none of its units runs, its final state is kept."""
+    from framework.driver.units import checkpoint_final
+
+    c.open = max(c.open - 1, 0)
+    if c.open == 0:
+        run.deferred.append(lambda: checkpoint_final(run, c))
 
 
 def check_hung(run: RunState) -> None:
@@ -93,6 +107,12 @@ def on_state_lost(run: RunState, ev: StateLost) -> None:
     if f is None:
         return
     c = run.configs[f.unit.config_id]
+    if c.status == STOPPED:  # a person stopped it: it keeps its newest checkpoint, which a resume reloads
+        for unit in f.assignment.units:
+            run.dispatch.requeue(unit)  # (its config is dropped: the unit leaves)
+        c.state = c.epoch_state = None
+        c.open = max(c.open - 1, 0)
+        return
     run.run_deferred()  # every completed unit is logged and its checkpoint queued before we look at the disk
     run.log.flush()
     for unit in f.assignment.units:  # a pack's other members go back with it (their state hops with the lost one)

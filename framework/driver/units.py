@@ -9,7 +9,7 @@ from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
 from framework.driver.control import end_flight
 from framework.driver.dispatch import Flight
-from framework.driver.recovery import fail_config
+from framework.driver.recovery import fail_config, leave_stopped
 from framework.engine._base import UnitDone, UnitFailed
 from framework.engine.faults import DRIVER_ACTIONS
 from framework.engine.recovery import should_retry
@@ -139,6 +139,10 @@ def unit_failed(run: RunState, f: Flight, unit: Unit, report: UnitReport) -> Non
     """User code raised: retry the unit while the config has retries left, else the config fails."""
     c = run.configs[unit.config_id]
     log_unit(run, run.round, f, report, "failed")
+    if c.status == STOPPED:  # a person stopped it while this unit ran: nothing is retried
+        run.dispatch.requeue(unit)  # (its config is dropped: the unit leaves)
+        leave_stopped(run, c)
+        return
     c.failures += 1
     if should_retry(c.failures, run.options.max_unit_retries):
         run.dispatch.requeue(unit)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -144,12 +145,14 @@ class _Averaging:
         self.optimizer, self.original = optimizer, optimizer.step
         params = _params(optimizer)
 
-        def step(*args: Any, **kwargs: Any) -> Any:
-            gang.average(params, contributes=True)
-            return self.original(*args, **kwargs)
+        original = self.original
 
-        step.__wrapped_step__ = self.original
-        optimizer.step = step
+        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            gang.average(params, contributes=True)
+            return original(*args, **kwargs)
+
+        step.__wrapped_step__ = original
+        optimizer.step = types.MethodType(step, optimizer)  # a bound method, as LR schedulers expect
 
     def restore(self) -> None:
         self.optimizer.step = self.original

@@ -40,6 +40,7 @@ class _Member(GangMember):
     def train(self, seed: int, n: int) -> tuple[dict, int, int]:
         model, optimizer = _model_and_optimizer()
         averaging = self.gang.averaging(optimizer)
+        torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)  # a user's scheduler, made inside the gang
         _train(model, optimizer, _batches(seed, n))
         followed = self.gang.finish(optimizer)
         averaging.restore()

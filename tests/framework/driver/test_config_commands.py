@@ -318,3 +318,18 @@ def test_a_resume_before_the_barrier_cancels_a_stop_that_waits_for_it():
     c0 = driver.run_state.configs[0]
     assert (c0.owner, len(c0.history), c0.outcome) == (PERSON, 3, "completed")
     _check_no_unit_twice(driver, log)
+
+
+def test_an_optuna_trial_a_person_resumed_hears_of_no_more_epochs(tmp_path):
+    """ASHA and the Optuna procedures told the trial its end: a person's resume of the config must not report to
+    the finished trial (Optuna refuses that, which would end the run)."""
+    search = automl.OptunaSearch({"lr": automl.loguniform(1e-3, 1e-1)}, num_samples=2, epochs=1, seed=0)
+    search.bind("valid_loss", "min", str(tmp_path), num_workers=2)
+    added = search.step([]).add
+    one = ({"valid_loss": 0.5},)
+    done = search.step([ConfigState(i, c, 1, one) for i, c in enumerate(added)])
+    assert sorted(done.stop) == [0, 1]
+    two = ({"valid_loss": 0.5}, {"valid_loss": 0.4})
+    resumed = ConfigState(0, added[0], 2, two, ACTIVE, None, PROCEDURE, PERSON)
+    decision = search.step([resumed, ConfigState(1, added[1], 1, one, STOPPED)])
+    assert decision.stop == [] and decision.add == []
