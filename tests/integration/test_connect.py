@@ -166,7 +166,7 @@ h = framework.connect(sys.argv[1], source="steer")
 gate = sys.argv[2]
 out = [h.stop(0), h.clone(1, lr=0.001), h.clone(1, warm=False, epochs=1),
        h.add({"hidden": 16, "lr": 0.2, "batch_size": 64, "gate": gate}, epochs=1), h.stop(4), h.resume(0, epochs=3),
-       h.stop(9), h.resume(1), h.extend(epochs=1)]
+       h.stop(9), h.resume(1), h.extend(epochs=1), h.stop(1)]
 print(json.dumps([[o.name, o.applied, o.outcome] for o in out]))
 """
 
@@ -214,19 +214,22 @@ def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_c
     assert [(n, a) for n, a, _ in said] == [
         ("stop_config", True), ("clone_config", True), ("clone_config", True), ("add_config", True),
         ("stop_config", True), ("resume_config", True), ("stop_config", False), ("resume_config", False),
-        ("extend", True)]
+        ("extend", True), ("stop_config", True)]
     assert said[6][2] == "`config_id` is 9, but no config has that id (ids 0..4)"
     assert said[7][2] == "config 1 is active: only a stopped config can be resumed"
     result = done["result"]
-    assert result.commands.source.unique().tolist() == ["inbox:steer"] and len(result.commands) == 9
+    assert result.commands.source.unique().tolist() == ["inbox:steer"] and len(result.commands) == 10
     status = result.status.set_index("config_id")
-    assert status.status.tolist() == ["completed", "completed", "completed", "completed", "stopped"]
-    assert status.epochs.tolist() == [3, 4, 3, 1, 0]  # the grid's budget grew to 4 epochs; the person's own
+    assert status.status.tolist() == ["completed", "stopped", "completed", "completed", "stopped"]
+    # the grid's budget grew to 4 epochs, the person's configs have their own; config 1 was stopped after its first
+    assert status.epochs.tolist()[:1] + status.epochs.tolist()[2:] == [3, 3, 1, 0] and 1 <= status.epochs[1] < 4
     assert result.configs[2]["lr"] == 0.001 and result.configs[3]["lr"] == 0.1
-    assert validate_schedule(result.schedule).ok  # config 0's cut epoch was finished after its resume
+    cut = [(1, int(status.epochs[1]))]  # config 1's epoch in progress when it was stopped (config 0's was finished)
+    assert validate_schedule(result.schedule, cut=cut).ok
     # a replay repeats what the person did where it happened: bit-identical weights for every config that trained
     again = framework.replay(path)
-    for cid in range(4):
+    assert again.status.status.tolist() == status.status.tolist()
+    for cid in range(4):  # (config 1 was cut in an epoch after its first, config 0 cut and resumed)
         a, b = result.load_state(cid), again.load_state(cid)
         assert a["visited"] == b["visited"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert not result.schedule.duplicated(["config_id", "epoch", "partition", "kind"]).any()
