@@ -143,8 +143,7 @@ def serve(run: str, host: str = "127.0.0.1", port: int = 0, token: str | None = 
         raise FileNotFoundError(f"`run` {os.fspath(run)!r} holds no {CATALOG_FILE}: not a run directory")
     if not isinstance(host, str):
         raise ValueError(f"`host` is {host!r}, but must be a host name or address (a str), e.g. '127.0.0.1'")
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise ValueError(f"`port` is {port!r}, but must be an int in 0..65535 (0: a free port)")
+    _check_port(port)
     if token is not None and (not isinstance(token, str) or not token or any(c.isspace() for c in token)):
         raise ValueError(f"`token` is {token!r}, but must be None or a non-empty str without spaces")
     if token is None and host not in LOCAL_HOSTS:
@@ -157,8 +156,7 @@ class DashboardCallback(Callback):
     start to its end, with `serve`'s arguments; prints the URL to stderr and keeps it as `url`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-            raise ValueError(f"`port` is {port!r}, but must be an int in 0..65535 (0: a free port)")
+        _check_port(port)  # before the run starts
         self.host, self.port, self.token = host, port, token
         self.board: Dashboard | None = None
         self.url: str | None = None
@@ -173,6 +171,11 @@ class DashboardCallback(Callback):
         if self.board is not None:
             self.board.close()
             self.board = None
+
+
+def _check_port(port: Any) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"`port` is {port!r}, but must be an int in 0..65535 (0: a free port)")
 
 
 def _listen(host: str, port: int) -> socket.socket:

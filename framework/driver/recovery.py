@@ -72,8 +72,9 @@ def worker_lost(run: RunState, worker: int, why: str, started: tuple[int, ...] |
 
 
 def leave_stopped(run: RunState, c: ConfigRecord) -> None:
-    """A unit of a config a person stopped while it ran has ended without a result (its user code failed, its
-    worker was lost): nothing runs it again; once none of its units runs, its final state is kept."""
+    """A unit of a config a person stopped while it ran has ended (done, or without a result: its user code
+    failed, its worker or its state was lost): nothing runs it again; once none of its units runs, its final state
+    is kept (none, when it was lost: a resume reloads the newest checkpoint)."""
     from framework.driver.units import checkpoint_final
 
     c.open = max(c.open - 1, 0)
@@ -111,7 +112,7 @@ def on_state_lost(run: RunState, ev: StateLost) -> None:
         for unit in f.assignment.units:
             run.dispatch.requeue(unit)  # (its config is dropped: the unit leaves)
         c.state = c.epoch_state = None
-        c.open = max(c.open - 1, 0)
+        leave_stopped(run, c)
         return
     run.run_deferred()  # every completed unit is logged and its checkpoint queued before we look at the disk
     run.log.flush()

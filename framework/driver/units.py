@@ -79,10 +79,11 @@ def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: 
     run.observers.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
                        report.end - report.start, dict(report.metrics))
     run.deferred.append(record)  # done once the next units are on their way
+    if c.status == STOPPED:  # a person stopped it while this unit ran
+        leave_stopped(run, c)
+        return
     c.open -= 1
-    if c.open == 0 and c.status == STOPPED:  # a person stopped it while this unit ran: its final state is kept
-        run.deferred.append(lambda: checkpoint_final(run, c))
-    elif c.open == 0:
+    if c.open == 0:
         run.ended.append(c.id)
 
 

@@ -38,20 +38,27 @@ def _wait(what, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_record(ray_cluster, digits,
-                                                                                       tmp_path):
-    gate = tmp_path / "gate"
-    gate.write_text("")  # closed: every unit waits, so the run goes on while the commands arrive
+def _gated_run(digits, tmp_path, gate, epochs: int, **options):
+    """A grid of two configs on two workers, running on a thread, whose units wait while `gate` exists: returns
+    (the selection, its run directory, the thread, the dict its `Result` goes into)."""
     x, y = digits
     ds = framework.PartitionedDataset.from_arrays(x[:300], y[:300], num_partitions=2, seed=0)
     path = str(tmp_path / "run")
     space = {"hidden": [16], "lr": [0.05, 0.1], "batch_size": [64], "gate": [str(gate)]}
     sel = framework.ModelSelection(mlp_model_fn, gated_train_fn, classifier_eval_fn, ds,
-                                   automl.GridSearch(space, epochs=2), num_workers=2, storage_path=path,
-                                   progress=False, metric="valid_accuracy", mode="max")
+                                   automl.GridSearch(space, epochs=epochs), num_workers=2, storage_path=path,
+                                   progress=False, **options)
     done: dict = {}
     runner = threading.Thread(target=lambda: done.setdefault("result", sel.run()), daemon=True)
     runner.start()
+    return sel, path, runner, done
+
+
+def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_record(ray_cluster, digits,
+                                                                                       tmp_path):
+    gate = tmp_path / "gate"
+    gate.write_text("")  # closed: every unit waits, so the run goes on while the commands arrive
+    sel, path, runner, done = _gated_run(digits, tmp_path, gate, 2, metric="valid_accuracy", mode="max")
     try:
         _wait(lambda: os.path.isfile(os.path.join(path, "run.db")) and is_being_written(path)
               and len(sel.live_workers()) == 2)
@@ -179,16 +186,7 @@ def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_c
     from simulators import validate_schedule
 
     gate = tmp_path / "gate"
-    x, y = digits
-    ds = framework.PartitionedDataset.from_arrays(x[:300], y[:300], num_partitions=2, seed=0)
-    path = str(tmp_path / "run")
-    space = {"hidden": [16], "lr": [0.05, 0.1], "batch_size": [64], "gate": [str(gate)]}
-    sel = framework.ModelSelection(mlp_model_fn, gated_train_fn, classifier_eval_fn, ds,
-                                   automl.GridSearch(space, epochs=3), num_workers=2, storage_path=path,
-                                   progress=False, checkpoint="unit")
-    done: dict = {}
-    runner = threading.Thread(target=lambda: done.setdefault("result", sel.run()), daemon=True)
-    runner.start()
+    sel, path, runner, done = _gated_run(digits, tmp_path, gate, 3, checkpoint="unit")
     try:
         _wait(lambda: sel.rounds_completed >= 1)  # every config trained epoch 0
         gate.write_text("")  # closed: the run waits while the person steers it
