@@ -257,8 +257,8 @@ def _stop_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     state = run.dispatch.state
     c.open = sum(u.config_id == c.id for u in state.running) if state is not None else 0
     c.status, c.stopping = STOPPED, False
-    if c.open == 0:
-        units.checkpoint_final(run, c)
+    if c.open == 0:  # after the checkpoint of its last unit, whose log row may still be deferred
+        run.deferred.append(lambda: units.checkpoint_final(run, c))
     done = sorted(c.visited.get(c.epoch, ()))
     return Effect(f"config {c.id} stopped in epoch {c.epoch} ({len(done)} of {len(run.workers.partitions)} "
                   f"partitions trained, {c.open} unit(s) running finish)", statuses=[c])

@@ -141,7 +141,8 @@ class CheckpointStore:
         self.keep = keep
         # config -> (epoch, units, write(path) -> (sha256, bytes), whether it is under way already)
         self._latest: dict[int, tuple[int, int, Callable[[str], tuple[str, int]], bool]] = {}
-        self._superseded: list[tuple[str, Callable[[str], tuple[str, int]]]] = []  # started, then coalesced away
+        # started, then coalesced away: (its file, to remove once written, or None when a newer write has its name)
+        self._superseded: list[tuple[str | None, Callable[[str], tuple[str, int]]]] = []
         self._writing: set[int] = set()  # configs a thread is writing now
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -173,8 +174,9 @@ class CheckpointStore:
             raise TypeError("submit() needs `fetch` or `started`")
         with self._lock:
             old = self._latest.get(config_id)
-            if old is not None and old[3]:
-                self._superseded.append((self.path(config_id, old[1]), old[2]))
+            if old is not None and old[3]:  # its file is removed once written, unless the newer write has its name
+                keep = old[1] == units
+                self._superseded.append((None if keep else self.path(config_id, old[1]), old[2]))
             fresh = old is None and config_id not in self._writing
             self._latest[config_id] = (epoch, units, write, started is not None)
         if old is not None and old[3]:
@@ -193,7 +195,8 @@ class CheckpointStore:
                     path, write = self._superseded.pop(0)
                 try:
                     write(path)
-                    os.remove(path)
+                    if path is not None:
+                        os.remove(path)
                 except Exception:  # noqa: BLE001 - a write nobody needs any more
                     pass
                 finally:

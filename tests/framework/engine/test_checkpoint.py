@@ -64,6 +64,29 @@ def test_checkpoint_keeps_only_the_two_newest_files(store):
     assert sorted(os.listdir(store.directory)) == ["config_0_u3.pt", "config_0_u4.pt"]
 
 
+def test_a_write_of_the_same_state_queued_twice_keeps_its_file(tmp_path):
+    """A config's final state queued again under the same name (a stop and its last unit's checkpoint) while the
+    first write still waits: the superseded write is waited for, and the file both name stays on disk."""
+    import threading
+
+    from framework.engine.checkpoint import write_atomic
+
+    catalog = SQLiteCatalog(str(tmp_path / "run.db"))
+    store = CheckpointStore(str(tmp_path / "checkpoints"), catalog, writers=1)
+    gate = threading.Event()
+    try:
+        store.submit(9, 0, 1, lambda: gate.wait() and _state(9.0))  # holds the only writer thread
+        for _ in range(2):  # both started elsewhere (a worker writes the file), both queued behind config 9
+            store.submit(1, 1, 4, started=lambda: write_atomic(_state(4.0), store.path(1, 4)))
+        gate.set()
+        assert store.flush() == []
+        state, epoch, units = store.load_latest(1)
+        assert (epoch, units) == (1, 4) and torch.equal(state["model"]["w"], torch.full((3,), 4.0))
+    finally:
+        store.close()
+        catalog.close()
+
+
 def test_signed_pickle_detects_tampering(monkeypatch):
     monkeypatch.setenv("MODELHOPPER_SECRET", "test-key-" * 4)
     blob, sig = dumps_signed({"a": 1})
