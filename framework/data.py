@@ -46,6 +46,21 @@ def concat_data(parts: Sequence[Any]) -> Any:
     )
 
 
+def shard_data(data: Any, index: int, count: int) -> Any:
+    """Share `index` of `count` of a partition's data (every `count`-th example from `index`): what a member of a
+    gang that shares one partition's pass trains on. Same types as `concat_data`, and dicts of them."""
+    if count == 1:
+        return data
+    if isinstance(data, tuple):
+        return tuple(shard_data(d, index, count) for d in data)
+    if isinstance(data, dict):
+        return {k: shard_data(v, index, count) for k, v in data.items()}
+    if isinstance(data, (torch.Tensor, np.ndarray, list)):
+        return data[index::count]
+    raise TypeError(f"cannot share a partition of type {type(data).__name__} among a gang's workers; input_fn must "
+                    "return a tuple or dict of tensors/arrays, a tensor, an array or a list")
+
+
 def data_len(data: Any) -> int:
     """Number of examples in a partition's data (the first element's length for tuples)."""
     if isinstance(data, tuple) and data:

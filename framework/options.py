@@ -215,15 +215,15 @@ class RunOptions:
 
     def for_live_run(self) -> RunOptions:
         """These options, checked for a run on live workers: a policy that forms data-parallel gangs is refused
-        (the simulators run gangs; a live worker does not run a gang's unit yet)."""
+        with `freezing` (a gang's members would freeze layers apart)."""
         from framework.scheduling import GANG_POLICIES
 
         gangs = self.scheduler in GANG_POLICIES if isinstance(self.scheduler, str) \
             else getattr(self.scheduler, "name", None) in GANG_POLICIES
-        if gangs:
-            raise ValueError(f"`scheduler` is {self.scheduler!r}, which forms data-parallel gangs: the simulators run "
-                             "them (`python -m simulators crossover`), but live workers do not run a gang's unit yet; "
-                             "use a hop policy such as 'randomized'")
+        if gangs and self.freezing is not None:
+            raise ValueError(f"`scheduler` is {self.scheduler!r}, which forms data-parallel gangs, and `freezing` is "
+                             f"set: a gang's workers cannot freeze layers together yet; use a hop policy such as "
+                             "'randomized' with freezing, or no freezing")
         return self
 
     @property

@@ -229,6 +229,10 @@ def _replay_dir(
         created = _created_by_a_person(src.events("command"))
     finally:
         src.close()
+    if done["group"].notna().any():
+        raise ValueError(f"the run in {storage_path!r} trained configs in data-parallel gangs (scheduler "
+                         f"{meta.get('scheduler')!r}): replay runs units one at a time on one worker and cannot repeat "
+                         "a gang's synchronous steps yet; resume and the run's checkpoints are not affected")
     lacking = [k for k in _META_NEEDED if k not in meta]
     if lacking:
         raise ValueError(f"`storage_path` {storage_path!r} holds a run.db whose meta lacks {lacking} (its meta table "

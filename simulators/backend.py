@@ -96,7 +96,18 @@ class CostModel:
         if not 0 <= self.pack_overhead <= 1:
             raise ValueError(f"`pack_overhead` is {self.pack_overhead!r}, but must be in [0, 1]")
 
-    def seconds(self, duration: Callable[[Unit, int], float], units: tuple[Unit, ...], workers: tuple[int, ...]) -> float:
+    def seconds(self, duration: Callable[[Unit, int], float], units: tuple[Unit, ...], workers: tuple[int, ...],
+                partitions: tuple[int, ...] = ()) -> float:
+        """`partitions`: the partition each worker of a gang trains (a gang over several partitions: each worker
+        passes over its own, or its share of one that several have; the gang takes as many steps as its longest
+        share, and the all-reduce term grows with them: `comm_s * 2 (k - 1) / k` per 1/k of a pass)."""
+        if partitions:
+            u0, k = units[0], len(workers)
+            sharers = {p: partitions.count(p) for p in partitions}
+            pass_s = max(duration(Unit(u0.config_id, u0.epoch, p, u0.kind), w) / sharers[p]
+                         for w, p in zip(workers, partitions))
+            longest = max(1 / j for j in sharers.values())  # of a partition's pass
+            return pass_s + self.comm_s * 2 * (k - 1) / k * longest * k
         per = [max(duration(u, w) for w in workers) for u in units]  # each member's pass on the gang's slowest
         top = max(per)
         pass_s = top + self.pack_overhead * (sum(per) - top)
@@ -166,7 +177,7 @@ class SimulatedBackend(ClockBackend):
         if len(units) == 1 and len(workers) == 1:
             seconds = self.workload.duration(units[0], worker)
         else:
-            seconds = self.cost.seconds(self.workload.duration, units, workers)
+            seconds = self.cost.seconds(self.workload.duration, units, workers, task.partitions)
         seconds *= self.noise.factor(self.rng)
         unit = task.unit
         if task.fault == "hang":  # the simulated health check sees it when the unit should have ended
@@ -178,14 +189,21 @@ class SimulatedBackend(ClockBackend):
         if task.fault == "lose_state" or (unit.config_id, unit.epoch, unit.partition) in self.lose_state:
             self.lose_state.discard((unit.config_id, unit.epoch, unit.partition))
             return 0.0, StateLost(0.0, ticket, worker, LookupError(f"the state object of {unit} is lost"))
-        states = state if len(units) > 1 else (state,)
-        configs = task.configs or (task.config,)
         group = ticket if len(units) > 1 or len(workers) > 1 else None
         reports, new_states = [], []
-        for u, config, s in zip(units, configs, states):
-            report, new = self._member(u, config, s, worker, group, task.fault == "raise")
-            reports.append(report)
-            new_states.append(new)
+        if task.partitions and len(task.members) <= 1:  # a gang over several partitions: one state absorbs them all
+            for u in units:
+                w = workers[task.partitions.index(u.partition)]
+                report, new = self._member(u, task.config, state, w, group, task.fault == "raise")
+                state = new if new is not None else state
+                reports.append(report)
+                new_states.append(new)
+        else:
+            states = state if len(units) > 1 else (state,)
+            for u, config, s in zip(units, task.configs or (task.config,), states):
+                report, new = self._member(u, config, s, worker, group, task.fault == "raise")
+                reports.append(report)
+                new_states.append(new)
         if all(r.error is not None for r in reports):
             return seconds, UnitFailed(0.0, ticket, worker, tuple(reports))
         return seconds, UnitDone(0.0, ticket, worker, tuple(reports), tuple(new_states))

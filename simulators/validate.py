@@ -40,10 +40,10 @@ def as_frame(schedule) -> pd.DataFrame:
     return df
 
 
-def _collapse(df: pd.DataFrame, key: str) -> pd.DataFrame:
+def _collapse(df: pd.DataFrame, *key: str) -> pd.DataFrame:
     """`df` with the rows of one group that share `key` kept once (a gang's rows of a config, a pack's on a worker)."""
     solo = df[df[GROUP].isna()]
-    return pd.concat([solo, df[df[GROUP].notna()].drop_duplicates([GROUP, key])]).sort_index()
+    return pd.concat([solo, df[df[GROUP].notna()].drop_duplicates([GROUP, *key])]).sort_index()
 
 
 def _overlaps(df: pd.DataFrame, key: str, tol: float) -> list[str]:
@@ -77,8 +77,9 @@ def validate_schedule(
     4. Barriers: a config's eval units of an epoch start after its train units of that epoch end; its epoch e + 1
        starts after its epoch e ends. Availability (if given): each unit ran on a worker that holds its partition.
     Non-preemption is structural (one row = one uninterrupted run); rows must have end >= start.
-    Gangs and packs (rows sharing a `group`): a gang's rows of one config (one per worker) are one visit, a pack's
-    rows on one worker (one per member) are one run; a group's rows share their epoch, partition, kind and times.
+    Gangs and packs (rows sharing a `group`): a gang's rows of one config and partition (one per worker that
+    trained it) are one visit, and all of a gang's rows one run of the config; a pack's rows on one worker (one per
+    member) are one run; a group's rows share their epoch, kind and times.
     `cut`: `(config, epoch)` pairs a person stopped in the middle (a `stop_config` command): those epochs may miss
     partitions, and still train none twice.
     Makespan is max(end) - min(start). Returns a `ValidationReport`; raises `ValueError` if `raise_on_error`.
@@ -91,11 +92,12 @@ def validate_schedule(
     if grouped:
         g = df[df[GROUP].notna()]
         for k, rows in g.groupby(GROUP):
-            if rows[["epoch", "partition", "kind", "start", "end"]].drop_duplicates().shape[0] > 1:
-                v.append(f"group {k}: its rows differ in epoch, partition, kind or times")
+            if rows[["epoch", "kind", "start", "end"]].drop_duplicates().shape[0] > 1:
+                v.append(f"group {k}: its rows differ in epoch, kind or times")
             if rows.duplicated(["config_id", "worker"]).any():
                 v.append(f"group {k}: a (config, worker) pair appears twice")
-    visits = _collapse(df, "config_id") if grouped else df  # one row per config per visit (a gang's rows as one)
+    # one row per config per visit (the rows of a gang's workers that trained one partition as one)
+    visits = _collapse(df, "config_id", "partition") if grouped else df
     train = visits[visits["kind"] == "train"]
     parts = set(partitions) if partitions is not None else set(train["partition"].unique())
     ev = visits[visits["kind"] != "train"]
@@ -115,7 +117,7 @@ def validate_schedule(
         t = train[(train["config_id"] == c) & (train["epoch"] == e)]
         if len(t) and g["start"].min() < t["end"].max() - tol:
             v.append(f"config {c} epoch {e}: eval started before training finished")
-    v += _overlaps(visits, "config_id", tol)
+    v += _overlaps(_collapse(df, "config_id") if grouped else df, "config_id", tol)  # (a gang's step is one run)
     v += _overlaps(_collapse(df, "worker") if grouped else df, "worker", tol)
     span = df.groupby(["config_id", "epoch"]).agg(s=("start", "min"), f=("end", "max")).reset_index()
     for c, g in span.sort_values("epoch").groupby("config_id"):

@@ -46,10 +46,12 @@ class Flight:
         return self.assignment.workers
 
     def rows(self, report: UnitReport) -> list[UnitReport]:
-        """The schedule log's rows of a member's report: one per worker of its gang, each naming the group."""
+        """The schedule log's rows of a unit's report: one per worker of its gang that trained the unit's
+        partition, each naming the group."""
         if self.group is None:
             return [report]
-        return [dataclasses.replace(report, worker=w, group=self.group) for w in self.assignment.workers]
+        a, p = self.assignment, report.unit.partition
+        return [dataclasses.replace(report, worker=w, group=self.group) for w in a.workers if a.partition_of(w) == p]
 
 
 class Dispatcher:

@@ -52,13 +52,13 @@ def worker_lost(run: RunState, worker: int, why: str, started: tuple[int, ...] |
     labels: dict[str, list[str]] = {"requeued": [], "lost_results": [], "unstarted": []}
     for ticket, f in flights:
         if ticket not in started:
-            labels["unstarted"].append(str(f.unit))
+            labels["unstarted"] += [str(u) for u in f.assignment.units]
             continue
         running = ticket == started[-1]
         for u in f.assignment.units:
             for row in f.rows(UnitReport(u, worker, f.started, now)):
                 run.log.add_unit(run.round, row, "interrupted" if running else "lost")
-        labels["requeued" if running else "lost_results"].append(str(f.unit))
+        labels["requeued" if running else "lost_results"] += [str(u) for u in f.assignment.units]
     lost = run.dispatch.lose_worker(worker)
     for u in lost:
         if run.configs[u.config_id].status == STOPPED:  # (the dispatcher dropped it: its config is stopped)

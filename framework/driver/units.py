@@ -30,7 +30,7 @@ def submit(run: RunState, a: Assignment) -> None:
         task = UnitTask(a.unit, members[0].config, run.options.seed, fault=worker_fault)
     else:
         task = UnitTask(a.unit, members[0].config, run.options.seed, fault=worker_fault, members=a.members,
-                        configs=tuple(c.config for c in members), workers=a.workers)
+                        configs=tuple(c.config for c in members), workers=a.workers, partitions=a.partitions)
     ticket = run.backend.submit(a.workers, task, tuple(c.state for c in members))
     driver_faults = tuple(f for f in injected if f in DRIVER_ACTIONS)
     run.dispatch.fly(ticket, Flight(a, run.backend.now(), driver_faults, queued))
@@ -41,11 +41,15 @@ def on_unit_ended(run: RunState, ev: UnitDone | UnitFailed) -> None:
     f = end_flight(run, ev.ticket, ev.time)
     if f is None:
         return  # its worker was declared lost meanwhile: the unit was re-queued
-    for unit, report, state in zip(f.assignment.units, ev.reports, ev.states, strict=True):
+    a = f.assignment
+    if len(a.members) == 1 and len(a.workers) > 1 and any(r.error is not None for r in ev.reports):
+        unit_failed(run, f, a.units, ev.reports)  # a gang trains one state: it fails, and is retried, as one
+        return
+    for unit, report, state in zip(a.units, ev.reports, ev.states, strict=True):
         if report.error is None:
             unit_done(run, f, unit, report, state)
         else:
-            unit_failed(run, f, unit, report)
+            unit_failed(run, f, (unit,), (report,))
 
 
 def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: str) -> None:
@@ -56,7 +60,7 @@ def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: 
 def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: Any) -> None:
     c = run.configs[unit.config_id]
     run.dispatch.complete(unit)
-    run.dispatch.record(unit, f.worker, report.end - report.start)
+    run.dispatch.record(unit, report.worker, report.end - report.start)
     c.reports.append(report)
     run.cpu_units.append(unit.epoch)
     if run.options.check_metric and not run.metric_seen:
@@ -136,20 +140,27 @@ def checkpoint_final(run: RunState, c: ConfigRecord) -> None:
         checkpoint(run, c, max(c.epoch - 1, 0), c.units, c.state, None)
 
 
-def unit_failed(run: RunState, f: Flight, unit: Unit, report: UnitReport) -> None:
-    """User code raised: retry the unit while the config has retries left, else the config fails."""
+def unit_failed(run: RunState, f: Flight, units: tuple[Unit, ...], reports: tuple[UnitReport, ...]) -> None:
+    """User code raised in a unit (or in a member of a gang, whose `units` fail together, as one failure): retry
+    while the config has retries left, else the config fails."""
+    unit = units[0]
+    report = next(r for r in reports if r.error is not None)
     c = run.configs[unit.config_id]
-    log_unit(run, run.round, f, report, "failed")
+    for r in reports:
+        log_unit(run, run.round, f, r, "failed")
     if c.status == STOPPED:  # a person stopped it while this unit ran: nothing is retried
-        run.dispatch.requeue(unit)  # (its config is dropped: the unit leaves)
-        leave_stopped(run, c)
+        for u in units:
+            run.dispatch.requeue(u)  # (its config is dropped: the unit leaves)
+            leave_stopped(run, c)
         return
     c.failures += 1
     if should_retry(c.failures, run.options.max_unit_retries):
-        run.dispatch.requeue(unit)
+        for u in units:
+            run.dispatch.requeue(u)
         run.event("unit_retry", config_id=c.id, unit=str(unit), attempt=c.failures)
         return
-    run.dispatch.complete(unit)
+    for u in units:
+        run.dispatch.complete(u)
     fail_config(run, c, report.error, event={"unit": str(unit)})
     run.write(f"config {c.id} failed in {unit.kind} unit (epoch {unit.epoch}, partition {unit.partition}):\n"
               + report.error.strip().splitlines()[-1])

@@ -83,7 +83,7 @@ _TABLES = {t.name: t for t in (
     _Table("units", (("seq", "INTEGER"), ("round", "INTEGER"), ("config_id", "INTEGER"), ("epoch", "INTEGER"),
                      ("partition", "INTEGER"), ("kind", "TEXT"), ("worker", "INTEGER"), ("start", "REAL"),
                      ("end", "REAL"), ("status", "TEXT"), ("num_examples", "INTEGER"), ("state_bytes", "INTEGER"),
-                     ("metrics", "TEXT"), ("error", "TEXT")),
+                     ("metrics", "TEXT"), ("error", "TEXT"), ("grp", "INTEGER")),
            ("seq",), "units row {seq} (config {config_id}, epoch {epoch}, partition {partition})", seq=True),
     _Table("epochs", (("config_id", "INTEGER"), ("epoch", "INTEGER"), ("round", "INTEGER"), ("metrics", "TEXT")),
            ("config_id", "epoch"), "epochs (config {config_id}, epoch {epoch})"),
@@ -484,18 +484,20 @@ class SQLiteCatalog:
                 "round": round_, "config_id": u.config_id, "epoch": u.epoch, "partition": u.partition, "kind": u.kind,
                 "worker": report.worker, "start": report.start, "end": report.end, "status": status,
                 "num_examples": report.num_examples, "state_bytes": report.state_bytes,
-                "metrics": json.dumps(report.metrics), "error": report.error})
+                "metrics": json.dumps(report.metrics), "error": report.error, "grp": report.group})
 
     def units(self, status: str | None = "done") -> pd.DataFrame:
         where, args = ("WHERE status = ?", (status,)) if status else ("", ())
         rows = self._read(
             "SELECT seq, round, config_id, epoch, partition, kind, worker, start, end, status, num_examples, "
-            f"state_bytes, metrics, error FROM units {where} ORDER BY seq",
+            f"state_bytes, metrics, error, grp FROM units {where} ORDER BY seq",
             args,
         )
         cols = ["seq", "round", "config_id", "epoch", "partition", "kind", "worker", "start", "end", "status",
-                "num_examples", "state_bytes", "metrics", "error"]
-        return pd.DataFrame(rows, columns=cols)
+                "num_examples", "state_bytes", "metrics", "error", "group"]
+        df = pd.DataFrame(rows, columns=cols)
+        df["group"] = df["group"].astype("Int64")  # a gang's id (its rows share it); <NA>: a unit of its own
+        return df
 
     # ---- epochs -------------------------------------------------------------------------------------------------
     def add_epoch(self, config_id: int, epoch: int, round_: int, metrics: dict[str, float]) -> None:

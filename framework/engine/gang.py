@@ -34,7 +34,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Gang", "GangMember", "open_store"]
+__all__ = ["Gang", "GangBrokenError", "GangMember", "gang_id", "open_store"]
+
+
+class GangBrokenError(RuntimeError):
+    """A gang's all-reduce failed: a member died or stopped answering. Not the user's fault: the engine re-runs
+    the gang's units from the config's last state."""
 
 
 def open_store(host: str = "127.0.0.1", timeout_s: float = 60.0) -> tuple[dist.TCPStore, int]:
@@ -42,6 +47,11 @@ def open_store(host: str = "127.0.0.1", timeout_s: float = 60.0) -> tuple[dist.T
     other members connect to. It must live as long as the gang (keep the reference)."""
     store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
     return store, int(store.port)
+
+
+def gang_id(workers: Iterable[int]) -> str:
+    """The name of the gang of `workers` (in their order: rank i is `workers[i]`)."""
+    return "g" + "-".join(str(w) for w in workers)
 
 
 def this_host() -> str:
@@ -74,6 +84,7 @@ class Gang:
         else:  # pragma: no cover - needs GPUs
             self.group = dist.ProcessGroupNCCL(prefixed, rank, size)
         self.steps = 0  # all-reduces this member took part in
+        self.broken = False  # an all-reduce failed: the gang cannot be used again
 
     def average(self, params: Iterable[torch.nn.Parameter], contributes: bool) -> int:
         """Average the gradients of `params` over the members that `contribute` (one all-reduce); returns how many
@@ -87,7 +98,12 @@ class Gang:
                                .to(torch.float32) for p in params])
         device = params[0].device if params else torch.device("cpu")
         flat = torch.cat([grads.to(device), torch.tensor([1.0 if contributes else 0.0], device=device)])
-        self.group.allreduce([flat]).wait()
+        try:
+            self.group.allreduce([flat]).wait()
+        except Exception as e:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses of their own
+            self.broken = True
+            raise GangBrokenError(f"gang {self.gang_id}: the all-reduce of step {self.steps + 1} failed at rank "
+                                  f"{self.rank} of {self.size} (a member is gone?): {e}") from e
         self.steps += 1
         count = int(round(float(flat[-1])))
         if count == 0:
@@ -122,20 +138,32 @@ class Gang:
 
 
 class GangMember:
-    """What a worker process does to take part in gangs (mix it into an actor class): `host_gang()` on the gang's
-    rank 0 returns the port of the store it hosts, then `join_gang(...)` on every member (all at once) makes
-    `self.gang`."""
+    """What a worker process does to take part in gangs (mix it into an actor class): `host_gang(gang_id)` on the
+    gang's rank 0 returns the port of the store it hosts, then `join_gang(gang_id, ...)` on every member (all at
+    once) makes `self.gangs[gang_id]` (and `self.gang`, the latest); `leave_gang(gang_id)` drops it. A worker may
+    belong to several gangs: each keeps its group until it is left."""
 
-    _store: Any = None
     gang: Gang | None = None
 
-    def host_gang(self, host: str = "127.0.0.1") -> int:
-        self._store, port = open_store(host)
+    def host_gang(self, gang_id: str = "g", host: str = "127.0.0.1") -> int:
+        store, port = open_store(host)
+        self.__dict__.setdefault("_gang_stores", {})[gang_id] = store
         return port
 
-    def join_gang(self, gang_id: str, rank: int, size: int, port: int, host: str = "127.0.0.1") -> int:
-        self.gang = Gang(gang_id, rank, size, host, port, store=self._store if rank == 0 else None)
+    def join_gang(self, gang_id: str, rank: int, size: int, port: int, host: str = "127.0.0.1",
+                  backend: str = "gloo") -> int:
+        store = self.__dict__.get("_gang_stores", {}).get(gang_id) if rank == 0 else None
+        self.gang = Gang(gang_id, rank, size, host, port, store=store, backend=backend)
+        self.__dict__.setdefault("gangs", {})[gang_id] = self.gang
         return rank
+
+    def leave_gang(self, gang_id: str) -> None:
+        gang = self.__dict__.get("gangs", {}).pop(gang_id, None)
+        self.__dict__.get("_gang_stores", {}).pop(gang_id, None)
+        if gang is not None:
+            gang.close()
+            if self.gang is gang:
+                self.gang = None
 
 
 class _Averaging:

@@ -7,6 +7,7 @@ starts workers and submits units; `poll` turns finished Ray calls into events (a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -29,6 +30,7 @@ from framework.engine._base import (
     refuse_plural,
 )
 from framework.engine.checkpoint import write_later
+from framework.engine.gang import gang_id
 from framework.engine.worker import Worker, self_contained, unpack_state
 from framework.scheduling import TRAIN
 from framework.scheduling.units import UnitReport, UnitTask
@@ -38,6 +40,8 @@ _LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedE
 CLOSE_TIMEOUT_S = 5.0
 #: how long the backend waits for the start ledger's answer about a dead worker (then: it cannot tell)
 LEDGER_TIMEOUT_S = 10.0
+#: how long a gang's members may take to join its group
+GANG_SETUP_TIMEOUT_S = 60.0
 
 
 @ray.remote(num_cpus=0)
@@ -66,6 +70,14 @@ class _Pending(NamedTuple):
     seq: int  # its place in the actor's queue (the actor runs its units in this order)
     state_ref: Any
     kind: str
+
+
+class _GangRun:
+    """A gang's unit in flight: its members' replies as they come (by rank), the first member's state."""
+
+    def __init__(self, task: UnitTask, workers: Sequence[int], state_ref: Any) -> None:
+        self.task, self.workers, self.state_ref = task, tuple(workers), state_ref
+        self.replies: dict[int, UnitReport | BaseException] = {}
 
 
 class _RayWorker(Worker):
@@ -132,6 +144,10 @@ class _RayWorker(Worker):
         except ray.exceptions.RayError:  # the ledger is gone: the backend goes by the replies that arrive
             self._ledger = None
 
+    def gang_address(self, gang: str) -> tuple[str, int]:
+        """Host the rendezvous of gang `gang` here (its rank 0): this node's address and the store's port."""
+        return ray.util.get_node_ip_address(), self.host_gang(gang)
+
     @ray.method(concurrency_group="save")
     def save_ref(self, boxed: list, path: str) -> tuple[str, int]:
         """Write the state behind `boxed[0]` as a checkpoint file (see `Worker.save`)."""
@@ -154,6 +170,22 @@ class _RayWorker(Worker):
             for pid, pair in partitions.items()
         }
         return super().load(resolved, fault)
+
+
+def _gang_reports(task: UnitTask, replies: list[UnitReport]) -> tuple[UnitReport, ...]:
+    """One report per unit of a gang's task (members that shared a partition's pass as one: their examples
+    summed, their metrics example-weighted), each spanning the gang's unit (its members ran as one), an error if
+    any member's user code failed."""
+    start, end = min(r.start for r in replies), max(r.end for r in replies)
+    error = next((r.error for r in replies if r.error is not None), None)
+    out = []
+    for u in task.units:
+        mine = [r for r in replies if r.unit == u]
+        n = sum(r.num_examples for r in mine)
+        metrics = {k: sum(r.metrics.get(k, 0.0) * r.num_examples for r in mine) / max(n, 1) for k in mine[0].metrics}
+        out.append(UnitReport(u, mine[0].worker, start, end, metrics, n, sum(r.state_bytes for r in mine),
+                              error if error is not None else None))
+    return tuple(out)
 
 
 def ensure_ray(min_cpus: float = 1.0) -> bool:
@@ -235,6 +267,10 @@ class RayBackend(Backend):
         self._ledger: Any = None  # the `_StartLedger`, made with the first worker
         self._keys: dict[int, int] = {}  # worker -> its actor's key in the ledger
         self._next_key = itertools.count()
+        self._gangs: set[tuple[int, ...]] = set()  # gangs whose group is up (kept while all their workers live)
+        self._gang_runs: dict[int, _GangRun] = {}  # ticket -> a gang's unit in flight
+        self.gang_setups: list[float] = []  # seconds each gang's group took to set up
+        self._orphans: list[Any] = []  # replies of gang members whose unit is over (a member died)
 
     # ---- workers ------------------------------------------------------------------------------------------------
     def start_worker(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> None:
@@ -282,6 +318,11 @@ class RayBackend(Backend):
         key = self._keys.pop(worker, None)
         if key is not None:
             self._ledger.last.remote(key)  # its entry goes
+        for gang in [g for g in self._gangs if worker in g]:  # its gangs break up: the others leave them
+            self._gangs.discard(gang)
+            for w in gang:
+                if w in self._actors:
+                    self._actors[w].leave_gang.remote(gang_id(gang))
 
     def _lost(self, worker: int, why: str, unreported: Sequence[_Pending] = (), loading: bool = False) -> WorkerLost:
         """The actor of `worker` died: forget it, and name its unreported units (`unreported` and those still
@@ -301,6 +342,8 @@ class RayBackend(Backend):
 
     # ---- units --------------------------------------------------------------------------------------------------
     def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
+        if len(workers) > 1 and len(task.members) <= 1:
+            return self._submit_gang(tuple(workers), task, states[0])
         refuse_plural(self, workers, task)
         state = states[0]
         ticket = next(self._tickets)
@@ -309,7 +352,86 @@ class RayBackend(Backend):
         self._units[report_ref] = _Pending(ticket, workers[0], seq, state_ref, task.unit.kind)
         return ticket
 
+    def _submit_gang(self, workers: tuple[int, ...], task: UnitTask, state: Any) -> int:
+        """Every member queues the unit (each trains its own partition, `Worker.run`); the gang's group is set up
+        first if it is not up yet (once per gang, not per unit)."""
+        if task.unit.kind == TRAIN and workers not in self._gangs:
+            self._form_gang(workers)
+        ticket = next(self._tickets)
+        run = None
+        for rank, w in enumerate(workers):
+            seq = self._seqs[w] = self._seqs.get(w, -1) + 1
+            state_ref, report_ref = self._actors[w].enqueue.options(num_returns=2).remote(seq, task, [state])
+            if run is None:
+                run = self._gang_runs[ticket] = _GangRun(task, workers, state_ref)
+            self._units[report_ref] = _Pending(ticket, w, seq, state_ref if rank == 0 else None, task.unit.kind)
+        return ticket
+
+    def _form_gang(self, workers: tuple[int, ...]) -> None:
+        """Set up the gang's process group: its first worker hosts the rendezvous, every member joins at once
+        (gloo on CPU workers, NCCL on GPU ones). A member that is gone leaves the group down: the gang's unit then
+        fails on the others (`GangBrokenError`) and the loss of that worker re-queues it."""
+        t0, name = time.perf_counter(), gang_id(workers)
+        backend = "nccl" if self.resources.get("GPU", 0) > 0 else "gloo"
+        try:
+            host, port = ray.get(self._actors[workers[0]].gang_address.remote(name))
+            ray.get([self._actors[w].join_gang.remote(name, i, len(workers), port, host, backend)
+                     for i, w in enumerate(workers)], timeout=GANG_SETUP_TIMEOUT_S)
+        except (ray.exceptions.RayError, KeyError):
+            return
+        self._gangs.add(workers)
+        self.gang_setups.append(time.perf_counter() - t0)
+
+    def _gang_reply(self, unit: _Pending, ref: Any) -> list[Event]:
+        """A gang member replied: once every member has, the gang's unit is done (one report per unit, in the
+        task's order, all with the gang's span), failed in user code, or lost with a member."""
+        run = self._gang_runs.get(unit.ticket)
+        if run is None:
+            return []
+        rank = run.workers.index(unit.worker)
+        try:
+            run.replies[rank] = ray.get(ref)
+        except ray.exceptions.RayActorError as e:  # the gang's unit re-runs once the driver hears of the loss
+            self._gang_runs.pop(unit.ticket)
+            self._drop_gang_refs(unit.ticket)
+            return [self._lost(unit.worker, f"died ({type(e).__name__}) in gang {run.workers}", [unit])]
+        except _LOST_OBJECT_ERRORS as e:
+            self._gang_runs.pop(unit.ticket)
+            self._drop_gang_refs(unit.ticket)
+            return [StateLost(time.time(), unit.ticket, run.workers[0], e)]
+        except ray.exceptions.RayTaskError as e:  # its group broke (a member died: its loss comes on its own)
+            run.replies[rank] = e
+        if len(run.replies) < len(run.workers):
+            return []
+        self._gang_runs.pop(unit.ticket)
+        broken = [r for r in run.replies.values() if isinstance(r, BaseException)]
+        if broken:  # no member died, yet the group broke (a timeout): the unit fails, and is retried
+            self._gangs.discard(run.workers)
+            err = f"the gang {run.workers} broke: {broken[0]}"
+            reports = tuple(UnitReport(u, run.workers[0], time.time(), time.time(), error=err) for u in run.task.units)
+            return [UnitFailed(time.time(), unit.ticket, run.workers[0], reports)]
+        reports = _gang_reports(run.task, [run.replies[i] for i in range(len(run.workers))])
+        if any(r.error is not None for r in reports):
+            return [UnitFailed(time.time(), unit.ticket, run.workers[0], reports)]
+        state = run.state_ref if run.task.unit.kind == TRAIN else None
+        return [UnitDone(time.time(), unit.ticket, run.workers[0], reports, (state,) * len(reports))]
+
+    def _drop_gang_refs(self, ticket: int) -> None:
+        """The other members' replies to a gang's unit that is over: read (and dropped) once they come."""
+        for ref, u in list(self._units.items()):
+            if u.ticket == ticket:
+                del self._units[ref]
+                self._orphans.append(ref)
+
+    def _read_orphans(self) -> None:
+        done, self._orphans = ray.wait(self._orphans, num_returns=len(self._orphans), timeout=0)
+        for ref in done:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(ref)  # (an error nobody reads would be logged as unhandled)
+
     def poll(self, timeout: float | None) -> list[Event]:
+        if self._orphans:
+            self._read_orphans()
         deadline = None if timeout is None else time.time() + timeout
         events: list[Event] = []
         while True:
@@ -337,6 +459,9 @@ class RayBackend(Backend):
             if ref not in self._units:  # its worker was reported lost earlier in this batch
                 continue
             unit = self._units.pop(ref)
+            if unit.ticket in self._gang_runs:
+                events += self._gang_reply(unit, ref)
+                continue
             try:
                 report: UnitReport = ray.get(ref)
             except ray.exceptions.RayActorError as e:

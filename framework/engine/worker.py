@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -24,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from framework.data import concat_data, data_len
+from framework.data import concat_data, data_len, shard_data
 from framework.engine.faults import InjectedFault
+from framework.engine.gang import GangBrokenError, GangMember, gang_id
 from framework.scheduling.units import TRAIN, Unit, UnitReport, UnitTask, unit_seed
 from framework.trainable import Trainable, accepted_kwargs
 
@@ -207,7 +209,7 @@ def state_nbytes(state: ModelState | None) -> int:
 CACHE_PREFIX = "modelhopper-w"
 
 
-class Worker:
+class Worker(GangMember):
     """Runs units on the partitions it holds. Failures in user code come back as `UnitReport.error`.
 
     With layer freezing and `cache=True`, the worker keeps activation caches in a folder `modelhopper-w<id>-*`, made
@@ -438,20 +440,29 @@ class Worker:
     def run(
         self, task: UnitTask, state: PackedState | ModelState | None
     ) -> tuple[PackedState | None, UnitReport]:
-        """Run one unit from `state` (None: a fresh config). Returns (new state, packed, or None for eval; report)."""
-        unit = task.unit
+        """Run one unit from `state` (None: a fresh config). Returns (new state, packed, or None for eval; report).
+
+        In a gang (`task.workers` has several), this worker trains its own partition (`task.partitions`; a share of
+        it where several members have the same one) with the gang's gradients averaged at every optimizer step,
+        and reports its own unit; the first member returns the state (which holds every member's partitions in its
+        visits), the others None."""
+        unit, rank, gang, share, trainable = task.unit, 0, None, (0, 1), None
+        if len(task.workers) > 1:
+            unit, rank, gang, share = self._gang_place(task)
         start = time.time()
         report = UnitReport(unit=unit, worker=self.worker_id, start=start, end=start)
         try:
-            if task.fault is not None:
+            if task.fault is not None and rank == 0:  # (a gang's fault is its first member's)
                 self._act_out(task.fault, unit)
             state = unpack_state(state, self.device if self.device.type == "cuda" else None, copy_model=False)
             trainable = self._build(task, state)
             if state is not None:  # the model holds the weights now: keep only what the unit still reads
                 state = {"visited": state.get("visited") or {}, "freezing": state.get("freezing")}
             model, optimizer = trainable.model, trainable.optimizer
-            data = self.data[("train" if unit.kind == TRAIN else "valid", unit.partition)]
-            seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN)))
+            data = shard_data(self.data[("train" if unit.kind == TRAIN else "valid", unit.partition)], *share)
+            seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN),
+                                      *share))
+            averaging = gang.averaging(optimizer) if gang is not None else None
             # what a train_fn / eval_fn may declare as keyword arguments besides its four positional ones
             extras = {"epoch": unit.epoch, "lr_scheduler": trainable.lr_scheduler, "grad_scaler": trainable.grad_scaler}
             if unit.kind == TRAIN and self.freezing is not None:
@@ -466,7 +477,10 @@ class Worker:
             elif unit.kind == TRAIN:
                 model.train()
                 metrics = self.train_fn(model, optimizer, data, task.config, **accepted_kwargs(self.train_fn, extras))
-            else:
+            if gang is not None:
+                gang.finish(optimizer)  # follow the members with batches left, so every member ends alike
+                averaging.restore()
+            if unit.kind != TRAIN:
                 model.eval()
                 with torch.no_grad():
                     metrics = self.eval_fn(model, data, task.config,
@@ -476,7 +490,7 @@ class Worker:
             if unit.kind == TRAIN:
                 # The visit record travels inside the state, so a config proves which partitions it absorbed.
                 visited = {e: list(ps) for e, ps in (state or {}).get("visited", {}).items()}
-                visited.setdefault(unit.epoch, []).append(unit.partition)
+                visited.setdefault(unit.epoch, []).extend(u.partition for u in task.units)  # (a gang's: all)
                 # (tensors stay where they are: `pack_state` copies them into the hop's buffer once)
                 new_state = {"model": model.state_dict(), **trainable.state_dict(), "visited": visited}
                 if self.freezing is not None:
@@ -484,14 +498,31 @@ class Worker:
                     self._split_frozen(unit.config_id, model, new_state)
             report.num_examples = metrics.pop("num_examples") if "num_examples" in metrics else data_len(data)
             report.metrics = metrics
-            new_state = pack_state(new_state)
+            new_state = pack_state(new_state) if rank == 0 else None  # (a gang's members hold the same weights)
             report.state_bytes = state_nbytes(new_state)
-        except self.LOST_STATE_ERRORS:
-            raise  # the config's state could not be fetched: not the user's fault, the driver restores it
+        except (GangBrokenError, *self.LOST_STATE_ERRORS):
+            raise  # the config's state could not be fetched, or its gang broke: not the user's fault
         except Exception:  # user code failed: report it against the config, keep the worker alive
             new_state, report.error = None, traceback.format_exc()
+            if gang is not None and trainable is not None:  # the others are not left waiting for this member
+                with contextlib.suppress(Exception):
+                    gang.finish(trainable.optimizer)
         report.end = time.time()
         return new_state, report
+
+    def _gang_place(self, task: UnitTask) -> tuple[Unit, int, Any, tuple[int, int]]:
+        """This worker's part of a gang's task: (its unit, its rank, the gang (None for eval: no gradients), its
+        share of the partition (index, count))."""
+        rank = task.workers.index(self.worker_id)
+        parts = task.partitions or (task.unit.partition,) * len(task.workers)
+        sharers = [i for i, p in enumerate(parts) if p == parts[rank]]
+        unit = Unit(task.unit.config_id, task.unit.epoch, parts[rank], task.unit.kind)
+        gang = None
+        if unit.kind == TRAIN:
+            gang = self.__dict__.get("gangs", {}).get(gang_id(task.workers))
+            if gang is None:
+                raise GangBrokenError(f"worker {self.worker_id} is in no gang of workers {task.workers}")
+        return unit, rank, gang, (sharers.index(rank), len(sharers))
 
 
 def self_contained(state: ModelState | None, resolve: Callable[[Any], dict] = lambda handle: handle) -> ModelState | None:

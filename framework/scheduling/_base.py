@@ -44,8 +44,8 @@ class DispatchState:
     not running units. The engine asks the policy twice per dispatch (`framework.driver.dispatch`): first with
     `capacity` 1, so workers with nothing to run are served first, then with its queue depth.
 
-    An assignment may be plural (`framework.scheduling.units`): a gang takes a slot on each of its workers, every
-    one of which must hold the partition; a pack starts every member's unit at once and keeps its worker until its
+    An assignment may be plural (`framework.scheduling.units`): a gang takes a slot on each of its workers, each of
+    which must hold the partition it trains, and keeps its config busy until its last unit leaves; a pack starts every member's unit at once and keeps its worker until its
     last member leaves. Every transition keeps an eligibility index up to date, so no query scans what cannot run,
     and records what changed since the policy last looked (`changes`), which a dense policy may look at alone.
     """
@@ -312,7 +312,8 @@ class DispatchState:
         the partition and have a free slot; a pack's configs are all free)."""
         if len(assignment.workers) == 1 and len(assignment.members) == 1:
             return self.is_eligible(assignment.unit, assignment.workers[0])
-        return all(self.is_eligible(u, w) for u in assignment.units for w in assignment.workers)
+        return all(self.is_eligible(u, w) for u in assignment.units for w in assignment.workers
+                   if u.partition == assignment.partition_of(w))
 
     def eligible(self, worker: int) -> list[Unit]:
         """Pending units that `worker` may start now, in a deterministic (sorted) order."""
@@ -445,7 +446,8 @@ class DispatchState:
             if self._cost is not None:
                 self._work[unit.config_id] -= self._cost[unit]
             self.running[unit] = assignment
-            self._set_busy(unit.config_id)
+            if unit.config_id not in self._busy_configs:  # (a gang's units share their config)
+                self._set_busy(unit.config_id)
         for worker in assignment.workers:
             n = self._load[worker] = self._load.get(worker, 0) + 1
             if n >= self.capacity:
@@ -453,9 +455,14 @@ class DispatchState:
 
     def _release(self, unit: Unit) -> None:
         a = self.running.pop(unit)
-        self._set_free(unit.config_id)
-        if len(a.members) > 1 and any(self.running.get(u) is a for u in a.units):
-            return  # the workers stay taken until the pack's last member leaves
+        if len(a.members) == 1 and len(a.workers) == 1:
+            self._set_free(unit.config_id)
+        else:  # a pack or a gang: its config is free once its last unit leaves, its workers once the last of all
+            others = [u for u in a.units if self.running.get(u) is a]
+            if not any(u.config_id == unit.config_id for u in others):
+                self._set_free(unit.config_id)
+            if others:
+                return
         for worker in a.workers:
             n = self._load[worker] = self._load[worker] - 1
             if n == 0:

@@ -1,8 +1,11 @@
 """Which parallelism each config trains with: model hopping (MOP), data-parallel gangs, or a plan that mixes them.
 
 MOP keeps every worker busy while there are at least as many active configs as workers; below that, workers idle.
-A data-parallel gang of k workers shares each of a config's passes (each member a 1/k share of the partition's
-batches, gradients averaged at every step: `framework.engine.gang`), at the price of an all-reduce per step.
+A data-parallel gang of k workers trains one config in a synchronous pass (`framework.engine.gang`: gradients
+averaged at every step), each worker over a partition of the config's that it holds, so a gang step does k of the
+config's units at once, at the price of an all-reduce per step (`form_gang`; workers that hold no distinct partition
+share one's pass, where partitions are replicated). Data stays where it is: a gang forms, step by step, among the
+workers that hold the config's pending partitions.
 Policies (each a `Scheduler`, the engine's and the simulators' alike):
 
     MOP (`"randomized"`, ...)   one config per worker, configs hop
@@ -15,9 +18,8 @@ Policies (each a `Scheduler`, the engine's and the simulators' alike):
                                 time; minimise the makespan. A greedy plan warm-starts it, and wins when the solver
                                 does not beat it.
 
-A gang's workers must each hold the unit's partition (`DispatchState.can_start`), so gangs need partitions that
-several workers hold (the simulators' crossover study gives every worker every partition). The cost of a gang unit
-follows `simulators.backend.CostModel`: `max_w t(c, w) / k + comm_s * 2 (k - 1) / k` (a ring all-reduce).
+Per unit of work, a gang's cost follows `simulators.backend.CostModel`: `t / k + comm_s * 2 (k - 1) / k` (a ring
+all-reduce), whether its k workers pass over k partitions or share one.
 """
 
 from __future__ import annotations
@@ -40,18 +42,46 @@ def _configs(state: DispatchState) -> list[int]:
     return sorted({u.config_id for u in state.pending} | {u.config_id for u in state.running})
 
 
-def _next_unit(state: DispatchState, config_id: int, workers: Iterable[int]) -> Unit | None:
-    """The config's first pending unit that every one of `workers` may start now."""
-    workers = tuple(workers)
-    for u in state.remaining(config_id):
-        if all(state.is_eligible(u, w) for w in workers):
-            return u
-    return None
+def form_gang(state: DispatchState, config_id: int, workers: Iterable[int], size: int | None = None,
+              idle: bool = True) -> Assignment | None:
+    """A gang of up to `size` of `workers` (default: all) for the config's next step, or None: each worker takes a
+    distinct pending partition of the config that it holds (training units first, eval once training is done);
+    workers left over share the pass of a partition they hold that the gang trains (fewest sharers first). A
+    gang of one is a hop. Partitions stay where they are: only workers that hold a unit's partition can take it.
+    `idle=False`: among `workers` whether idle or not (the gang the config could have once they are)."""
+    idle = [w for w in workers if w in state._idle] if idle else list(workers)
+    units = [u for u in state.remaining(config_id) if u in state.pending and state._kind_ok(u)]
+    if not idle or not units or config_id in state.busy_configs:
+        return None
+    kind = min(u.kind != "train" for u in units)  # train units first
+    units = [u for u in units if (u.kind != "train") == kind]
+    options = {w: [u for u in units if w in state.availability.get(u.partition, ())] for w in idle}
+    size = len(idle) if size is None else size
+    chosen: dict[int, Unit] = {}
+    taken: set[int] = set()
+    for w in sorted(idle, key=lambda w: (len(options[w]), w)):  # the most constrained workers choose first
+        if len(chosen) == size:
+            break
+        u = next((u for u in options[w] if u.partition not in taken), None)
+        if u is not None:
+            chosen[w] = u
+            taken.add(u.partition)
+    for w in idle:  # the rest share a pass (only where every worker of the gang holds every partition, in effect)
+        if len(chosen) >= size or w in chosen:
+            continue
+        shares = [u for u in options[w] if u.partition in taken]
+        if shares:
+            chosen[w] = min(shares, key=lambda u: (sum(v == u for v in chosen.values()), u))
+    if not chosen:
+        return None
+    ws = tuple(sorted(chosen))
+    return Assignment(chosen[ws[0]], ws, partitions=tuple(chosen[w].partition for w in ws))
 
 
 class DataParallel(Scheduler):
-    """Every config as one gang over every live worker, one config at a time (the most work left first). Where
-    not every worker holds a partition, a unit's gang is the workers that hold it."""
+    """Every config as one gang over every live worker, one config at a time (the most work left first): each
+    worker trains a distinct pending partition of the config that it holds (`form_gang`), so with one partition
+    per worker a gang's step is an epoch."""
 
     name = "data_parallel"
 
@@ -65,13 +95,9 @@ class DataParallel(Scheduler):
         if not workers or len(workers) < len(state.workers):
             return []
         for c in sorted(_configs(state), key=lambda c: (-state.work_left(c), c)):
-            best: tuple[Unit, tuple[int, ...]] | None = None
-            for u in state.remaining(c):  # the unit with the most idle holders (every one, when all hold it)
-                holders = tuple(w for w in workers if state.is_eligible(u, w))
-                if holders and (best is None or len(holders) > len(best[1])):
-                    best = (u, holders)
-            if best is not None:
-                return [Assignment(*best)]
+            gang = form_gang(state, c, workers)
+            if gang is not None:
+                return [gang]
         return []
 
 
@@ -96,8 +122,8 @@ class CerebroSwitch(Scheduler):
 
 class ParallelismPlanner(Scheduler):
     """A gang size per config and an order, from one CP-SAT model (see the module docstring); realized greedily:
-    configs take their gang of idle workers in the planned order, hopping configs (k = 1) fill the workers no gang
-    holds. Re-plans when the live workers change. `comm_s`: the all-reduce term of a gang unit (as `CostModel`).
+    at every step, configs planned as gangs form theirs from the idle workers in the planned order (a gang that
+    cannot get its size waits, and the ones after it with it), hopping configs (k = 1) fill the idle workers left. Re-plans when the live workers change. `comm_s`: the all-reduce term of a gang unit (as `CostModel`).
     `sizes`: the gang sizes it considers (default: 1, 2, 4, ... up to the worker count, and the count itself)."""
 
     name = "planner"
@@ -110,11 +136,9 @@ class ParallelismPlanner(Scheduler):
         self.mop = RandomizedScheduler(seed=seed)
         self.plan: dict[int, int] = {}  # config -> gang size (1: it hops)
         self.order: list[int] = []  # configs by planned start
-        self.gangs: dict[int, tuple[int, ...]] = {}  # config -> the workers of its gang while it has one
         self.planned_makespan = math.nan
         self.solver_status = ""
         self._workers: frozenset[int] = frozenset()
-        self._full: list[int] = []  # the workers that hold every partition the round needs (where gangs form)
 
     def start_round(self, state: DispatchState) -> None:
         self.mop.start_round(state)
@@ -124,7 +148,6 @@ class ParallelismPlanner(Scheduler):
         configs = _configs(state)
         p = len(state.workers)
         self._workers = frozenset(state.workers)
-        self.gangs = {}
         if not configs or not p:
             self.plan, self.order = {}, []
             return
@@ -133,46 +156,36 @@ class ParallelismPlanner(Scheduler):
             units = state.remaining(c)
             per = [sum(state.estimate(u, w) for u in units) / max(len(units), 1) for w in state.workers]
             work[c] = (len(units), tuple(sorted(per)))
-        # a gang keeps its workers for all of a config's units, so each must hold every partition: gangs form among
-        # the workers that hold them all (every worker, where every partition is everywhere)
-        needed = {u.partition for c in configs for u in state.remaining(c)}
-        self._full = sorted(w for w in state.workers if needed <= state.partitions_of(w))
         sizes = self.sizes or tuple(sorted({k for k in (2 ** i for i in range(p.bit_length())) if k <= p} | {p}))
-        sizes = tuple(k for k in sizes if k <= max(len(self._full), 1)) or (1,)
         self.plan, self.order, self.planned_makespan, self.solver_status = plan_parallelism(
             work, p, sizes, self.comm_s, self.time_limit_s)
 
     def select(self, state: DispatchState) -> list[Assignment]:
         if frozenset(state.workers) != self._workers:
             self._replan(state)
-        if all(self.plan.get(c, 1) == 1 for c in _configs(state)):
+        live = set(_configs(state))
+        if all(self.plan.get(c, 1) == 1 for c in live):
             return self.mop.select(state)  # nothing to gang: the hop policy as it is
         out: list[Assignment] = []
-        live = set(_configs(state))
-        for c in [c for c in self.gangs if c not in live]:
-            del self.gangs[c]  # its work is done: its workers are free
-        held = {w for ws in self.gangs.values() for w in ws}
-        full = set(self._full)
-        idle = [w for w in state.idle_workers() if w not in held and w in full]
-        for c in self.order:  # gangs form in the planned order, from idle workers no gang holds
+        idle, busy = state.idle_workers(), state.busy_configs
+        for c in self.order:  # a gang's next step forms in the planned order, from the idle workers
             k = self.plan.get(c, 1)
-            if c not in live or k == 1 or c in self.gangs:
+            if c not in live or k == 1 or c in busy:
                 continue
-            if len(idle) < k:
-                break  # the next gang waits for workers (the plan put it after what runs now)
             units = state.remaining(c)
-            fastest = sorted(idle, key=lambda w: (sum(state.estimate(u, w) for u in units[:8]), w))[:k]
-            self.gangs[c], idle = tuple(sorted(fastest)), [w for w in idle if w not in fastest]
-        for c, ws in sorted(self.gangs.items()):
-            unit = _next_unit(state, c, ws) if c not in state.busy_configs else None
-            if unit is not None:
-                out.append(Assignment(unit, ws))
-        held = {w for ws in self.gangs.values() for w in ws}
+            fastest = sorted(idle, key=lambda w: (sum(state.estimate(u, w) for u in units[:8]), w))
+            gang = form_gang(state, c, fastest, size=k)
+            if gang is None:
+                continue
+            if len(gang.workers) < len(form_gang(state, c, sorted(state.workers), size=k, idle=False).workers):
+                break  # the next gang waits for workers (the plan put it after what runs now)
+            out.append(gang)
+            idle = [w for w in idle if w not in gang.workers]
         hoppers = [c for c in self.order if self.plan.get(c, 1) == 1 and c in live]
         taken: set[int] = set()
-        for w in [w for w in state.idle_workers() if w not in held]:
+        for w in idle:
             for c in hoppers:
-                if c in taken or c in state.busy_configs:
+                if c in taken or c in busy:
                     continue
                 unit = next((u for u in state.remaining(c) if state.is_eligible(u, w)), None)
                 if unit is not None:

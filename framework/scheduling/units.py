@@ -6,13 +6,20 @@ An *assignment* says where units run, and is plural from the start:
 
     Assignment(unit, workers=(3,))                  one config on one worker (Cerebro's unit; every policy today)
     Assignment(unit, workers=(3, 5))                a gang: the workers share the partition's pass, data-parallel
+    Assignment(unit, workers=(3, 5), partitions=(0, 2))
+                                                    a gang over two partitions: worker 3 trains the config on
+                                                    partition 0 and worker 5 on partition 2, in one synchronous
+                                                    pass (gradients averaged at every step); units (c, e, 0) and
+                                                    (c, e, 2) are done together
     Assignment(unit, workers=(3,), members=(0, 4, 7))
                                                     a pack: configs 0, 4 and 7 hop together as one state, and each
                                                     absorbs the same partition in the one pass
 
-`unit` is the pack's lead member's unit (`members[0]`); `Assignment.units` lists every member's. The bookkeeping
-stays per (config, partition), so the MOP invariants, the completeness check, replay and resume hold for gangs and
-packs unchanged; the schedule log keeps one row per (config, worker) and names the gang or pack by `group`.
+`unit` is the pack's lead member's unit (`members[0]`) on the first worker's partition; `Assignment.units` lists
+every member's unit on every partition the gang trains (workers given the same partition split its pass, each taking
+a share of its batches). The bookkeeping stays per (config, partition), so the MOP invariants, the completeness
+check, replay and resume hold for gangs and packs unchanged; the schedule log keeps one row per (config, worker)
+with the partition that worker trained, and names the gang or pack by `group`.
 
 `UnitTask` is what a worker needs to run an assignment besides the states; `UnitReport` what it sends back, one
 per member. Nothing here imports torch or Ray.
@@ -51,21 +58,25 @@ class Unit(_UnitFields):
         return super().__new__(cls, config_id, epoch, partition, kind)
 
 
-def member_units(unit: Unit, members: tuple[int, ...]) -> tuple[Unit, ...]:
-    """The units of a pack's `members` at `unit`'s epoch, partition and kind (`(unit,)` outside a pack)."""
-    if len(members) <= 1:
+def member_units(unit: Unit, members: tuple[int, ...], partitions: tuple[int, ...] = ()) -> tuple[Unit, ...]:
+    """The units of a pack's `members` at `unit`'s epoch and kind, on each distinct partition of a gang's
+    `partitions` in order (default: `unit`'s own); `(unit,)` for a unit of its own."""
+    parts = tuple(dict.fromkeys(partitions)) if partitions else (unit.partition,)
+    if len(members) <= 1 and len(parts) == 1:
         return (unit,)
-    return tuple(Unit(c, unit.epoch, unit.partition, unit.kind) for c in members)
+    return tuple(Unit(c, unit.epoch, p, unit.kind) for c in (members or (unit.config_id,)) for p in parts)
 
 
 @dataclass(frozen=True)
 class Assignment:
     """`unit` runs on `workers` (a gang when more than one) for every config of `members` (a pack when more than
-    one; default: the unit's own config). See the module docstring."""
+    one; default: the unit's own config). `partitions`: the partition each worker of a gang trains (default: every
+    worker on `unit.partition`, sharing its pass); the first is `unit.partition`. See the module docstring."""
 
     unit: Unit
     workers: tuple[int, ...]
     members: tuple[int, ...] = ()
+    partitions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.members and type(self.workers) is tuple and len(self.workers) == 1:  # the common case, fast
@@ -81,6 +92,12 @@ class Assignment:
         if len(set(self.workers)) != len(self.workers) or len(set(self.members)) != len(self.members):
             raise ValueError(f"an assignment names a worker or a member twice: workers {self.workers}, "
                              f"members {self.members}")
+        if self.partitions:
+            if len(self.partitions) != len(self.workers) or self.partitions[0] != self.unit.partition:
+                raise ValueError(f"`partitions` is {self.partitions!r}, but must name one partition per worker of "
+                                 f"{self.workers}, the first being the unit's ({self.unit.partition})")
+            if len(set(self.partitions)) == 1:
+                object.__setattr__(self, "partitions", ())  # every worker on the unit's partition: the default
 
     @property
     def worker(self) -> int:
@@ -89,8 +106,12 @@ class Assignment:
 
     @property
     def units(self) -> tuple[Unit, ...]:
-        """Every member's unit, in `members` order."""
-        return member_units(self.unit, self.members)
+        """Every member's unit on every partition of the gang, in `members` then `partitions` order."""
+        return member_units(self.unit, self.members, self.partitions)
+
+    def partition_of(self, worker: int) -> int:
+        """The partition `worker` trains in this assignment."""
+        return self.partitions[self.workers.index(worker)] if self.partitions else self.unit.partition
 
     @property
     def plural(self) -> bool:
@@ -115,10 +136,11 @@ class UnitTask:
     members: tuple[int, ...] = ()  # the pack's configs (default: the unit's own)
     configs: tuple[dict[str, Any], ...] = ()  # their configs (default: `config`)
     workers: tuple[int, ...] = ()  # the gang (default: the worker it is sent to)
+    partitions: tuple[int, ...] = ()  # the partition each worker of the gang trains (default: the unit's)
 
     @property
     def units(self) -> tuple[Unit, ...]:
-        return member_units(self.unit, self.members)
+        return member_units(self.unit, self.members, self.partitions)
 
 
 @dataclass(slots=True)

@@ -64,7 +64,7 @@ def test_the_cli_writes_a_table_and_a_png(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
-def test_a_live_run_refuses_a_policy_that_forms_gangs_before_it_starts(tmp_path):
+def test_a_live_run_refuses_a_policy_that_forms_gangs_with_freezing_before_it_starts(tmp_path):
     import numpy as np
 
     import automl
@@ -74,8 +74,8 @@ def test_a_live_run_refuses_a_policy_that_forms_gangs_before_it_starts(tmp_path)
     ds = framework.PartitionedDataset.from_arrays(np.zeros((8, 4), np.float32), np.zeros(8, np.int64),
                                                   num_partitions=2, seed=0)
     for scheduler in ("planner", DataParallel()):
-        with pytest.raises(ValueError, match="forms data-parallel gangs: the simulators run them"):
+        with pytest.raises(ValueError, match="which forms data-parallel gangs, and `freezing` is set"):
             framework.ModelSelection(mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds,
                                      automl.GridSearch({"lr": [0.1]}, epochs=1), scheduler=scheduler,
-                                     storage_path=str(tmp_path / "run"))
+                                     storage_path=str(tmp_path / "run"), freezing={})
     assert not (tmp_path / "run").exists()

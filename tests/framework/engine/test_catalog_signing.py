@@ -18,7 +18,7 @@ KEY_A, KEY_B = "a" * MIN_KEY_BYTES, "b" * MIN_KEY_BYTES
 
 def _report(config_id: int, partition: int, accuracy: float) -> SimpleNamespace:
     unit = SimpleNamespace(config_id=config_id, epoch=0, partition=partition, kind="train")
-    return SimpleNamespace(unit=unit, worker=partition, start=1.5, end=2, num_examples=10, state_bytes=None,
+    return SimpleNamespace(unit=unit, worker=partition, start=1.5, end=2, num_examples=10, state_bytes=None, group=None,
                            metrics={"accuracy": accuracy}, error=None)
 
 
