@@ -102,17 +102,24 @@ class CostModel:
         passes over its own, or its share of one that several have; the gang takes as many steps as its longest
         share, and the all-reduce term grows with them: `comm_s * 2 (k - 1) / k` per 1/k of a pass)."""
         if partitions:
-            u0, k = units[0], len(workers)
+            u0 = units[0]
             sharers = {p: partitions.count(p) for p in partitions}
             pass_s = max(duration(Unit(u0.config_id, u0.epoch, p, u0.kind), w) / sharers[p]
                          for w, p in zip(workers, partitions))
-            longest = max(1 / j for j in sharers.values())  # of a partition's pass
-            return pass_s + self.comm_s * 2 * (k - 1) / k * longest * k
+            return pass_s + self.all_reduce_seconds(workers, partitions)
         per = [max(duration(u, w) for w in workers) for u in units]  # each member's pass on the gang's slowest
         top = max(per)
         pass_s = top + self.pack_overhead * (sum(per) - top)
+        return pass_s / len(workers) + self.all_reduce_seconds(workers, partitions)
+
+    def all_reduce_seconds(self, workers: tuple[int, ...], partitions: tuple[int, ...] = ()) -> float:
+        """The all-reduce part of a gang's unit (0 for one worker): `comm_s * 2 (k - 1) / k` per 1/k of a pass, the
+        gang taking as many steps as its longest share of a partition."""
         k = len(workers)
-        return pass_s / k + (self.comm_s * 2 * (k - 1) / k if k > 1 else 0.0)
+        if k == 1:
+            return 0.0
+        longest = max(1 / partitions.count(p) for p in partitions) if partitions else 1 / k
+        return self.comm_s * 2 * (k - 1) / k * longest * k
 
 
 class SimulatedBackend(ClockBackend):
@@ -178,7 +185,8 @@ class SimulatedBackend(ClockBackend):
             seconds = self.workload.duration(units[0], worker)
         else:
             seconds = self.cost.seconds(self.workload.duration, units, workers, task.partitions)
-        seconds *= self.noise.factor(self.rng)
+        factor = self.noise.factor(self.rng)
+        seconds *= factor
         unit = task.unit
         if task.fault == "hang":  # the simulated health check sees it when the unit should have ended
             self.workers.pop(worker, None)
@@ -204,6 +212,10 @@ class SimulatedBackend(ClockBackend):
                 report, new = self._member(u, config, s, worker, group, task.fault == "raise")
                 reports.append(report)
                 new_states.append(new)
+        if len(workers) > 1:  # what the gang's all-reduces took (a live worker measures it)
+            comm = self.cost.all_reduce_seconds(workers, task.partitions) * factor
+            for r in reports:
+                r.comm_s = comm
         if all(r.error is not None for r in reports):
             return seconds, UnitFailed(0.0, ticket, worker, tuple(reports))
         return seconds, UnitDone(0.0, ticket, worker, tuple(reports), tuple(new_states))

@@ -75,6 +75,7 @@ class Dispatcher:
         self._per_config: dict[tuple[int, str], dict[int, float]] = {}  # (config, kind) -> worker -> seconds
         self.longest = 0.0
         self.decision_s = 0.0  # time spent in the policy's `select` and `start_round`
+        self._comm: list[float] = []  # the latest gangs' all-reduce costs, as `DispatchState.comm_s` counts them
         self.select_calls = 0
 
     def open(self, units: Iterable[Unit], availability: Mapping[int, Iterable[int]], wave: int | None = None) -> None:
@@ -85,6 +86,7 @@ class Dispatcher:
         if self.state is None or self.state.finished:
             self.state = DispatchState(units, availability, estimate=self._estimate or self.estimate)
             self.state.set_capacity(self.depth)
+            self.state.comm_s = self.comm_estimate()
         else:
             self.state.add_units(units)
         wave = self.waves if wave is None else wave
@@ -216,6 +218,24 @@ class Dispatcher:
         self._per_config.setdefault((unit.config_id, unit.kind), {})[worker] = seconds
         self.longest = max(self.longest, seconds)
 
+
+    def record_comm(self, a: Assignment, seconds: float) -> None:
+        """A gang's step spent `seconds` in its all-reduces: one measurement of `DispatchState.comm_s`, the
+        all-reduce seconds of a unit's pass on a ring, from which a gang of k pays `comm_s * 2 (k - 1) / k` per
+        unit (a step of k workers over n units pays `seconds`)."""
+        k, n = len(a.workers), len(a.units)
+        if k < 2:
+            return
+        self._comm = [*self._comm[-31:], seconds * k / (2 * (k - 1) * n)]
+        if self.state is not None:
+            self.state.comm_s = self.comm_estimate()
+
+    def comm_estimate(self) -> float | None:
+        """The median of the latest gangs' all-reduce measurements (None: no gang has run yet)."""
+        if not self._comm:
+            return None
+        ordered = sorted(self._comm)
+        return ordered[len(ordered) // 2]
 
     def unit_limit(self, unit_timeout_s: float | None, wall_clock: bool = True) -> float | None:
         """How long a unit may run before it is declared hung (None: no limit). Without `unit_timeout_s`, 20x the

@@ -60,7 +60,9 @@ def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: 
 def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: Any) -> None:
     c = run.configs[unit.config_id]
     run.dispatch.complete(unit)
-    run.dispatch.record(unit, report.worker, report.end - report.start)
+    run.dispatch.record(unit, report.worker, report.end - report.start - report.comm_s)  # (a gang's: its compute)
+    if report.comm_s and unit == f.assignment.units[0]:
+        run.dispatch.record_comm(f.assignment, report.comm_s)
     c.reports.append(report)
     run.cpu_units.append(unit.epoch)
     if run.options.check_metric and not run.metric_seen:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -85,6 +86,7 @@ class Gang:
             self.group = dist.ProcessGroupNCCL(prefixed, rank, size)
         self.steps = 0  # all-reduces this member took part in
         self.broken = False  # an all-reduce failed: the gang cannot be used again
+        self.comm_seconds = 0.0  # time spent in all-reduces (waiting for the slowest member included)
 
     def average(self, params: Iterable[torch.nn.Parameter], contributes: bool) -> int:
         """Average the gradients of `params` over the members that `contribute` (one all-reduce); returns how many
@@ -98,6 +100,7 @@ class Gang:
                                .to(torch.float32) for p in params])
         device = params[0].device if params else torch.device("cpu")
         flat = torch.cat([grads.to(device), torch.tensor([1.0 if contributes else 0.0], device=device)])
+        t0 = time.perf_counter()
         try:
             self.group.allreduce([flat]).wait()
         except Exception as e:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses of their own
@@ -105,7 +108,8 @@ class Gang:
             raise GangBrokenError(f"gang {self.gang_id}: the all-reduce of step {self.steps + 1} failed at rank "
                                   f"{self.rank} of {self.size} (a member is gone?): {e}") from e
         self.steps += 1
-        count = int(round(float(flat[-1])))
+        count = int(round(float(flat[-1])))  # (a CUDA tensor's read waits for the all-reduce)
+        self.comm_seconds += time.perf_counter() - t0
         if count == 0:
             return 0
         flat = flat[:-1] / count

@@ -178,13 +178,14 @@ def _gang_reports(task: UnitTask, replies: list[UnitReport]) -> tuple[UnitReport
     any member's user code failed."""
     start, end = min(r.start for r in replies), max(r.end for r in replies)
     error = next((r.error for r in replies if r.error is not None), None)
+    comm = min(r.comm_s for r in replies)  # the slowest member's: it waited least for the others
     out = []
     for u in task.units:
         mine = [r for r in replies if r.unit == u]
         n = sum(r.num_examples for r in mine)
         metrics = {k: sum(r.metrics.get(k, 0.0) * r.num_examples for r in mine) / max(n, 1) for k in mine[0].metrics}
         out.append(UnitReport(u, mine[0].worker, start, end, metrics, n, sum(r.state_bytes for r in mine),
-                              error if error is not None else None))
+                              error if error is not None else None, comm_s=comm))
     return tuple(out)
 
 

@@ -463,6 +463,7 @@ class Worker(GangMember):
             seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN),
                                       *share))
             averaging = gang.averaging(optimizer) if gang is not None else None
+            comm0 = gang.comm_seconds if gang is not None else 0.0
             # what a train_fn / eval_fn may declare as keyword arguments besides its four positional ones
             extras = {"epoch": unit.epoch, "lr_scheduler": trainable.lr_scheduler, "grad_scaler": trainable.grad_scaler}
             if unit.kind == TRAIN and self.freezing is not None:
@@ -480,6 +481,7 @@ class Worker(GangMember):
             if gang is not None:
                 gang.finish(optimizer)  # follow the members with batches left, so every member ends alike
                 averaging.restore()
+                report.comm_s = gang.comm_seconds - comm0
             if unit.kind != TRAIN:
                 model.eval()
                 with torch.no_grad():

@@ -61,6 +61,9 @@ class DispatchState:
     def __post_init__(self) -> None:
         self.units = sorted(set(self.units))
         self.pending = set(self.units)
+        # measured all-reduce seconds of a unit's pass on a ring (a gang of k pays `comm_s * 2 (k - 1) / k` per unit;
+        # set by the engine from its gangs' steps; None: no gang has run)
+        self.comm_s: float | None = None
         # partition -> its pending units that may run once their config is free (the eligibility index below),
         # sorted: what a worker's draws pick from
         self._by_partition: dict[int, list[Unit]] = {}

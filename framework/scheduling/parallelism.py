@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from framework.scheduling._base import DispatchState, Scheduler
 from framework.scheduling.randomized import RandomizedScheduler
@@ -120,34 +121,51 @@ class CerebroSwitch(Scheduler):
         return self.dp.select(state)
 
 
+#: a re-plan's plan replaces the one being followed only if it is this much shorter (under the latest costs)
+REPLAN_MARGIN = 0.05
+
+
 class ParallelismPlanner(Scheduler):
     """A gang size per config and an order, from one CP-SAT model (see the module docstring); realized greedily:
     at every step, configs planned as gangs form theirs from the idle workers in the planned order (a gang that
-    cannot get its size waits, and the ones after it with it), hopping configs (k = 1) fill the idle workers left. Re-plans when the live workers change. `comm_s`: the all-reduce term of a gang unit (as `CostModel`).
-    `sizes`: the gang sizes it considers (default: 1, 2, 4, ... up to the worker count, and the count itself)."""
+    cannot get its size waits, and the ones after it with it), hopping configs (k = 1) fill the idle workers left.
+
+    Costs: each config's unit times as measured (`DispatchState.estimate`), and the all-reduce term `comm_s` of
+    `gang_seconds`: as given, or (None) as measured from the gangs that ran (`DispatchState.comm_s`; 0 until one
+    has). Re-plans when the live workers change, when the measured all-reduce cost moves by a quarter, and when a
+    config's work ends and leaves workers the plan does not use; a re-plan's plan is followed only if it is
+    `REPLAN_MARGIN` shorter than the current one costed the same way. `sizes`: the gang sizes it considers
+    (default: 1, 2, 4, ... up to the worker count, and the count itself)."""
 
     name = "planner"
 
-    def __init__(self, seed: int = 0, comm_s: float = 0.0, time_limit_s: float = 2.0,
+    def __init__(self, seed: int = 0, comm_s: float | None = None, time_limit_s: float = 2.0,
                  sizes: tuple[int, ...] | None = None) -> None:
-        if not comm_s >= 0:
-            raise ValueError(f"`comm_s` is {comm_s!r}, but must be >= 0")
-        self.seed, self.comm_s, self.time_limit_s, self.sizes = seed, float(comm_s), float(time_limit_s), sizes
+        if comm_s is not None and not comm_s >= 0:
+            raise ValueError(f"`comm_s` is {comm_s!r}, but must be >= 0 (or None: measured)")
+        self.seed, self.time_limit_s, self.sizes = seed, float(time_limit_s), sizes
+        self.comm_s = None if comm_s is None else float(comm_s)
         self.mop = RandomizedScheduler(seed=seed)
         self.plan: dict[int, int] = {}  # config -> gang size (1: it hops)
         self.order: list[int] = []  # configs by planned start
         self.planned_makespan = math.nan
         self.solver_status = ""
+        self.replans = 0  # plans made after the round's first
         self._workers: frozenset[int] = frozenset()
+        self._comm_used = 0.0  # the all-reduce cost the plan was made with
 
     def start_round(self, state: DispatchState) -> None:
         self.mop.start_round(state)
         self._replan(state)
 
-    def _replan(self, state: DispatchState) -> None:
+    def _comm(self, state: DispatchState) -> float:
+        return self.comm_s if self.comm_s is not None else (state.comm_s or 0.0)
+
+    def _replan(self, state: DispatchState, keep: bool = False) -> None:
+        """Plan what is left; `keep`: unless the new plan beats the current one by `REPLAN_MARGIN`."""
         configs = _configs(state)
         p = len(state.workers)
-        self._workers = frozenset(state.workers)
+        self._workers, self._comm_used = frozenset(state.workers), self._comm(state)
         if not configs or not p:
             self.plan, self.order = {}, []
             return
@@ -157,13 +175,31 @@ class ParallelismPlanner(Scheduler):
             per = [sum(state.estimate(u, w) for u in units) / max(len(units), 1) for w in state.workers]
             work[c] = (len(units), tuple(sorted(per)))
         sizes = self.sizes or tuple(sorted({k for k in (2 ** i for i in range(p.bit_length())) if k <= p} | {p}))
-        self.plan, self.order, self.planned_makespan, self.solver_status = plan_parallelism(
-            work, p, sizes, self.comm_s, self.time_limit_s)
+        plan, order, span, status = plan_parallelism(work, p, sizes, self._comm_used, self.time_limit_s)
+        if keep and all(c in self.plan for c in configs):
+            old = {c: min(max(self.plan[c], 1), p) for c in configs}
+            dur = _durations(work, {k for k in old.values()} | set(sizes), self._comm_used)
+            _, old_span = _list_schedule(configs, dur, p, old)
+            if span >= old_span * (1 - REPLAN_MARGIN):
+                return  # the current plan stays
+        if self.plan:
+            self.replans += 1
+        self.plan, self.order, self.planned_makespan, self.solver_status = plan, order, span, status
+
+    def _stale(self, state: DispatchState, live: set[int]) -> bool:
+        """Whether what the plan was made from has changed enough to plan again (see the class docstring)."""
+        comm = self._comm(state)
+        if abs(comm - self._comm_used) > 0.25 * max(self._comm_used, 1e-12):
+            return True
+        return any(c not in live for c in self.plan) and sum(self.plan.get(c, 1) for c in live) < len(state.workers)
 
     def select(self, state: DispatchState) -> list[Assignment]:
+        live = set(_configs(state))
         if frozenset(state.workers) != self._workers:
             self._replan(state)
-        live = set(_configs(state))
+        elif self._stale(state, live):
+            self._replan(state, keep=True)
+            self.plan = {c: k for c, k in self.plan.items() if c in live}
         if all(self.plan.get(c, 1) == 1 for c in live):
             return self.mop.select(state)  # nothing to gang: the hop policy as it is
         out: list[Assignment] = []
@@ -208,14 +244,7 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
 
     configs = sorted(work)
     sizes = tuple(sorted(k for k in set(sizes) if 1 <= k <= workers)) or (1,)
-
-    def unit_s(c: int, k: int) -> float:
-        t = work[c][1]
-        if isinstance(t, (int, float)):
-            return float(t)
-        return sum(t) / len(t) if k == 1 else t[-1]
-
-    dur = {(c, k): work[c][0] * gang_seconds(unit_s(c, k), k, comm_s) for c in configs for k in sizes}
+    dur = _durations(work, sizes, comm_s)
     greedy, greedy_span = _greedy_plan(configs, dur, workers, sizes)
     scale = 1000.0 / max(max(dur.values()), 1e-9) * 1000  # about 1e6 integer steps for the longest duration
     m = cp_model.CpModel()
@@ -256,21 +285,40 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
     return {c: greedy[c][0] for c in configs}, order, greedy_span, "greedy"
 
 
+def _durations(work: dict[int, tuple[int, Any]], sizes: Iterable[int], comm_s: float) -> dict[tuple[int, int], float]:
+    """Seconds of each config's remaining work on a gang of each size (see `plan_parallelism`)."""
+    def unit_s(c: int, k: int) -> float:
+        t = work[c][1]
+        if isinstance(t, (int, float)):
+            return float(t)
+        return sum(t) / len(t) if k == 1 else t[-1]
+
+    return {(c, k): work[c][0] * gang_seconds(unit_s(c, k), k, comm_s) for c in work for k in sizes}
+
+
+def _list_schedule(configs: list[int], dur: dict[tuple[int, int], float], workers: int,
+                   size: dict[int, int]) -> tuple[dict[int, tuple[int, float]], float]:
+    """Longest work first onto the earliest free workers, each config on a gang of `size[c]`. Returns (config ->
+    (size, start), makespan)."""
+    free = [0.0] * workers  # when each worker is next free
+    plan = {}
+    for c in sorted(configs, key=lambda c: (-dur[c, size[c]], c)):
+        k = size[c]
+        free.sort()
+        start = free[k - 1]  # the k earliest free workers start together
+        for i in range(k):
+            free[i] = start + dur[c, k]
+        plan[c] = (k, start)
+    return plan, max(free)
+
+
 def _greedy_plan(configs: list[int], dur: dict[tuple[int, int], float], workers: int,
                  sizes: tuple[int, ...]) -> tuple[dict[int, tuple[int, float]], float]:
     """The best of a few list schedules: one gang size for every config (all hop, all data parallel, and each size
-    between), longest work first onto the earliest free workers. Returns (config -> (size, start), makespan)."""
+    between). Returns (config -> (size, start), makespan)."""
     best: tuple[float, dict[int, tuple[int, float]]] | None = None
     for k in sizes:
-        free = [0.0] * workers  # when each worker is next free
-        plan = {}
-        for c in sorted(configs, key=lambda c: (-dur[c, k], c)):
-            free.sort()
-            start = free[k - 1]  # the k earliest free workers start together
-            for i in range(k):
-                free[i] = start + dur[c, k]
-            plan[c] = (k, start)
-        span = max(free)
+        plan, span = _list_schedule(configs, dur, workers, {c: k for c in configs})
         if best is None or span < best[0]:
             best = (span, plan)
     return best[1], best[0]

@@ -157,6 +157,7 @@ class UnitReport:
     state_bytes: int = 0
     error: str | None = None  # traceback of a failure in user code
     group: int | None = None
+    comm_s: float = 0.0  # seconds a gang's step spent in its all-reduces (the least of its members'; 0: no gang)
 
 
 def unit_seed(seed: int, *parts: int) -> int:

@@ -79,3 +79,19 @@ def test_a_live_run_refuses_a_policy_that_forms_gangs_with_freezing_before_it_st
                                      automl.GridSearch({"lr": [0.1]}, epochs=1), scheduler=scheduler,
                                      storage_path=str(tmp_path / "run"), freezing={})
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("comm", [0.2, 1.0])
+def test_the_planner_measures_the_all_reduce_from_the_gangs_that_ran_and_plans_again(comm):
+    """Told nothing, the planner first costs a gang's all-reduce at 0 (so data parallelism looks free); the first
+    gang's step measures it (`DispatchState.comm_s`, what a live gang reports), and the planner plans again: slower
+    than a planner told the cost, faster than one that goes on ignoring it."""
+    w = workload("homogeneous", 3, 8, 0)
+    runs = {}
+    for name, c in (("blind", 0.0), ("told", comm), ("measured", None)):
+        planner = ParallelismPlanner(comm_s=c, time_limit_s=0.5)
+        runs[name] = (planner, simulate(w, planner, cost=CostModel(comm_s=comm)))
+    planner, measured = runs["measured"]
+    assert planner._comm_used == pytest.approx(comm) and planner.replans >= 1
+    assert runs["told"][1].makespan <= measured.makespan < runs["blind"][1].makespan
+    assert validate_schedule(measured.schedule).ok
