@@ -38,10 +38,10 @@ class Defaults:
     workers: int = 4  # workers, one partition each
     epochs: int = 3  # epochs per config in the |S| sweep
     hidden: int = 512  # MLP width (2 hidden layers): big enough that a gang's step is worth an all-reduce
-    batch_size: int = 64
+    batch_size: int = 64  # examples per batch (a gang of k takes k batches per step)
     seeds: str = "0,1,2"  # HyperBand seeds (the run seed and HyperBand's)
     hb_epochs: int = 9  # HyperBand's max_epochs (eta 3)
-    skip_hyperband: bool = False
+    skip_hyperband: bool = False  # only the |S| sweep
 
 
 QUICK = dict(sizes="1,4", epochs=2, seeds="0", hb_epochs=3)
@@ -50,13 +50,13 @@ QUICK = dict(sizes="1,4", epochs=2, seeds="0", hb_epochs=3)
 def _run(ds, procedure, scheduler: str, workers: int, seed: int, out: str, tag: str) -> dict:
     sel = framework.ModelSelection(
         mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds, procedure, num_workers=workers,
-        scheduler=scheduler, seed=seed, storage_path=os.path.join(out, "runs", tag), progress=False, metric="valid_acc",
+        scheduler=scheduler, seed=seed, storage_path=os.path.join(out, "runs", tag), progress=False, metric="valid_accuracy",
         mode="max")
     t0 = time.perf_counter()
     result = sel.run()
     seconds = time.perf_counter() - t0
     gangs = result.schedule.group.nunique()
-    return {"seconds": seconds, "best_acc": float(result.metrics.valid_acc.max()), "gang_steps": int(gangs),
+    return {"seconds": seconds, "best_acc": float(result.metrics.valid_accuracy.max()), "gang_steps": int(gangs),
             "units": int((result.schedule.group.isna()).sum() + gangs)}
 
 

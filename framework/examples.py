@@ -34,17 +34,19 @@ def mlp_model_fn(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.O
 
 
 def classifier_train_fn(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: dict, freezing: Any = None
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: dict, freezing: Any = None,
+    gang_size: int = 1,
 ) -> dict:
     """One shuffled pass of mini-batch SGD over the partition; returns the mean training loss and accuracy.
 
     With `ModelSelection(freezing=...)` the engine passes a `FreezingController`: the forward pass then goes through
     it (it may skip frozen layers using cached activations, keyed by the row index in the partition) and it sees
-    every step's loss and learning rate.
+    every step's loss and learning rate. In a data-parallel gang of `gang_size` workers, each takes a
+    `batch_size / gang_size` share of every step, so a step's global batch is the config's `batch_size` as in a hop.
     """
     x, y = data  # (N, D), (N,)
     device = next(model.parameters()).device
-    bs = int(config.get("batch_size", 32))
+    bs = max(1, int(config.get("batch_size", 32)) // gang_size)
     perm = torch.randperm(len(x))
     total_loss, correct = 0.0, 0
     for i in range(0, len(x), bs):

@@ -465,7 +465,8 @@ class Worker(GangMember):
             averaging = gang.averaging(optimizer) if gang is not None else None
             comm0 = gang.comm_seconds if gang is not None else 0.0
             # what a train_fn / eval_fn may declare as keyword arguments besides its four positional ones
-            extras = {"epoch": unit.epoch, "lr_scheduler": trainable.lr_scheduler, "grad_scaler": trainable.grad_scaler}
+            extras = {"epoch": unit.epoch, "lr_scheduler": trainable.lr_scheduler, "grad_scaler": trainable.grad_scaler,
+                      "gang_size": len(task.workers) if gang is not None else 1}
             if unit.kind == TRAIN and self.freezing is not None:
                 model.train()
                 controller = self._controller(model, unit, state)

@@ -238,7 +238,8 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
     `work[c] = (units left, seconds of one unit)`: one number for every worker, or one per worker, fastest first
     (a config that hops takes their mean; a gang, the slowest's: its members wait for the slowest, and which
     workers a gang gets depends on what else runs, so the plan does not count on the fast ones).
-    Returns (size per config, configs by start, planned makespan in seconds, how it was found: "greedy" or the
+    Returns (size per config, configs by start, planned makespan in seconds, how it was found: "greedy", "greedy
+    (optimal)" (it meets a lower bound) or the
     solver's status)."""
     from ortools.sat.python import cp_model
 
@@ -246,6 +247,13 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
     sizes = tuple(sorted(k for k in set(sizes) if 1 <= k <= workers)) or (1,)
     dur = _durations(work, sizes, comm_s)
     greedy, greedy_span = _greedy_plan(configs, dur, workers, sizes)
+    # a bound no plan beats: the least worker-seconds of all the work spread over every worker, and each config's
+    # own least time; a greedy plan that meets it is optimal, and the solver is not asked
+    bound = max(sum(min(k * dur[c, k] for k in sizes) for c in configs) / workers,
+                max(min(dur[c, k] for k in sizes) for c in configs))
+    if greedy_span <= bound * (1 + 1e-9):
+        order = sorted(configs, key=lambda c: (greedy[c][1], -greedy[c][0], c))
+        return {c: greedy[c][0] for c in configs}, order, greedy_span, "greedy (optimal)"
     scale = 1000.0 / max(max(dur.values()), 1e-9) * 1000  # about 1e6 integer steps for the longest duration
     m = cp_model.CpModel()
     horizon = int(math.ceil(greedy_span * scale)) + 1
