@@ -359,12 +359,11 @@ class RayBackend(Backend):
         if task.unit.kind == TRAIN and workers not in self._gangs:
             self._form_gang(workers)
         ticket = next(self._tickets)
-        run = None
         for rank, w in enumerate(workers):
             seq = self._seqs[w] = self._seqs.get(w, -1) + 1
             state_ref, report_ref = self._actors[w].enqueue.options(num_returns=2).remote(seq, task, [state])
-            if run is None:
-                run = self._gang_runs[ticket] = _GangRun(task, workers, state_ref)
+            if rank == 0:  # the first member's state is the gang's
+                self._gang_runs[ticket] = _GangRun(task, workers, state_ref)
             self._units[report_ref] = _Pending(ticket, w, seq, state_ref if rank == 0 else None, task.unit.kind)
         return ticket
 
