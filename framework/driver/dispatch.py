@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, UnitTimeEstimate, make_scheduler
-from framework.scheduling.units import UnitReport, unit_seed
+from framework.scheduling.units import TRAIN, UnitReport, unit_seed
 
 
 @dataclass(slots=True)
@@ -73,9 +73,11 @@ class Dispatcher:
         self._queues: dict[int, list[int]] = {}  # worker -> its tickets in flight, in submission order
         self.durations: dict[tuple[int, str, int], float] = {}  # (config, kind, worker) -> last measured seconds
         self._per_config: dict[tuple[int, str], dict[int, float]] = {}  # (config, kind) -> worker -> seconds
+        self._per_kind: dict[str, tuple[float, int]] = {}  # kind -> (sum of measured seconds, count)
         self.longest = 0.0
         self.decision_s = 0.0  # time spent in the policy's `select` and `start_round`
         self._comm: list[float] = []  # the latest gangs' all-reduce costs, as `DispatchState.comm_s` counts them
+        self._unit_by_size: dict[tuple[int, int], float] = {}  # as `DispatchState.unit_s`
         self.select_calls = 0
 
     def open(self, units: Iterable[Unit], availability: Mapping[int, Iterable[int]], wave: int | None = None) -> None:
@@ -87,6 +89,7 @@ class Dispatcher:
             self.state = DispatchState(units, availability, estimate=self._estimate or self.estimate)
             self.state.set_capacity(self.depth)
             self.state.comm_s = self.comm_estimate()
+            self.state.unit_s = dict(self._unit_by_size)
         else:
             self.state.add_units(units)
         wave = self.waves if wave is None else wave
@@ -204,10 +207,12 @@ class Dispatcher:
         return self.state.remove_worker(worker) if self.state is not None else []
 
     def estimate(self, unit: Unit, worker: int) -> float:
-        """Measured duration of this config's last unit of this kind on this worker (or any worker), else 1."""
+        """Measured duration of this config's last unit of this kind on this worker (or the mean over the workers
+        it ran on); for a config not measured yet, the mean of the measured configs' (of this kind); else 1."""
         same = self._per_config.get((unit.config_id, unit.kind))
         if not same:
-            return 1.0
+            kind = self._per_kind.get(unit.kind)
+            return kind[0] / kind[1] if kind else 1.0
         if worker in same:
             return same[worker]
         return sum(same.values()) / len(same)
@@ -216,19 +221,38 @@ class Dispatcher:
         """A unit's measured duration (what `estimate` and the hang limit are made of)."""
         self.durations[(unit.config_id, unit.kind, worker)] = seconds
         self._per_config.setdefault((unit.config_id, unit.kind), {})[worker] = seconds
+        if unit.kind == TRAIN:
+            self._unit_by_size[(unit.config_id, 1)] = seconds
+            if self.state is not None:
+                self.state.unit_s[(unit.config_id, 1)] = seconds
+        total, n = self._per_kind.get(unit.kind, (0.0, 0))
+        self._per_kind[unit.kind] = (total + seconds, n + 1)
         self.longest = max(self.longest, seconds)
 
 
     def record_comm(self, a: Assignment, seconds: float) -> None:
         """A gang's step spent `seconds` in its all-reduces: one measurement of `DispatchState.comm_s`, the
         all-reduce seconds of a unit's pass on a ring, from which a gang of k pays `comm_s * 2 (k - 1) / k` per
-        unit (a step of k workers over n units pays `seconds`)."""
-        k, n = len(a.workers), len(a.units)
+        1/k of a pass (as `simulators.backend.CostModel.all_reduce_seconds` counts it)."""
+        k = len(a.workers)
         if k < 2:
             return
-        self._comm = [*self._comm[-31:], seconds * k / (2 * (k - 1) * n)]
+        parts = a.partitions or (a.units[0].partition,) * k  # () : all of them share one partition's pass
+        longest = max(1 / parts.count(p) for p in parts)  # the gang's steps: its longest share of a pass
+        self._comm = [*self._comm[-31:], seconds / (2 * (k - 1) * longest)]
         if self.state is not None:
             self.state.comm_s = self.comm_estimate()
+
+    def record_gang(self, a: Assignment, seconds: float) -> None:
+        """A gang's step took `seconds` for its units: one measurement of `DispatchState.unit_s` (not of its
+        config's units on their own, `estimate`: a gang's members pass in lockstep, and may share cores)."""
+        if len(a.workers) < 2:
+            return
+        key = (a.units[0].config_id, len(a.workers))
+        self._unit_by_size[key] = seconds / len(a.units)
+        self.longest = max(self.longest, seconds)
+        if self.state is not None:
+            self.state.unit_s[key] = self._unit_by_size[key]
 
     def comm_estimate(self) -> float | None:
         """The median of the latest gangs' all-reduce measurements (None: no gang has run yet)."""
@@ -243,7 +267,7 @@ class Dispatcher:
         sign of a hang (a simulated hang is an injected fault that its backend reports)."""
         if unit_timeout_s is not None:
             return unit_timeout_s
-        if not wall_clock or not self.durations:
+        if not wall_clock or not self.longest:
             return None
         return max(60.0, 20 * self.longest)
 

@@ -60,9 +60,12 @@ def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: 
 def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: Any) -> None:
     c = run.configs[unit.config_id]
     run.dispatch.complete(unit)
-    run.dispatch.record(unit, report.worker, report.end - report.start - report.comm_s)  # (a gang's: its compute)
-    if report.comm_s and unit == f.assignment.units[0]:
-        run.dispatch.record_comm(f.assignment, report.comm_s)
+    if len(f.assignment.workers) == 1:
+        run.dispatch.record(unit, report.worker, report.end - report.start)
+    elif unit == f.assignment.units[0]:
+        run.dispatch.record_gang(f.assignment, report.end - report.start)
+        if report.comm_s:
+            run.dispatch.record_comm(f.assignment, report.comm_s)
     c.reports.append(report)
     run.cpu_units.append(unit.epoch)
     if run.options.check_metric and not run.metric_seen:

@@ -64,6 +64,9 @@ class DispatchState:
         # measured all-reduce seconds of a unit's pass on a ring (a gang of k pays `comm_s * 2 (k - 1) / k` per unit;
         # set by the engine from its gangs' steps; None: no gang has run)
         self.comm_s: float | None = None
+        # (config, k) -> seconds per training unit of the config's latest step on k workers (1: a hop), as measured
+        # (set by the engine; what a gang of k costs where the all-reduce model above is off, e.g. on shared cores)
+        self.unit_s: dict[tuple[int, int], float] = {}
         # partition -> its pending units that may run once their config is free (the eligibility index below),
         # sorted: what a worker's draws pick from
         self._by_partition: dict[int, list[Unit]] = {}

@@ -25,8 +25,8 @@ all-reduce), whether its k workers pass over k partitions or share one.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable
-from typing import Any
 
 from framework.scheduling._base import DispatchState, Scheduler
 from framework.scheduling.randomized import RandomizedScheduler
@@ -123,6 +123,11 @@ class CerebroSwitch(Scheduler):
 
 #: a re-plan's plan replaces the one being followed only if it is this much shorter (under the latest costs)
 REPLAN_MARGIN = 0.05
+#: without a `time_limit_s`, the solver gets this share of the greedy plan's makespan, within `SOLVE_BOUNDS_S`:
+#: a plan of what is left of a seconds-long run must not take seconds to make (the workers wait while it is made)
+SOLVE_SHARE = 0.02
+SOLVE_BOUNDS_S = (0.01, 2.0)
+SCALE_STEPS = 2000
 
 
 class ParallelismPlanner(Scheduler):
@@ -132,18 +137,27 @@ class ParallelismPlanner(Scheduler):
 
     Costs: each config's unit times as measured (`DispatchState.estimate`), and the all-reduce term `comm_s` of
     `gang_seconds`: as given, or (None) as measured from the gangs that ran (`DispatchState.comm_s`; 0 until one
-    has). Re-plans when the live workers change, when the measured all-reduce cost moves by a quarter, and when a
-    config's work ends and leaves workers the plan does not use; a re-plan's plan is followed only if it is
-    `REPLAN_MARGIN` shorter than the current one costed the same way. `sizes`: the gang sizes it considers
-    (default: 1, 2, 4, ... up to the worker count, and the count itself)."""
+    has). That model is Saturn's guess before profiling; what a gang of k of a config's then takes is measured
+    (`DispatchState.unit_s`) and replaces it, and the median measured/modelled ratio of each size corrects
+    the model for the configs that have not run one (`_learn`): where gangs do not pay (workers sharing cores, a
+    slow network), one step of each size shows it, and the configs hop. Re-plans when the live workers change,
+    when the measured all-reduce cost moves by a quarter, when a planned gang's measured cost is a quarter off what
+    the plan assumed, and when a config's work ends and leaves workers the plan does not use; a re-plan's plan is
+    followed only if it is `REPLAN_MARGIN` shorter than the current one costed the same way. `sizes`: the gang sizes it considers
+    (default: 1, 2, 4, ... up to the worker count, and the count itself). `time_limit_s`: the solver's budget per
+    plan; None (default) scales it to the work: `SOLVE_SHARE` of the greedy plan's makespan, within
+    `SOLVE_BOUNDS_S`. Workers wait while a plan is made; `plan_seconds` adds up the time spent making them."""
 
     name = "planner"
 
-    def __init__(self, seed: int = 0, comm_s: float | None = None, time_limit_s: float = 2.0,
+    def __init__(self, seed: int = 0, comm_s: float | None = None, time_limit_s: float | None = None,
                  sizes: tuple[int, ...] | None = None) -> None:
         if comm_s is not None and not comm_s >= 0:
             raise ValueError(f"`comm_s` is {comm_s!r}, but must be >= 0 (or None: measured)")
-        self.seed, self.time_limit_s, self.sizes = seed, float(time_limit_s), sizes
+        if time_limit_s is not None and not time_limit_s > 0:
+            raise ValueError(f"`time_limit_s` is {time_limit_s!r}, but must be > 0 (or None: scaled to the work)")
+        self.seed, self.sizes = seed, sizes
+        self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
         self.comm_s = None if comm_s is None else float(comm_s)
         self.mop = RandomizedScheduler(seed=seed)
         self.plan: dict[int, int] = {}  # config -> gang size (1: it hops)
@@ -151,8 +165,13 @@ class ParallelismPlanner(Scheduler):
         self.planned_makespan = math.nan
         self.solver_status = ""
         self.replans = 0  # plans made after the round's first
+        self.plan_seconds = 0.0  # wall seconds spent making plans (the workers wait meanwhile)
         self._workers: frozenset[int] = frozenset()
         self._comm_used = 0.0  # the all-reduce cost the plan was made with
+        self._unit_s: dict[int, float] = {}  # a planned gang's seconds per unit, as the plan assumed
+        self._ratios: dict[int, dict[int, float]] = {}  # k -> config -> measured / modelled seconds of its gang
+        self._sizes_seen: set[int] = set()  # the sizes measured (any config's) when the plan was made
+        self._measured = 0  # how many (config, size) measurements there were then
 
     def start_round(self, state: DispatchState) -> None:
         self.mop.start_round(state)
@@ -169,28 +188,56 @@ class ParallelismPlanner(Scheduler):
         if not configs or not p:
             self.plan, self.order = {}, []
             return
+        sizes = self.sizes or tuple(sorted({k for k in (2 ** i for i in range(p.bit_length())) if k <= p} | {p}))
         work = {}
-        for c in configs:  # (units left, a unit's mean seconds on each worker, fastest first)
+        for c in configs:  # (units left, a unit's mean seconds on each worker, fastest first, measured gangs')
             units = state.remaining(c)
             per = [sum(state.estimate(u, w) for u in units) / max(len(units), 1) for w in state.workers]
-            work[c] = (len(units), tuple(sorted(per)))
-        sizes = self.sizes or tuple(sorted({k for k in (2 ** i for i in range(p.bit_length())) if k <= p} | {p}))
+            work[c] = (len(units), tuple(sorted(per)), {k: v for (c2, k), v in state.unit_s.items() if c2 == c and k > 1})
+        self._learn(work, sizes)
+        t0 = time.perf_counter()
         plan, order, span, status = plan_parallelism(work, p, sizes, self._comm_used, self.time_limit_s)
+        self.plan_seconds += time.perf_counter() - t0
         if keep and all(c in self.plan for c in configs):
             old = {c: min(max(self.plan[c], 1), p) for c in configs}
             dur = _durations(work, {k for k in old.values()} | set(sizes), self._comm_used)
             _, old_span = _list_schedule(configs, dur, p, old)
-            if span >= old_span * (1 - REPLAN_MARGIN):
-                return  # the current plan stays
-        if self.plan:
-            self.replans += 1
-        self.plan, self.order, self.planned_makespan, self.solver_status = plan, order, span, status
+            if span < old_span * (1 - REPLAN_MARGIN):
+                self.replans += 1
+                self.plan, self.order, self.planned_makespan, self.solver_status = plan, order, span, status
+        else:
+            self.replans += bool(self.plan)
+            self.plan, self.order, self.planned_makespan, self.solver_status = plan, order, span, status
+        self._sizes_seen, self._measured = {k for _, k in state.unit_s}, len(state.unit_s)
+        # what the plan followed now assumes of its gangs (a kept plan: under the latest costs)
+        dur = _durations(work, {self.plan.get(c, 1) for c in configs}, self._comm_used)
+        self._unit_s = {c: dur[c, self.plan[c]] / max(work[c][0], 1) for c in configs if self.plan.get(c, 1) > 1}
+
+    def _learn(self, work: dict[int, tuple], sizes: tuple[int, ...]) -> None:
+        """Where a config's gang of k has run, how far off the cost model was (measured / modelled seconds); a
+        config's gang of a size it has not run is costed as the model's times the median of those (`work` gains
+        them), so one measurement of a size corrects the plan of every config."""
+        model = _durations({c: w[:2] for c, w in work.items()}, sizes, self._comm_used)
+        for c, (n, _, measured) in work.items():
+            for k, seconds in measured.items():
+                if (c, k) in model and model[c, k] > 0:
+                    self._ratios.setdefault(k, {})[c] = seconds * n / model[c, k]
+        for c, (n, _, measured) in work.items():
+            for k, ratios in self._ratios.items():
+                if k not in measured and (c, k) in model:
+                    measured[k] = model[c, k] / max(n, 1) * sorted(ratios.values())[len(ratios) // 2]
 
     def _stale(self, state: DispatchState, live: set[int]) -> bool:
         """Whether what the plan was made from has changed enough to plan again (see the class docstring)."""
         comm = self._comm(state)
         if abs(comm - self._comm_used) > 0.25 * max(self._comm_used, 1e-12):
             return True
+        if len(state.unit_s) != self._measured and {k for _, k in state.unit_s} - self._sizes_seen:
+            return True  # a size measured for the first time
+        for c, assumed in self._unit_s.items():  # a planned gang measured a quarter off what the plan assumed
+            measured = state.unit_s.get((c, self.plan.get(c, 1)))
+            if c in live and measured is not None and abs(measured - assumed) > 0.25 * assumed:
+                return True
         return any(c not in live for c in self.plan) and sum(self.plan.get(c, 1) for c in live) < len(state.workers)
 
     def select(self, state: DispatchState) -> list[Assignment]:
@@ -200,8 +247,10 @@ class ParallelismPlanner(Scheduler):
         elif self._stale(state, live):
             self._replan(state, keep=True)
             self.plan = {c: k for c, k in self.plan.items() if c in live}
-        if all(self.plan.get(c, 1) == 1 for c in live):
-            return self.mop.select(state)  # nothing to gang: the hop policy as it is
+        if all(self.plan.get(c, 1) == 1 for c in live) or (self.comm_s is None and self._sizes_seen == set()):
+            # nothing to gang, or costs to be measured and not a unit measured yet: first the hop policy as it is
+            # (what a unit takes on its own is what every gang's measured cost is compared with)
+            return self.mop.select(state)
         out: list[Assignment] = []
         idle, busy = state.idle_workers(), state.busy_configs
         for c in self.order:  # a gang's next step forms in the planned order, from the idle workers
@@ -232,15 +281,17 @@ class ParallelismPlanner(Scheduler):
 
 
 def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tuple[int, ...], comm_s: float,
-                     time_limit_s: float = 2.0) -> tuple[dict[int, int], list[int], float, str]:
+                     time_limit_s: float | None = None) -> tuple[dict[int, int], list[int], float, str]:
     """Gang size per config and a start order minimising the makespan (see the module docstring).
 
-    `work[c] = (units left, seconds of one unit)`: one number for every worker, or one per worker, fastest first
-    (a config that hops takes their mean; a gang, the slowest's: its members wait for the slowest, and which
-    workers a gang gets depends on what else runs, so the plan does not count on the fast ones).
-    Returns (size per config, configs by start, planned makespan in seconds, how it was found: "greedy", "greedy
-    (optimal)" (it meets a lower bound) or the
-    solver's status)."""
+    `work[c] = (units left, seconds of one unit[, measured])`: one number for every worker, or one per worker,
+    fastest first (a config that hops takes their mean; a gang, the slowest's: its members wait for the slowest,
+    and which workers a gang gets depends on what else runs, so the plan does not count on the fast ones); a gang
+    of k costs `gang_seconds` of that per unit, or `measured[k]` where a gang of k of the config's has run (the
+    model is a guess until then: workers that share cores, or a slow network, make it optimistic).
+    `time_limit_s`: the solver's budget; None: `SOLVE_SHARE` of the greedy plan's makespan, within
+    `SOLVE_BOUNDS_S`. Returns (size per config, configs by start, planned makespan in seconds, how it was found:
+    "greedy", "greedy (optimal)" (it meets a lower bound) or the solver's status)."""
     from ortools.sat.python import cp_model
 
     configs = sorted(work)
@@ -254,24 +305,30 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
     if greedy_span <= bound * (1 + 1e-9):
         order = sorted(configs, key=lambda c: (greedy[c][1], -greedy[c][0], c))
         return {c: greedy[c][0] for c in configs}, order, greedy_span, "greedy (optimal)"
-    scale = 1000.0 / max(max(dur.values()), 1e-9) * 1000  # about 1e6 integer steps for the longest duration
+    # durations in integer steps, the greedy makespan being SCALE_STEPS of them, rounded up: a plan's makespan in
+    # steps bounds its makespan in seconds from above (finer steps make the solver far slower to prove a plan best)
+    scale = SCALE_STEPS / max(greedy_span, 1e-9)
+    size = {(c, k): max(1, math.ceil(dur[c, k] * scale - 1e-9)) for c in configs for k in sizes}
     m = cp_model.CpModel()
-    horizon = int(math.ceil(greedy_span * scale)) + 1
+    horizon = SCALE_STEPS + len(configs) + 1  # the greedy plan, with each of its durations rounded up
     end = m.NewIntVar(0, horizon, "makespan")
     chosen, starts, intervals, demands = {}, {}, [], []
     for c in configs:
         picks = []
         for k in sizes:
-            d = max(1, int(round(dur[c, k] * scale)))
             on = m.NewBoolVar(f"x{c}_{k}")
             s = m.NewIntVar(0, horizon, f"s{c}_{k}")
-            intervals.append(m.NewOptionalFixedSizeIntervalVar(s, d, on, f"i{c}_{k}"))
+            intervals.append(m.NewOptionalFixedSizeIntervalVar(s, size[c, k], on, f"i{c}_{k}"))
             demands.append(k)
-            m.Add(s + d <= end).OnlyEnforceIf(on)
+            m.Add(s + size[c, k] <= end).OnlyEnforceIf(on)
             chosen[c, k], starts[c, k] = on, s
             picks.append(on)
         m.AddExactlyOne(picks)
     m.AddCumulative(intervals, demands, workers)
+    # the two bounds of `bound` above, per choice, as linear constraints (cumulative's own reasoning is weaker)
+    m.Add(workers * end >= sum(k * size[c, k] * chosen[c, k] for c in configs for k in sizes))
+    for c in configs:
+        m.Add(end >= sum(size[c, k] * chosen[c, k] for k in sizes))
     m.Minimize(end)
     for c in configs:  # the greedy plan as a hint
         k0, s0 = greedy[c]
@@ -280,7 +337,7 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
             if k == k0:
                 m.AddHint(starts[c, k], int(round(s0 * scale)))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.max_time_in_seconds = solve_budget(greedy_span, time_limit_s)
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     status = solver.Solve(m)
@@ -293,15 +350,26 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
     return {c: greedy[c][0] for c in configs}, order, greedy_span, "greedy"
 
 
-def _durations(work: dict[int, tuple[int, Any]], sizes: Iterable[int], comm_s: float) -> dict[tuple[int, int], float]:
+def solve_budget(greedy_span: float, time_limit_s: float | None = None) -> float:
+    """The solver's seconds for a plan whose greedy makespan is `greedy_span`: `time_limit_s` if given, else
+    `SOLVE_SHARE` of the span within `SOLVE_BOUNDS_S`."""
+    if time_limit_s is not None:
+        return time_limit_s
+    return min(max(SOLVE_SHARE * greedy_span, SOLVE_BOUNDS_S[0]), SOLVE_BOUNDS_S[1])
+
+
+def _durations(work: dict[int, tuple], sizes: Iterable[int], comm_s: float) -> dict[tuple[int, int], float]:
     """Seconds of each config's remaining work on a gang of each size (see `plan_parallelism`)."""
     def unit_s(c: int, k: int) -> float:
+        measured = work[c][2] if len(work[c]) > 2 else {}
+        if k > 1 and k in measured:
+            return measured[k]
         t = work[c][1]
         if isinstance(t, (int, float)):
-            return float(t)
-        return sum(t) / len(t) if k == 1 else t[-1]
+            return gang_seconds(float(t), k, comm_s)
+        return gang_seconds(sum(t) / len(t) if k == 1 else t[-1], k, comm_s)
 
-    return {(c, k): work[c][0] * gang_seconds(unit_s(c, k), k, comm_s) for c in work for k in sizes}
+    return {(c, k): work[c][0] * unit_s(c, k) for c in work for k in sizes}
 
 
 def _list_schedule(configs: list[int], dur: dict[tuple[int, int], float], workers: int,

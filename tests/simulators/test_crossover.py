@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from framework.scheduling import DataParallel, ParallelismPlanner
-from framework.scheduling.parallelism import gang_seconds, plan_parallelism
+from framework.scheduling import DataParallel, ParallelismPlanner, make_scheduler
+from framework.scheduling.parallelism import gang_seconds, plan_parallelism, solve_budget
 from simulators import simulate, validate_schedule
 from simulators.__main__ import main
 from simulators.backend import CostModel
@@ -20,6 +20,17 @@ def test_the_planner_gives_each_config_a_gang_of_its_share_of_the_workers_when_t
     assert sorted(order) == list(range(4))
     hop, _, span, _ = plan_parallelism({c: (8, 1.0) for c in range(16)}, 8, (1, 2, 4, 8), 0.05, 1)
     assert set(hop.values()) == {1} and span == pytest.approx(16.0)  # more configs than workers: every one hops
+
+
+def test_without_a_time_limit_the_solver_gets_a_share_of_the_plan_it_improves():
+    assert solve_budget(1.0) == pytest.approx(0.02)  # a second of work left: 20 ms to plan it
+    assert solve_budget(0.1) == 0.01 and solve_budget(3600.0) == 2.0  # within 10 ms and 2 s
+    assert solve_budget(3600.0, time_limit_s=30.0) == 30.0  # as given
+    with pytest.raises(ValueError, match="`time_limit_s` is 0, but must be > 0"):
+        ParallelismPlanner(time_limit_s=0)
+    planner = ParallelismPlanner(comm_s=0.1)
+    simulate(workload("heterogeneous", 3, 4, 0), planner, cost=CostModel(comm_s=0.1))
+    assert planner.plan_seconds > 0 and planner.solver_status
 
 
 @pytest.mark.parametrize("kind", ["homogeneous", "heterogeneous"])
@@ -45,6 +56,21 @@ def test_gang_schedules_keep_the_mop_invariants_and_take_what_the_cost_model_say
     assert validate_schedule(planned.schedule).ok and planned.makespan == pytest.approx(2.4)
     done = planned.schedule.drop_duplicates(["config_id", "epoch", "partition", "kind"])
     assert len(done) == 2 * 4  # every unit once, however it was run
+
+
+def test_a_gang_measured_slower_than_the_plan_assumed_is_planned_again_from_what_was_measured():
+    w = workload("homogeneous", 1, 4, 0)  # 1 config, 4 workers, units of 1 s, 3 epochs
+    cost = CostModel(comm_s=2.0)  # all-reduces so slow that a gang of 4 takes 0.25 + 3 s a unit, a hop 1 s
+    planner = ParallelismPlanner(comm_s=0.0, time_limit_s=0.5)  # told that all-reduces are free
+    planned = simulate(w, planner, epochs=3, cost=cost)
+    hop = simulate(w, make_scheduler("randomized"), epochs=3, cost=cost)
+    dp = simulate(w, DataParallel(), epochs=3, cost=cost)
+    assert planner.plan == {0: 1} and planner.replans >= 2  # each gang step showed what its size costs
+    sizes = planned.schedule.dropna(subset=["group"]).groupby("group").worker.nunique()
+    assert sorted(sizes) == [2, 4]  # one step of each size, then it hops: a measured size is not tried again
+    assert dp.makespan == pytest.approx(12 * 3.25) and hop.makespan == pytest.approx(12.0)
+    # 4 units in a gang of 4 (3.25 s each), 2 in a gang of 2 (2.5 s each), the other 6 hopping (1 s each)
+    assert planned.makespan == pytest.approx(4 * 3.25 + 2 * 2.5 + 6 * 1.0)
 
 
 def test_a_policy_by_name_and_a_bad_kind_is_one_error():

@@ -36,7 +36,7 @@ PROPERTIES = settings.get_profile("scheduling-properties")
 
 # short solver limits: an instance that needs longer only comes back "feasible", which the properties allow
 FAST = {"cpsat": {"time_limit_s": 0.5}, "milp": {"time_limit_s": 0.5}, "lookahead": {"tries": 10},
-        "planner": {"time_limit_s": 0.2}}
+        "planner": {"time_limit_s": 0.05}}
 TOL = 1e-6
 
 
