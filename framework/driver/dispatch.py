@@ -244,13 +244,16 @@ class Dispatcher:
             self.state.comm_s = self.comm_estimate()
 
     def record_gang(self, a: Assignment, seconds: float) -> None:
-        """A gang's step took `seconds` for its units: one measurement of `DispatchState.unit_s` (not of its
-        config's units on their own, `estimate`: a gang's members pass in lockstep, and may share cores)."""
+        """A gang's step took `seconds` for its units: a training step is one measurement of
+        `DispatchState.unit_s` (not of its config's units on their own, `estimate`: a gang's members pass in
+        lockstep, and may share cores)."""
         if len(a.workers) < 2:
+            return
+        self.longest = max(self.longest, seconds)
+        if a.units[0].kind != TRAIN:
             return
         key = (a.units[0].config_id, len(a.workers))
         self._unit_by_size[key] = seconds / len(a.units)
-        self.longest = max(self.longest, seconds)
         if self.state is not None:
             self.state.unit_s[key] = self._unit_by_size[key]
 

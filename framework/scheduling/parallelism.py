@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 from framework.scheduling._base import DispatchState, Scheduler
 from framework.scheduling.randomized import RandomizedScheduler
-from framework.scheduling.units import Assignment, Unit
+from framework.scheduling.units import TRAIN, Assignment, Unit
 
 
 def gang_seconds(unit_s: float, k: int, comm_s: float) -> float:
@@ -140,7 +140,8 @@ class ParallelismPlanner(Scheduler):
     has). That model is Saturn's guess before profiling; what a gang of k of a config's then takes is measured
     (`DispatchState.unit_s`) and replaces it, and the median measured/modelled ratio of each size corrects
     the model for the configs that have not run one (`_learn`): where gangs do not pay (workers sharing cores, a
-    slow network), one step of each size shows it, and the configs hop. Re-plans when the live workers change,
+    slow network), one step of each size shows it, and the configs hop. Told nothing (`comm_s=None`), it hops
+    until a unit has been measured on its own, the baseline every gang is compared with. Re-plans when the live workers change,
     when the measured all-reduce cost moves by a quarter, when a planned gang's measured cost is a quarter off what
     the plan assumed, and when a config's work ends and leaves workers the plan does not use; a re-plan's plan is
     followed only if it is `REPLAN_MARGIN` shorter than the current one costed the same way. `sizes`: the gang sizes it considers
@@ -191,7 +192,8 @@ class ParallelismPlanner(Scheduler):
         sizes = self.sizes or tuple(sorted({k for k in (2 ** i for i in range(p.bit_length())) if k <= p} | {p}))
         work = {}
         for c in configs:  # (units left, a unit's mean seconds on each worker, fastest first, measured gangs')
-            units = state.remaining(c)
+            units = [u for u in state.remaining(c) if u.kind == TRAIN]  # (evaluation is a small share, and its
+            # times are not known before the round's training ends: they would blur what training costs)
             per = [sum(state.estimate(u, w) for u in units) / max(len(units), 1) for w in state.workers]
             work[c] = (len(units), tuple(sorted(per)), {k: v for (c2, k), v in state.unit_s.items() if c2 == c and k > 1})
         self._learn(work, sizes)
