@@ -176,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--comm", type=float, default=0.05,
                    help="a gang unit's all-reduce as a fraction of a mean unit's compute")
     x.add_argument("--seed", type=int, default=0, help="workload and policy seed")
-    x.add_argument("--time-limit", type=float, default=2.0, help="seconds per plan of the planner's CP-SAT")
+    x.add_argument("--time-limit", type=float, default=None,
+                   help="seconds per plan of the planner's CP-SAT; None: 2%% of the plan's greedy makespan, within "
+                        "10 ms and 2 s, as in a live run")
     x.add_argument("--hyperband-workers", type=int, default=8, help="p of the HyperBand run (0: none)")
     x.add_argument("--out", default="results/crossover", help="output folder")
     x.add_argument("--quiet", action="store_true", help="no progress line")
