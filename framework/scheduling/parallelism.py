@@ -128,6 +128,10 @@ REPLAN_MARGIN = 0.05
 SOLVE_SHARE = 0.02
 SOLVE_BOUNDS_S = (0.01, 2.0)
 SCALE_STEPS = 2000
+#: measuring its costs, the planner has a config it gangs hop one unit again after this many gang steps, where the
+#: plan's gain of the gang over a hop is under `PROBE_GAIN` (a unit measured alone under other load goes stale; a
+#: probe costs at most that gain on one unit)
+PROBE_EVERY, PROBE_GAIN = 4, 0.25
 
 
 class ParallelismPlanner(Scheduler):
@@ -141,7 +145,9 @@ class ParallelismPlanner(Scheduler):
     (`DispatchState.unit_s`) and replaces it, and the median measured/modelled ratio of each size corrects
     the model for the configs that have not run one (`_learn`): where gangs do not pay (workers sharing cores, a
     slow network), one step of each size shows it, and the configs hop. Told nothing (`comm_s=None`), it hops
-    until a unit has been measured on its own, the baseline every gang is compared with. Re-plans when the live workers change,
+    until a unit has been measured on its own, the baseline every gang is compared with, and has a config it gangs
+    for little gain hop a unit again now and then (`PROBE_EVERY`): that baseline, measured under other load, goes
+    stale. Re-plans when the live workers change,
     when the measured all-reduce cost moves by a quarter, when a planned gang's measured cost is a quarter off what
     the plan assumed, and when a config's work ends and leaves workers the plan does not use; a re-plan's plan is
     followed only if it is `REPLAN_MARGIN` shorter than the current one costed the same way. `sizes`: the gang sizes it considers
@@ -173,6 +179,8 @@ class ParallelismPlanner(Scheduler):
         self._ratios: dict[int, dict[int, float]] = {}  # k -> config -> measured / modelled seconds of its gang
         self._sizes_seen: set[int] = set()  # the sizes measured (any config's) when the plan was made
         self._measured = 0  # how many (config, size) measurements there were then
+        self._hop_s: dict[int, float | None] = {}  # a planned gang's config: its hop's measured seconds then
+        self._steps: dict[int, int] = {}  # config -> gang steps since its hop was measured (or probed)
 
     def start_round(self, state: DispatchState) -> None:
         self.mop.start_round(state)
@@ -214,6 +222,7 @@ class ParallelismPlanner(Scheduler):
         # what the plan followed now assumes of its gangs (a kept plan: under the latest costs)
         dur = _durations(work, {self.plan.get(c, 1) for c in configs}, self._comm_used)
         self._unit_s = {c: dur[c, self.plan[c]] / max(work[c][0], 1) for c in configs if self.plan.get(c, 1) > 1}
+        self._hop_s = {c: state.unit_s.get((c, 1)) for c in self._unit_s}
 
     def _learn(self, work: dict[int, tuple], sizes: tuple[int, ...]) -> None:
         """Where a config's gang of k has run, how far off the cost model was (measured / modelled seconds); a
@@ -240,6 +249,8 @@ class ParallelismPlanner(Scheduler):
             measured = state.unit_s.get((c, self.plan.get(c, 1)))
             if c in live and measured is not None and abs(measured - assumed) > 0.25 * assumed:
                 return True
+            if c in live and state.unit_s.get((c, 1)) != self._hop_s.get(c):
+                return True  # its hop was measured again (a probe)
         return any(c not in live for c in self.plan) and sum(self.plan.get(c, 1) for c in live) < len(state.workers)
 
     def select(self, state: DispatchState) -> list[Assignment]:
@@ -260,6 +271,11 @@ class ParallelismPlanner(Scheduler):
             if c not in live or k == 1 or c in busy:
                 continue
             units = state.remaining(c)
+            probe = self._probe(state, c, idle)
+            if probe is not None:
+                out.append(probe)
+                idle = [w for w in idle if w not in probe.workers]
+                continue
             fastest = sorted(idle, key=lambda w: (sum(state.estimate(u, w) for u in units[:8]), w))
             gang = form_gang(state, c, fastest, size=k)
             if gang is None:
@@ -267,6 +283,7 @@ class ParallelismPlanner(Scheduler):
             if len(gang.workers) < len(form_gang(state, c, sorted(state.workers), size=k, idle=False).workers):
                 break  # the next gang waits for workers (the plan put it after what runs now)
             out.append(gang)
+            self._steps[c] = self._steps.get(c, 0) + 1
             idle = [w for w in idle if w not in gang.workers]
         hoppers = [c for c in self.order if self.plan.get(c, 1) == 1 and c in live]
         taken: set[int] = set()
@@ -280,6 +297,21 @@ class ParallelismPlanner(Scheduler):
                     taken.add(c)
                     break
         return out
+
+
+    def _probe(self, state: DispatchState, c: int, idle: list[int]) -> Assignment | None:
+        """A hop of one of config `c`'s training units, to measure its hop again (see `PROBE_EVERY`), or None."""
+        hop = state.unit_s.get((c, 1))
+        if self.comm_s is not None or hop is None or self._steps.get(c, 0) < PROBE_EVERY:
+            return None
+        if self._unit_s.get(c, 0.0) < (1 - PROBE_GAIN) * hop:
+            return None  # the gang gains enough that a stale hop time cannot matter
+        for u in state.remaining(c):
+            w = next((w for w in idle if u.kind == TRAIN and state.is_eligible(u, w)), None)
+            if w is not None:
+                self._steps[c] = 0
+                return Assignment(u, (w,))
+        return None
 
 
 def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tuple[int, ...], comm_s: float,

@@ -3,10 +3,11 @@ runs MOP, data-parallel gangs, Cerebro's switch and the joint planner at every |
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from framework.scheduling import DataParallel, ParallelismPlanner, make_scheduler
-from framework.scheduling.parallelism import gang_seconds, plan_parallelism, solve_budget
+from framework.scheduling.parallelism import PROBE_EVERY, gang_seconds, plan_parallelism, solve_budget
 from simulators import simulate, validate_schedule
 from simulators.__main__ import main
 from simulators.backend import CostModel
@@ -71,6 +72,23 @@ def test_a_gang_measured_slower_than_the_plan_assumed_is_planned_again_from_what
     assert dp.makespan == pytest.approx(12 * 3.25) and hop.makespan == pytest.approx(12.0)
     # 4 units in a gang of 4 (3.25 s each), 2 in a gang of 2 (2.5 s each), the other 6 hopping (1 s each)
     assert planned.makespan == pytest.approx(4 * 3.25 + 2 * 2.5 + 6 * 1.0)
+
+
+def test_measuring_its_costs_the_planner_hops_first_and_probes_a_hop_again_where_a_gang_gains_little():
+    w = workload("homogeneous", 1, 4, 0)  # 1 config, 4 workers, units of 1 s
+    cost = CostModel(comm_s=0.35)  # a gang of 4: 0.25 + 0.525 s a unit, 22.5% under a hop's 1 s
+    planner = ParallelismPlanner()  # told nothing: costs measured
+    r = simulate(w, planner, epochs=6, cost=cost)
+    train = r.schedule[r.schedule.kind == "train"].sort_values(["start", "worker"])
+    assert pd.isna(train.group.iloc[0])  # the first unit hops: the baseline every gang is compared with
+    steps = train.drop_duplicates(["start", "group"]).group.isna().tolist()  # per step: a hop?
+    after_gangs = [i for i in range(PROBE_EVERY, len(steps)) if steps[i] and not any(steps[i - PROBE_EVERY:i])]
+    assert after_gangs, steps  # a hop after PROBE_EVERY gang steps in a row
+    assert validate_schedule(r.schedule).ok
+    assert r.makespan < 24.0  # 24 units hopping one at a time: 24 s
+    told = ParallelismPlanner(comm_s=0.35)  # told the costs: it trusts them, and neither hops first nor probes
+    r = simulate(w, told, epochs=6, cost=cost)
+    assert r.schedule[r.schedule.kind == "train"].group.notna().all()
 
 
 def test_a_policy_by_name_and_a_bad_kind_is_one_error():
