@@ -153,7 +153,8 @@ class ParallelismPlanner(Scheduler):
     followed only if it is `REPLAN_MARGIN` shorter than the current one costed the same way. `sizes`: the gang sizes it considers
     (default: 1, 2, 4, ... up to the worker count, and the count itself). `time_limit_s`: the solver's budget per
     plan; None (default) scales it to the work: `SOLVE_SHARE` of the greedy plan's makespan, within
-    `SOLVE_BOUNDS_S`. Workers wait while a plan is made; `plan_seconds` adds up the time spent making them."""
+    `SOLVE_BOUNDS_S`, and 1 / (n + 1)^2 of that for the n-th re-plan in a row (re-plans can come often, on
+    heterogeneous workers where each gang's measured cost depends on which workers it got). Workers wait while a plan is made; `plan_seconds` adds up the time spent making them."""
 
     name = "planner"
 
@@ -179,6 +180,7 @@ class ParallelismPlanner(Scheduler):
         self._ratios: dict[int, dict[int, float]] = {}  # k -> config -> measured / modelled seconds of its gang
         self._sizes_seen: set[int] = set()  # the sizes measured (any config's) when the plan was made
         self._measured = 0  # how many (config, size) measurements there were then
+        self._attempts = 0  # re-plans tried since the last plan made afresh (each gets a smaller solver budget)
         self._hop_s: dict[int, float | None] = {}  # a planned gang's config: its hop's measured seconds then
         self._steps: dict[int, int] = {}  # config -> gang steps since its hop was measured (or probed)
 
@@ -206,7 +208,9 @@ class ParallelismPlanner(Scheduler):
             work[c] = (len(units), tuple(sorted(per)), {k: v for (c2, k), v in state.unit_s.items() if c2 == c and k > 1})
         self._learn(work, sizes)
         t0 = time.perf_counter()
-        plan, order, span, status = plan_parallelism(work, p, sizes, self._comm_used, self.time_limit_s)
+        self._attempts = self._attempts + 1 if keep else 0
+        plan, order, span, status = plan_parallelism(work, p, sizes, self._comm_used, self.time_limit_s,
+                                                     budget_scale=1 / (1 + self._attempts) ** 2)
         self.plan_seconds += time.perf_counter() - t0
         if keep and all(c in self.plan for c in configs):
             old = {c: min(max(self.plan[c], 1), p) for c in configs}
@@ -315,7 +319,8 @@ class ParallelismPlanner(Scheduler):
 
 
 def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tuple[int, ...], comm_s: float,
-                     time_limit_s: float | None = None) -> tuple[dict[int, int], list[int], float, str]:
+                     time_limit_s: float | None = None,
+                     budget_scale: float = 1.0) -> tuple[dict[int, int], list[int], float, str]:
     """Gang size per config and a start order minimising the makespan (see the module docstring).
 
     `work[c] = (units left, seconds of one unit[, measured])`: one number for every worker, or one per worker,
@@ -324,7 +329,8 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
     of k costs `gang_seconds` of that per unit, or `measured[k]` where a gang of k of the config's has run (the
     model is a guess until then: workers that share cores, or a slow network, make it optimistic).
     `time_limit_s`: the solver's budget; None: `SOLVE_SHARE` of the greedy plan's makespan, within
-    `SOLVE_BOUNDS_S`. Returns (size per config, configs by start, planned makespan in seconds, how it was found:
+    `SOLVE_BOUNDS_S`, times `budget_scale` (the planner's n-th re-plan in a row passes 1 / (n + 1)^2, so that all
+    of them together take at most 1.65 plans' budget). Returns (size per config, configs by start, planned makespan in seconds, how it was found:
     "greedy", "greedy (optimal)" (it meets a lower bound) or the solver's status)."""
     from ortools.sat.python import cp_model
 
@@ -371,7 +377,8 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
             if k == k0:
                 m.AddHint(starts[c, k], int(round(s0 * scale)))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = solve_budget(greedy_span, time_limit_s)
+    solver.parameters.max_time_in_seconds = solve_budget(greedy_span, time_limit_s) * (
+        budget_scale if time_limit_s is None else 1.0)
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     status = solver.Solve(m)
