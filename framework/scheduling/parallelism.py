@@ -230,16 +230,21 @@ class ParallelismPlanner(Scheduler):
 
     def _learn(self, work: dict[int, tuple], sizes: tuple[int, ...]) -> None:
         """Where a config's gang of k has run, how far off the cost model was (measured / modelled seconds); a
-        config's gang of a size it has not run is costed as the model's times the median of those (`work` gains
-        them), so one measurement of a size corrects the plan of every config."""
-        model = _durations({c: w[:2] for c, w in work.items()}, sizes, self._comm_used)
+        config's gang of a size it has not run is costed as the model's times the median of those of that size,
+        or of the nearest size measured (`work` gains them), so one measurement corrects the plan of every config.
+        (A gang can come out smaller than planned: fewer of its config's partitions were left.)"""
+        measured_sizes = {k for w in work.values() for k in w[2]}
+        model = _durations({c: w[:2] for c, w in work.items()}, set(sizes) | measured_sizes, self._comm_used)
         for c, (n, _, measured) in work.items():
             for k, seconds in measured.items():
-                if (c, k) in model and model[c, k] > 0:
+                if model[c, k] > 0:
                     self._ratios.setdefault(k, {})[c] = seconds * n / model[c, k]
+        if not self._ratios:
+            return
         for c, (n, _, measured) in work.items():
-            for k, ratios in self._ratios.items():
-                if k not in measured and (c, k) in model:
+            for k in sizes:
+                if k > 1 and k not in measured:
+                    ratios = self._ratios[min(self._ratios, key=lambda m: (abs(m - k), m))]
                     measured[k] = model[c, k] / max(n, 1) * sorted(ratios.values())[len(ratios) // 2]
 
     def _stale(self, state: DispatchState, live: set[int]) -> bool:
@@ -270,9 +275,16 @@ class ParallelismPlanner(Scheduler):
             return self.mop.select(state)
         out: list[Assignment] = []
         idle, busy = state.idle_workers(), state.busy_configs
+        # measuring its costs, one gang of a size not yet measured at a time: the others hop meanwhile
+        trying = {len(a.workers) for a in state.running.values()} if self.comm_s is None else set()
+        seen = {k for _, k in state.unit_s}
+        hop_now: set[int] = set()
         for c in self.order:  # a gang's next step forms in the planned order, from the idle workers
             k = self.plan.get(c, 1)
             if c not in live or k == 1 or c in busy:
+                continue
+            if k not in seen and any(t > 1 and t not in seen for t in trying):  # (a gang can come out smaller)
+                hop_now.add(c)
                 continue
             units = state.remaining(c)
             probe = self._probe(state, c, idle)
@@ -289,7 +301,9 @@ class ParallelismPlanner(Scheduler):
             out.append(gang)
             self._steps[c] = self._steps.get(c, 0) + 1
             idle = [w for w in idle if w not in gang.workers]
-        hoppers = [c for c in self.order if self.plan.get(c, 1) == 1 and c in live]
+            if self.comm_s is None:
+                trying.add(len(gang.workers))
+        hoppers = [c for c in self.order if (self.plan.get(c, 1) == 1 or c in hop_now) and c in live]
         taken: set[int] = set()
         for w in idle:
             for c in hoppers:

@@ -8,7 +8,7 @@ import pytest
 
 from framework.scheduling import DataParallel, ParallelismPlanner, make_scheduler
 from framework.scheduling.parallelism import PROBE_EVERY, gang_seconds, plan_parallelism, solve_budget
-from simulators import simulate, validate_schedule
+from simulators import homogeneous, simulate, validate_schedule
 from simulators.__main__ import main
 from simulators.backend import CostModel
 from simulators.crossover import CrossoverConfig, config_counts, policy, run_crossover, summarize, workload
@@ -66,17 +66,17 @@ def test_a_gang_measured_slower_than_the_plan_assumed_is_planned_again_from_what
     planned = simulate(w, planner, epochs=3, cost=cost)
     hop = simulate(w, make_scheduler("randomized"), epochs=3, cost=cost)
     dp = simulate(w, DataParallel(), epochs=3, cost=cost)
-    assert planner.plan == {0: 1} and planner.replans >= 2  # each gang step showed what its size costs
+    assert planner.plan == {0: 1} and planner.replans >= 1  # its gang step showed what gangs cost
     sizes = planned.schedule.dropna(subset=["group"]).groupby("group").worker.nunique()
-    assert sorted(sizes) == [2, 4]  # one step of each size, then it hops: a measured size is not tried again
+    # one step of a gang of 4, then it hops: the ratio measured for 4 corrects the model of 2 as well
+    assert sorted(sizes) == [4]
     assert dp.makespan == pytest.approx(12 * 3.25) and hop.makespan == pytest.approx(12.0)
-    # 4 units in a gang of 4 (3.25 s each), 2 in a gang of 2 (2.5 s each), the other 6 hopping (1 s each)
-    assert planned.makespan == pytest.approx(4 * 3.25 + 2 * 2.5 + 6 * 1.0)
+    assert planned.makespan == pytest.approx(4 * 3.25 + 8 * 1.0)  # 4 units at 3.25 s in the gang, 8 hopping
 
 
 def test_measuring_its_costs_the_planner_hops_first_and_probes_a_hop_again_where_a_gang_gains_little():
-    w = workload("homogeneous", 1, 4, 0)  # 1 config, 4 workers, units of 1 s
-    cost = CostModel(comm_s=0.35)  # a gang of 4: 0.25 + 0.525 s a unit, 22.5% under a hop's 1 s
+    w = homogeneous(1, 4)  # 1 config, 4 workers, a partition each, units of 1 s
+    cost = CostModel(comm_s=0.4)  # a gang of 4: 0.25 + 0.6 s a unit, 15% under a hop's 1 s
     planner = ParallelismPlanner()  # told nothing: costs measured
     r = simulate(w, planner, epochs=6, cost=cost)
     train = r.schedule[r.schedule.kind == "train"].sort_values(["start", "worker"])
@@ -86,7 +86,7 @@ def test_measuring_its_costs_the_planner_hops_first_and_probes_a_hop_again_where
     assert after_gangs, steps  # a hop after PROBE_EVERY gang steps in a row
     assert validate_schedule(r.schedule).ok
     assert r.makespan < 24.0  # 24 units hopping one at a time: 24 s
-    told = ParallelismPlanner(comm_s=0.35)  # told the costs: it trusts them, and neither hops first nor probes
+    told = ParallelismPlanner(comm_s=0.4)  # told the costs: it trusts them, and neither hops first nor probes
     r = simulate(w, told, epochs=6, cost=cost)
     assert r.schedule[r.schedule.kind == "train"].group.notna().all()
 
