@@ -56,8 +56,8 @@ def _run(ds, procedure, policy: str, workers: int, seed: int, out: str, tag: str
     scheduler = ParallelismPlanner(seed=seed) if policy == "planner" else policy
     sel = framework.ModelSelection(
         mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds, procedure, num_workers=workers,
-        scheduler=scheduler, seed=seed, storage_path=os.path.join(out, "runs", tag), progress=False, metric="valid_accuracy",
-        mode="max")
+        scheduler=scheduler, seed=seed, storage_path=os.path.join(out, "runs", tag), progress=False,
+        metric="valid_accuracy", mode="max")
     t0 = time.perf_counter()
     result = sel.run()
     seconds = time.perf_counter() - t0

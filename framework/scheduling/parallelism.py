@@ -135,26 +135,27 @@ PROBE_EVERY, PROBE_GAIN = 4, 0.25
 
 
 class ParallelismPlanner(Scheduler):
-    """A gang size per config and an order, from one CP-SAT model (see the module docstring); realized greedily:
-    at every step, configs planned as gangs form theirs from the idle workers in the planned order (a gang that
-    cannot get its size waits, and the ones after it with it), hopping configs (k = 1) fill the idle workers left.
+    """A gang size per config and an order, from one CP-SAT model (see the module docstring); realized greedily: at
+    every step, configs planned as gangs form theirs from the idle workers in the planned order (a gang that cannot
+    get its size waits, and the ones after it with it), hopping configs (k = 1) fill the idle workers left.
 
     Costs: each config's unit times as measured (`DispatchState.estimate`), and the all-reduce term `comm_s` of
     `gang_seconds`: as given, or (None) as measured from the gangs that ran (`DispatchState.comm_s`; 0 until one
     has). That model is Saturn's guess before profiling; what a gang of k of a config's then takes is measured
-    (`DispatchState.unit_s`) and replaces it, and the median measured/modelled ratio of each size corrects
-    the model for the configs that have not run one (`_learn`): where gangs do not pay (workers sharing cores, a
-    slow network), one step of each size shows it, and the configs hop. Told nothing (`comm_s=None`), it hops
-    until a unit has been measured on its own, the baseline every gang is compared with, and has a config it gangs
-    for little gain hop a unit again now and then (`PROBE_EVERY`): that baseline, measured under other load, goes
-    stale. Re-plans when the live workers change,
-    when the measured all-reduce cost moves by a quarter, when a planned gang's measured cost is a quarter off what
-    the plan assumed, and when a config's work ends and leaves workers the plan does not use; a re-plan's plan is
-    followed only if it is `REPLAN_MARGIN` shorter than the current one costed the same way. `sizes`: the gang sizes it considers
-    (default: 1, 2, 4, ... up to the worker count, and the count itself). `time_limit_s`: the solver's budget per
-    plan; None (default) scales it to the work: `SOLVE_SHARE` of the greedy plan's makespan, within
-    `SOLVE_BOUNDS_S`, and 1 / (n + 1)^2 of that for the n-th re-plan in a row (re-plans can come often, on
-    heterogeneous workers where each gang's measured cost depends on which workers it got). Workers wait while a plan is made; `plan_seconds` adds up the time spent making them."""
+    (`DispatchState.unit_s`) and replaces it, and the median measured/modelled ratio of each size (or of the
+    nearest size measured) corrects the model for the configs that have not run one (`_learn`): where gangs do not
+    pay (workers sharing cores, a slow network), a step shows it, and the configs hop. Told nothing
+    (`comm_s=None`), it hops until a unit has been measured on its own, the baseline every gang is compared with,
+    tries one gang of a size not yet measured at a time (the others hop meanwhile), and has a config it gangs for
+    little gain hop a unit again now and then (`PROBE_EVERY`): that baseline, measured under other load, goes stale.
+    Re-plans when the live workers change, when the measured all-reduce cost moves by a quarter, when a planned
+    gang's measured cost is a quarter off what the plan assumed, and when a config's work ends and leaves workers
+    the plan does not use; a re-plan's plan is followed only if it is `REPLAN_MARGIN` shorter than the current one
+    costed the same way. `sizes`: the gang sizes it considers (default: 1, 2, 4, ... up to the worker count, and the
+    count itself). `time_limit_s`: the solver's budget per plan; None (default) scales it to the work: `SOLVE_SHARE`
+    of the greedy plan's makespan, within `SOLVE_BOUNDS_S`, and 1 / (n + 1)^2 of that for the n-th re-plan in a row
+    (re-plans can come often, on heterogeneous workers where each gang's measured cost depends on which workers it
+    got). Workers wait while a plan is made; `plan_seconds` adds up the time spent making them."""
 
     name = "planner"
 
@@ -205,7 +206,8 @@ class ParallelismPlanner(Scheduler):
             units = [u for u in state.remaining(c) if u.kind == TRAIN]  # (evaluation is a small share, and its
             # times are not known before the round's training ends: they would blur what training costs)
             per = [sum(state.estimate(u, w) for u in units) / max(len(units), 1) for w in state.workers]
-            work[c] = (len(units), tuple(sorted(per)), {k: v for (c2, k), v in state.unit_s.items() if c2 == c and k > 1})
+            gangs = {k: v for (c2, k), v in state.unit_s.items() if c2 == c and k > 1}
+            work[c] = (len(units), tuple(sorted(per)), gangs)
         self._learn(work, sizes)
         t0 = time.perf_counter()
         self._attempts = self._attempts + 1 if keep else 0
@@ -324,8 +326,8 @@ class ParallelismPlanner(Scheduler):
             return None
         if self._unit_s.get(c, 0.0) < (1 - PROBE_GAIN) * hop:
             return None  # the gang gains enough that a stale hop time cannot matter
-        for u in state.remaining(c):
-            w = next((w for w in idle if u.kind == TRAIN and state.is_eligible(u, w)), None)
+        for u in (u for u in state.remaining(c) if u.kind == TRAIN):
+            w = next((w for w in idle if state.is_eligible(u, w)), None)
             if w is not None:
                 self._steps[c] = 0
                 return Assignment(u, (w,))
@@ -338,14 +340,14 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
     """Gang size per config and a start order minimising the makespan (see the module docstring).
 
     `work[c] = (units left, seconds of one unit[, measured])`: one number for every worker, or one per worker,
-    fastest first (a config that hops takes their mean; a gang, the slowest's: its members wait for the slowest,
-    and which workers a gang gets depends on what else runs, so the plan does not count on the fast ones); a gang
-    of k costs `gang_seconds` of that per unit, or `measured[k]` where a gang of k of the config's has run (the
-    model is a guess until then: workers that share cores, or a slow network, make it optimistic).
-    `time_limit_s`: the solver's budget; None: `SOLVE_SHARE` of the greedy plan's makespan, within
-    `SOLVE_BOUNDS_S`, times `budget_scale` (the planner's n-th re-plan in a row passes 1 / (n + 1)^2, so that all
-    of them together take at most 1.65 plans' budget). Returns (size per config, configs by start, planned makespan in seconds, how it was found:
-    "greedy", "greedy (optimal)" (it meets a lower bound) or the solver's status)."""
+    fastest first (a config that hops takes their mean; a gang, the slowest's: its members wait for the slowest, and
+    which workers a gang gets depends on what else runs, so the plan does not count on the fast ones); a gang of k
+    costs `gang_seconds` of that per unit, or `measured[k]` where a gang of k of the config's has run (the model is
+    a guess until then: workers that share cores, or a slow network, make it optimistic). `time_limit_s`: the
+    solver's budget; None: `SOLVE_SHARE` of the greedy plan's makespan, within `SOLVE_BOUNDS_S`, times
+    `budget_scale` (the planner's n-th re-plan in a row passes 1 / (n + 1)^2, so that all of them together take at
+    most 1.65 plans' budget). Returns (size per config, configs by start, planned makespan in seconds, how it was
+    found: "greedy", "greedy (optimal)" (it meets a lower bound) or the solver's status)."""
     from ortools.sat.python import cp_model
 
     configs = sorted(work)
