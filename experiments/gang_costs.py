@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from experiments._common import parse_config, record_run  # noqa: E402
 from framework.engine.gang import GangMember  # noqa: E402
+from framework.engine.ray_backend import ensure_ray  # noqa: E402
 
 
 @dataclass
@@ -64,8 +65,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     cfg, out = parse_config(Defaults, argv, __doc__, QUICK)
     gangs = [int(k) for k in str(cfg.gangs).split(",")]
     sizes = [int(n) for n in str(cfg.sizes).split(",")]
-    if not ray.is_initialized():
-        ray.init(num_cpus=max(gangs), include_dashboard=False, log_to_driver=False)
+    ensure_ray(min_cpus=max(gangs))
     member = ray.remote(num_cpus=1)(Member)
     rows = []
     for k in gangs:

@@ -7,8 +7,10 @@ starts workers and submits units; `poll` turns finished Ray calls into events (a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
+import logging
 import os
 import signal
 import threading
@@ -19,6 +21,7 @@ from typing import Any, NamedTuple
 import ray
 import torch
 
+from framework.engine import orphans
 from framework.engine._base import (
     Backend,
     Event,
@@ -35,6 +38,7 @@ from framework.engine.worker import Worker, self_contained, unpack_state
 from framework.scheduling import TRAIN
 from framework.scheduling.units import UnitReport, UnitTask
 
+logger = logging.getLogger(__name__)
 _LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
 #: how long `stop_worker` waits for a worker to remove its files before it kills the worker
 CLOSE_TIMEOUT_S = 5.0
@@ -189,18 +193,34 @@ def _gang_reports(task: UnitTask, replies: list[UnitReport]) -> tuple[UnitReport
     return tuple(out)
 
 
-def ensure_ray(min_cpus: float = 1.0) -> bool:
-    """Attach to a running cluster (RAY_ADDRESS, `ray job submit`) or start an embedded local one.
+def ensure_ray(min_cpus: float = 1.0, address: str | None = None) -> bool:
+    """Attach to the cluster this process was told of, or start a local Ray of its own.
 
-    Returns True when this call started Ray. A local instance gets at least `min_cpus` logical CPUs so the workers
-    a run asks for can be placed even on a small machine (they then share the cores).
+    Told of a cluster means `address` (e.g. "10.0.0.5:6379", or "auto" to take the one `ray start` last started
+    here) or `$RAY_ADDRESS` (which `ray job submit` sets). Otherwise the run starts its own embedded Ray
+    (`address="local"`), never a cluster another process or user started on this machine, which Ray's plain
+    `ray.init()` would attach to. Before that, the Ray processes of an earlier driver of this user that was killed
+    are stopped (`framework.engine.orphans`). Returns True when this call started or attached to Ray. A local
+    instance gets at least `min_cpus` logical CPUs so the workers a run asks for can be placed even on a small
+    machine (they then share the cores).
     """
     if ray.is_initialized():
         return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
-    else:
-        ray.init(num_cpus=max(int(min_cpus + 0.999), os.cpu_count() or 1), include_dashboard=False, log_to_driver=True)
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ValueError(f"`address` is {address!r}, but must be None (a Ray of the run's own, or $RAY_ADDRESS), "
+                         "'auto' or a cluster's 'host:port'")
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, log_to_driver=True)
+        return True
+    orphans.reap()
+    since = time.time()
+    atexit.register(orphans.forget)  # before ray.init: runs after Ray's own shutdown (atexit is last-in, first-out)
+    ray.init(address="local", num_cpus=max(int(min_cpus + 0.999), os.cpu_count() or 1), include_dashboard=False,
+             log_to_driver=True)
+    try:
+        orphans.record(since)
+    except OSError as e:  # a read-only home: the run goes on; a killed driver's agents are then left to the user
+        logger.warning("could not record this driver's Ray processes in %s: %s", orphans.records_dir(), e)
     return True
 
 

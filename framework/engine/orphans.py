@@ -1,0 +1,119 @@
+"""The Ray processes an embedded Ray leaves behind when its driver is killed: recorded at start, stopped next time.
+
+A driver that starts a local Ray of its own (`framework.engine.ray_backend.ensure_ray`) writes a record of the
+processes that start brought up (the pid and start time of each, and of the driver) to `records_dir()`, and removes
+it when it exits normally, after Ray's own shutdown. A driver killed with SIGKILL cannot: Ray's dashboard and runtime
+agents outlive it (re-parented to init, holding memory and ports). The next start on the machine (`reap()`) reads
+every record whose driver is gone and stops what it names, children included. A process is only ever stopped when it
+still has the recorded start time and belongs to this user, so a pid the system gave to another process since is
+never touched. No Ray import: this is process bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+
+import psutil
+
+__all__ = ["forget", "reap", "record", "records_dir"]
+
+#: seconds a reaped process gets to exit after SIGTERM before it is SIGKILLed
+TERM_GRACE_S = 3.0
+
+
+def records_dir() -> str:
+    """Where records live: `$XDG_STATE_HOME/modelhopper/ray`, else `~/.local/state/modelhopper/ray`."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "modelhopper", "ray")
+
+
+def _identity(proc: psutil.Process) -> list[float] | None:
+    try:
+        return [proc.pid, proc.create_time()]
+    except psutil.Error:
+        return None
+
+
+def _record_path(pid: int) -> str:
+    return os.path.join(records_dir(), f"driver-{pid}.json")
+
+
+def record(since: float) -> str:
+    """Record the children (recursively) this process started at or after `since` (`time.time()` before Ray
+    started): what a local `ray.init` brought up. Returns the record's path (0600, written atomically)."""
+    me = psutil.Process()
+    procs = [p for p in me.children(recursive=True) if (p.create_time() if p.is_running() else 0) >= since - 1.0]
+    body = {"driver": _identity(me), "processes": [i for i in map(_identity, procs) if i is not None]}
+    os.makedirs(records_dir(), mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=records_dir(), prefix=".driver-", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:  # mkstemp makes it 0600
+        json.dump(body, f)
+    os.replace(tmp, _record_path(me.pid))
+    return _record_path(me.pid)
+
+
+def forget() -> None:
+    """Remove this process's record (its Ray has shut down)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(_record_path(os.getpid()))
+
+
+def _alive(identity: object) -> psutil.Process | None:
+    """The process `identity` ([pid, start time]) names, if it still runs, as this user, with that start time."""
+    if not (isinstance(identity, list) and len(identity) == 2 and isinstance(identity[0], int)
+            and isinstance(identity[1], (int, float))):
+        return None
+    try:
+        proc = psutil.Process(identity[0])
+        if abs(proc.create_time() - identity[1]) > 0.01 or proc.uids().real != os.getuid():
+            return None
+        return proc if proc.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
+def reap() -> list[int]:
+    """Stop the processes of every record whose driver no longer runs (SIGTERM, then SIGKILL after
+    `TERM_GRACE_S`), remove those records, and return the pids stopped. A record that cannot be read is removed."""
+    try:
+        names = [n for n in os.listdir(records_dir()) if n.startswith("driver-") and n.endswith(".json")]
+    except OSError:
+        return []
+    victims: dict[int, psutil.Process] = {}
+    for name in names:
+        path = os.path.join(records_dir(), name)
+        try:
+            with open(path) as f:
+                body = json.load(f)
+            driver, listed = body["driver"], body["processes"]
+            assert isinstance(listed, list)
+        except (OSError, ValueError, KeyError, TypeError, AssertionError):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            continue
+        if _alive(driver) is not None:
+            continue  # that driver still runs: its Ray is its own
+        for identity in listed:
+            proc = _alive(identity)
+            if proc is None:
+                continue
+            with contextlib.suppress(psutil.Error):
+                for child in proc.children(recursive=True):  # Ray's workers, started after the record was made
+                    victims.setdefault(child.pid, child)
+            victims.setdefault(proc.pid, proc)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    victims.pop(os.getpid(), None)
+    for proc in victims.values():
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+    _, left = psutil.wait_procs(list(victims.values()), timeout=TERM_GRACE_S)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(left, timeout=TERM_GRACE_S)
+    return sorted(victims)
