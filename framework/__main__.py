@@ -6,11 +6,22 @@ one) and `framework.dashboard` (a web page of one)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
 
-from framework.cli import OneLineParser
+from framework.cli import OneLineParser, printable
+
+#: the longest wait a flag takes (`--interval`, `--timeout`): a day; `inf` would overflow `time.sleep`
+MAX_WAIT_S = 86400.0
+_ANSWER_WAIT = "seconds to wait for the driver's answer (at most a day)"
+
+
+def _say(text: object = "", **kwargs) -> None:
+    """`print` with each line `printable`: a run folder's name that is not UTF-8 (or an edited catalog's text) neither
+    raises on a terminal that takes UTF-8 only nor sends the terminal control characters."""
+    print("\n".join(printable(line) for line in str(text).split("\n")), **kwargs)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -21,8 +32,8 @@ def _demo(args: argparse.Namespace) -> int:
     x, y = digits_arrays()
     ds = framework.PartitionedDataset.from_arrays(x, y, num_partitions=args.workers, seed=args.seed)
     space = {"hidden": [32, 128], "lr": [0.01, 0.05, 0.2], "batch_size": [32], "optimizer": ["sgd"]}
-    print(f"Model selection on scikit-learn digits: {len(x)} images, {args.workers} partitions/workers, "
-          f"grid of {2 * 3} MLP configs x {args.epochs} epochs, scheduler={args.scheduler}")
+    _say(f"Model selection on scikit-learn digits: {len(x)} images, {args.workers} partitions/workers, "
+         f"grid of {2 * 3} MLP configs x {args.epochs} epochs, scheduler={args.scheduler}")
     sel = framework.ModelSelection(
         mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=args.epochs),
         num_workers=args.workers, scheduler=args.scheduler, seed=args.seed, storage_path=args.storage_path,
@@ -31,19 +42,19 @@ def _demo(args: argparse.Namespace) -> int:
     result = sel.run()
     board = result.leaderboard()
     board["config"] = board.config_id.map(result.configs)
-    print("\nLeaderboard (latest epoch):")
-    print(board[["config_id", "valid_accuracy", "valid_loss", "train_loss", "config"]].to_string(index=False))
-    print(f"\nBest config {result.best_config_id}: {result.best_config}")
-    print(f"Results written to {result.storage_path} (metrics.csv, schedule.csv, leaderboard.csv, checkpoints/, "
-          f"run.db, learning_curves.png)")
+    _say("\nLeaderboard (latest epoch):")
+    _say(board[["config_id", "valid_accuracy", "valid_loss", "train_loss", "config"]].to_string(index=False))
+    _say(f"\nBest config {result.best_config_id}: {result.best_config}")
+    _say(f"Results written to {result.storage_path} (metrics.csv, schedule.csv, leaderboard.csv, checkpoints/, "
+         f"run.db, learning_curves.png)")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    from framework import Result
     from framework.engine.catalog import CatalogError
+    from framework.runs import open_result
 
-    with Result.open(args.storage_path) as result:  # a run opened from a URI is a temporary copy: removed after
+    with open_result(args.storage_path) as result:  # a run opened from a URI is a temporary copy: removed after
         try:
             return _print_run(result, args)
         except (KeyError, TypeError, IndexError, AttributeError) as e:
@@ -65,14 +76,14 @@ def _print_run(result, args: argparse.Namespace) -> int:
                "mode": args.mode or result.mode, "configs": len(result.configs),
                "leaderboard": json.loads(board.to_json(orient="records")),
                "failures": json.loads(result.failures.to_json(orient="records"))}
-        print(json.dumps(out, indent=1))
+        _say(json.dumps(out, indent=1))
         return 0
-    print(result)
-    print(board.drop(columns=["round"], errors="ignore").to_string(index=False))
+    _say(result)
+    _say(board.drop(columns=["round"], errors="ignore").to_string(index=False))
     if not result.failures.empty:
-        print("\nFailed configs:")
+        _say("\nFailed configs:")
         for row in result.failures.itertuples():
-            print(f"--- config {row.config_id}\n{row.error}")
+            _say(f"--- config {row.config_id}\n{row.error}")
     return 0
 
 
@@ -85,8 +96,8 @@ def _replay(args: argparse.Namespace) -> int:
         raise ValueError(f"`--out` is {args.out!r}, but {why}: it must be a new folder (or one that holds no run)")
     result = framework.replay(args.storage_path, out_path=args.out, device=args.device,
                               trust_unverified=args.trust_unverified)
-    print(f"Replayed into {result.storage_path}")
-    print(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
+    _say(f"Replayed into {result.storage_path}")
+    _say(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
     return 0
 
 
@@ -99,18 +110,18 @@ def _list(args: argparse.Namespace) -> int:
     root = args.root if args.root is not None else default_root()
     runs = list_runs(args.root, max_depth=args.depth)
     if args.json:
-        print(runs.to_json(orient="records", indent=1))
+        _say(runs.to_json(orient="records", indent=1))
         return 0
     if runs.empty:
-        print(f"No runs under {root}")
+        _say(f"No runs under {root}")
         return 0
     table = pd.DataFrame({
         "path": runs.path, "status": runs.status, "configs": runs.configs,
-        "best": [("-" if b != b else f"{b:.4g}") + (f" {m} ({d})" if m else "")
+        "best": [("-" if b != b else f"{b:.4g}") + (f" {m} ({d})" if isinstance(m, str) else "")
                  for b, m, d in zip(runs.best, runs.metric, runs["mode"])],
         "age": runs.age_s.map(age), "verified": runs.verified.map({True: "yes", False: "no"}),
     })
-    print(table.to_string(index=False))
+    _say(table.to_string(index=False))
     return 0
 
 
@@ -131,7 +142,7 @@ def _workers(args: argparse.Namespace) -> int:
 def _report(outcomes: list) -> int:
     """What the driver did with each command, one line each; exit code 1 when it rejected one."""
     for o in outcomes:
-        print(f"{o.name}: {o.outcome}" if o.applied else f"{o.name} rejected: {o.outcome}")
+        _say(f"{o.name}: {o.outcome}" if o.applied else f"{o.name} rejected: {o.outcome}")
     return 0 if all(o.applied for o in outcomes) else 1
 
 
@@ -167,11 +178,28 @@ def _json_object(text: str, what: str) -> dict:
 
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"`{what}` is {text!r}, but must be a JSON object such as '{{\"lr\": 0.01}}' ({e})") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        given = repr(text) if len(text) <= 200 else f"{text[:60]!r}... ({len(text)} characters)"
+        why = e if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+        raise ValueError(f"`{what}` is {given}, but must be a JSON object such as '{{\"lr\": 0.01}}' ({why})") from None
     if not isinstance(value, dict):
         raise ValueError(f"`{what}` is {text!r}, but must be a JSON object such as '{{\"lr\": 0.01}}'")
+    _check_text(value, what, text)
     return value
+
+
+def _check_text(value: object, what: str, text: str) -> None:
+    """A ValueError when a str in `value` (a key too) is not UTF-8 text: a lone surrogate, which JSON's `\\udcff`
+    escape makes and a run's tables (pandas' Arrow strings) cannot hold."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack += [*v.keys(), *v.values()]
+        elif isinstance(v, list):
+            stack += v
+        elif isinstance(v, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in v):
+            raise ValueError(f"`{what}` is {text!r}, but its text must be UTF-8: {v!r} holds a lone surrogate")
 
 
 def _setting(text: str) -> tuple[str, object]:
@@ -182,32 +210,43 @@ def _setting(text: str) -> tuple[str, object]:
     if not sep or not name:
         raise ValueError(f"`--set` is {text!r}, but must be NAME=VALUE (e.g. lr=0.001)")
     try:
-        return name, json.loads(value)
-    except json.JSONDecodeError:
-        return name, value
+        setting = name, json.loads(value)
+    except (json.JSONDecodeError, RecursionError):
+        setting = name, value
+    _check_text(list(setting), "--set", text)
+    return setting
 
 
 def _watch(args: argparse.Namespace) -> int:
     import time
+    import warnings
 
-    from framework import Result
-    from framework.runs import age, run_status
+    from framework.engine.catalog import UnverifiedRunWarning, configs_named, describe_problems
+    from framework.runs import age, open_result, run_status
 
     while True:
         s = run_status(args.run)
-        with Result.open(args.run) as result:
-            board = result.get_dataframe().head(args.top).drop(columns=["round"], errors="ignore")
-            recent = result.events[result.events.kind.isin(("command", "worker_failed", "worker_joined",
-                                                            "config_failed", "worker_killed"))].tail(5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnverifiedRunWarning)  # said in every frame instead, with the rows
+            with open_result(args.run) as result:
+                board = result.get_dataframe().head(args.top).drop(columns=["round"], errors="ignore")
+                recent = result.events[result.events.kind.isin(("command", "worker_failed", "worker_joined",
+                                                                "config_failed", "worker_killed", "inbox"))].tail(5)
+                unverified = list(result.unverified)
         units = s["units_done"]
         frame = [f"{s['path']}: {s['status']}, {s['num_configs']} configs {s['configs']}, "
-                 f"{units.get('train', 0)} train units, {s['rounds']} rounds, last activity {age(s['age_s'])} ago",
-                 board.to_string(index=False)]
+                 f"{units.get('train', 0)} train units, {s['rounds']} rounds, last activity {age(s['age_s'])} ago"]
+        if unverified:  # what the board shows may not be what the run computed: say so, and which configs
+            suspect = configs_named(unverified)
+            board.insert(1, "verified", ["NO" if c in suspect else "" for c in board.config_id])
+            frame += [f"NOT VERIFIED ({len(unverified)} problems: records edited, or not written by this run under "
+                      f"this machine's key; configs marked NO): {describe_problems(unverified, shown=5)}"]
+        frame += [board.to_string(index=False)]
         if not recent.empty:
             frame += ["recent events:"] + [f"  {k} {d}" for k, d in zip(recent.kind, recent.detail)]
         if not args.once and sys.stdout.isatty():
             print("\x1b[H\x1b[2J", end="")  # clear the terminal: the table refreshes in place
-        print("\n".join(frame), flush=True)
+        _say("\n".join(frame), flush=True)
         if args.once or s["status"] not in ("running", "running?"):
             return 0
         time.sleep(args.interval)
@@ -220,7 +259,7 @@ def _status(args: argparse.Namespace) -> int:
 
     s = run_status(args.run)
     if args.json:
-        print(json.dumps(s, indent=1, default=str))
+        _say(json.dumps(s, indent=1, default=str))
         return 0
     d = s["driver"] or {}
     driver = f"pid {d.get('pid')} on {d.get('host')}" if d.get("pid") else "not recorded"
@@ -248,7 +287,7 @@ def _status(args: argparse.Namespace) -> int:
     ]
     width = max(len(k) for k, _ in lines) + 1
     for k, v in lines:
-        print(f"{k + ':':<{width}} {v}")
+        _say(f"{k + ':':<{width}} {v}")
     return 0
 
 
@@ -257,9 +296,9 @@ def _compare(args: argparse.Namespace) -> int:
 
     board = compare_runs(args.runs, args.metric, args.mode, args.scope, top=args.top)
     if args.json:
-        print(board.to_json(orient="records", indent=1))
+        _say(board.to_json(orient="records", indent=1))
         return 0
-    print(board.to_string(index=False))
+    _say(board.to_string(index=False))
     return 0
 
 
@@ -267,8 +306,8 @@ def _export(args: argparse.Namespace) -> int:
     from framework.runs import export_run
 
     files = export_run(args.run, args.format, args.out)
-    print(f"Exported {len(files)} tables of {args.run} to {os.path.dirname(next(iter(files.values())))}: "
-          f"{', '.join(os.path.basename(f) for f in files.values())}")
+    _say(f"Exported {len(files)} tables of {args.run} to {os.path.dirname(next(iter(files.values())))}: "
+         f"{', '.join(os.path.basename(f) for f in files.values())}")
     return 0
 
 
@@ -276,7 +315,7 @@ def _resume(args: argparse.Namespace) -> int:
     from framework.runs import FUNCTIONS, resume_run, run_status
 
     if run_status(args.run)["status"] == "finished":
-        print(f"The run in {args.run} had finished: nothing to resume")
+        _say(f"The run in {args.run} had finished: nothing to resume")
         return 0
     overrides = {k: v for k, v in (
         ("scheduler", args.scheduler), ("queue_depth", args.queue_depth), ("checkpoint", args.checkpoint),
@@ -286,8 +325,8 @@ def _resume(args: argparse.Namespace) -> int:
     functions = {n: getattr(args, n) for n in FUNCTIONS if getattr(args, n) is not None}
     result = resume_run(args.run, trust_unverified=args.trust_unverified, functions=functions,
                         progress=not args.quiet, **overrides)
-    print(f"Resumed {args.run}: it finished")
-    print(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
+    _say(f"Resumed {args.run}: it finished")
+    _say(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
     return 0
 
 
@@ -297,7 +336,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     from framework.dashboard import serve
 
     with serve(args.run, host=args.host, port=args.port, token=args.token) as board:
-        print(f"Serving the dashboard of {args.run} at {board.url} (Ctrl-C stops it)", flush=True)
+        _say(f"Serving the dashboard of {args.run} at {board.url} (Ctrl-C stops it)", flush=True)
         try:
             while True:
                 time.sleep(3600)
@@ -323,21 +362,34 @@ def _int_at_least(low: int):
 _positive_int, _count = _int_at_least(1), _int_at_least(0)
 
 
-def _seconds(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{s!r} must be > 0")
-    return v
+def _seconds_up_to(high: float):
+    """An argparse type: a finite number of seconds > 0 and <= `high`."""
+
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
+        if not 0 < v < math.inf:
+            raise argparse.ArgumentTypeError(f"{s!r} must be a finite number of seconds > 0")
+        if v > high:
+            raise argparse.ArgumentTypeError(f"{s!r} must be at most {high:g} seconds")
+        return v
+
+    return parse
+
+
+_seconds, _any_seconds = _seconds_up_to(MAX_WAIT_S), _seconds_up_to(math.inf)
 
 
 def _checkpoint(s: str) -> str | float:
     try:
-        return float(s)  # every N seconds
+        v = float(s)  # every N seconds
     except ValueError:
         return s  # a policy name: RunOptions checks it
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"{s!r} must be epoch, unit, off or a finite number of seconds > 0")
+    return v
 
 
 def _resources(s: str) -> dict:
@@ -345,7 +397,7 @@ def _resources(s: str) -> dict:
 
     try:
         v = json.loads(s)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise argparse.ArgumentTypeError(f"{s!r} is not JSON, e.g. '{{\"CPU\": 1}}'") from None
     if not isinstance(v, dict):
         raise argparse.ArgumentTypeError(f"{s!r} must be a JSON object, e.g. '{{\"CPU\": 1, \"GPU\": 1}}'")
@@ -398,7 +450,7 @@ def _config_parsers(sub, fmt) -> None:
         elif name != "stop":
             p.add_argument("--epochs", type=_positive_int, default=None,
                            help="epochs it trains in all (default: the procedure's per-config budget)")
-        p.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the driver's answer")
+        p.add_argument("--timeout", type=_seconds, default=60.0, help=_ANSWER_WAIT)
         p.set_defaults(func=_config_command)
 
 
@@ -411,7 +463,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=_positive_int, default=2, help="partitions and worker actors")
     demo.add_argument("--epochs", type=_positive_int, default=5, help="epochs per config")
     demo.add_argument("--scheduler", default="randomized", help="a name from framework.scheduling.SCHEDULERS")
-    demo.add_argument("--seed", type=int, default=0, help="run seed")
+    demo.add_argument("--seed", type=_count, default=0, help="run seed")
     demo.add_argument("--storage-path", default=None,
                       help="run directory or URI (None: a new folder under $MODELHOPPER_STORAGE or ~/modelhopper_runs)")
     demo.set_defaults(func=_demo)
@@ -452,7 +504,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     wa = sub.add_parser("watch", help="a live leaderboard of a run, refreshed until it stops running (reads only)",
                         formatter_class=fmt)
     wa.add_argument("run", help="run directory (or the URI it was mirrored to)")
-    wa.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes")
+    wa.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes (at most a day)")
     wa.add_argument("--top", type=_positive_int, default=10, help="how many of the best configs to show")
     wa.add_argument("--once", action="store_true", help="print once and exit")
     wa.set_defaults(func=_watch)
@@ -463,14 +515,14 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     wk.add_argument("--add", type=_positive_int, default=None, metavar="N", help="start N more workers")
     wk.add_argument("--drain", type=_count, default=None, metavar="WORKER",
                     help="this worker takes no new units, finishes the one it runs, then leaves")
-    wk.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the driver's answer")
+    wk.add_argument("--timeout", type=_seconds, default=60.0, help=_ANSWER_WAIT)
     wk.set_defaults(func=_workers)
     for name, what in (("pause", "pause a running run: units running finish, nothing new starts, workers stay"),
                        ("unpause", "continue a paused run where it paused")):
         pa = sub.add_parser(name, help=what, formatter_class=fmt, description=what + ". Prints what the run's driver "
                             "did (exit code 1 when it rejected the command).")
         pa.add_argument("run", help="run directory of a running run")
-        pa.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the driver's answer")
+        pa.add_argument("--timeout", type=_seconds, default=60.0, help=_ANSWER_WAIT)
         pa.set_defaults(func=_pause)
     _config_parsers(sub, fmt)
     cmp = sub.add_parser("compare", help="the best configs of several runs side by side (reads only)",
@@ -518,7 +570,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                      help="units a worker holds at once (None: the run's)")
     res.add_argument("--checkpoint", type=_checkpoint, default=None,
                      help="when config states reach the disk: epoch, unit, or every N seconds (None: the run's)")
-    res.add_argument("--unit-timeout-s", type=_seconds, default=None,
+    res.add_argument("--unit-timeout-s", type=_any_seconds, default=None,
                      help="seconds after which a running unit counts as hung (None: the run's)")
     res.add_argument("--max-unit-retries", type=_count, default=None,
                      help="how often a unit whose user code raised is retried (None: the run's)")
@@ -548,6 +600,18 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
 USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, ImportError, TimeoutError)
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """A ValueError naming the argument when a run directory (or an output folder) given is not UTF-8 text: SQLite
+    cannot open a run there (`framework.storage.not_utf8`). `list` takes such a root: it lists what it finds."""
+    from framework.storage import check_utf8
+
+    for dest in ("storage_path", "run", "runs", "out"):
+        given = getattr(args, dest, None)
+        for path in given if isinstance(given, list) else [given]:
+            if isinstance(path, str):
+                check_utf8("run" if dest == "runs" else dest, path)
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m framework") -> int:
     from framework.engine.catalog import CatalogError
     from framework.engine.signing import SignatureError
@@ -558,15 +622,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m framework") -> in
     args = parser.parse_args(argv)
 
     def warn(message, category, filename, lineno, file=None, line=None) -> None:  # one line, as errors are
-        print(f"{parser.prog} {args.command}: warning: {message}", file=sys.stderr)
+        print(printable(f"{parser.prog} {args.command}: warning: {message}"), file=sys.stderr)
 
     try:
+        _check_paths(args)
         with warnings.catch_warnings():
             warnings.showwarning = warn
             return args.func(args)
     except (*USER_ERRORS, CatalogError, SignatureError, NoResultError, NotRunningError) as e:
-        msg = e
-        print(f"{parser.prog} {args.command}: error: {msg}", file=sys.stderr)
+        print(printable(f"{parser.prog} {args.command}: error: {e}"), file=sys.stderr)  # one line, whatever e says
         return 2
     except BrokenPipeError:  # `show RUN | head`: the reader left; no traceback, and none at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -37,15 +37,22 @@ logger = logging.getLogger(__name__)
 
 
 def _scope_window(scope: str) -> int | None:
-    """How many last epochs a scope averages (0: all), or None for a scope that ranks one epoch."""
+    """How many last epochs a scope averages (0: all), or None for a scope that ranks one epoch. An N in
+    "last-N-avg" beyond a config's epochs averages all of them, as "avg" does; so does any N of more than 9 digits
+    (no config trains a billion epochs, and pandas takes no N beyond a C long)."""
+    if not isinstance(scope, str):
+        raise TypeError(f"`scope` is {scope!r}, but must be a str: one of {list(SCOPES)} or 'last-N-avg'")
     if scope in ("last", "all"):
         return None
     if scope == "avg":
         return 0
     parts = scope.split("-")
-    if len(parts) == 3 and parts[0] == "last" and parts[2] == "avg" and parts[1].isdigit() and int(parts[1]) >= 1:
-        return int(parts[1])
-    raise ValueError(f"`scope` is {scope!r}, but must be one of {list(SCOPES)} or 'last-N-avg' with N >= 1")
+    if len(parts) == 3 and parts[0] == "last" and parts[2] == "avg" and parts[1].isascii() and parts[1].isdigit():
+        digits = parts[1].lstrip("0")
+        if digits:
+            return int(digits) if len(digits) <= 9 else 0
+    raise ValueError(f"`scope` is {scope!r}, but must be one of {list(SCOPES)} or 'last-N-avg' with N >= 1 (in "
+                     "digits 0-9)")
 
 
 def pareto_ranks(values: np.ndarray) -> np.ndarray:
@@ -395,6 +402,62 @@ class Result:
             logger.info("config %d: loaded its latest checkpoint %s (epoch %d, after %d training units)",
                         config_id, state["checkpoint"]["path"], epoch, units)
         return state
+
+    # ---- the completeness proof ---------------------------------------------------------------------------------
+    def check_completeness(self) -> pd.DataFrame:
+        """Every config's completeness proof, checked: the visit record (`visited`) of its latest verified
+        checkpoint against the schedule log (its done training units, a gang's step counted once per partition)
+        and the epochs the run committed for it. One row per problem (config_id, epoch, rule, detail; empty: the
+        proof holds), by the rules of `framework.completeness`: each finished epoch absorbed every partition
+        exactly once, in the logged order; no visit that the log lacks (inherited), no done unit that the state
+        lacks (lost); nothing after the epoch in progress. What may differ legitimately (a partial last epoch of a
+        stopped or active config, a failed config's lagging state, re-run units, evaluation units) is described
+        there. Reads every config's checkpoint (checksummed, weights-only); writes nothing."""
+        from framework.completeness import as_frame
+
+        return as_frame(self._completeness_problems())
+
+    def _completeness_problems(self) -> list:
+        """`check_completeness`'s problems, as `framework.completeness.CompletenessProblem`s."""
+        from framework.completeness import CompletenessProblem, logged_visits, run_partitions, visit_problems
+        from framework.engine.checkpoint import CorruptCheckpointError
+
+        if self._copy is not None and not self._copy.alive:
+            raise ValueError(f"this Result was closed: its copy of the run ({self.storage_path!r}) is removed; open "
+                             "the run again with Result.open to check its checkpoints")
+        partitions = run_partitions(self.meta, self.schedule)
+        logged = logged_visits(self.schedule)
+        committed = ({} if self.metrics.empty else
+                     {int(c): list(g) for c, g in self.metrics.groupby("config_id").epoch})
+        problems = []
+        catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE), readonly=True)
+        try:
+            for cid, status, epochs in zip(self.status.config_id, self.status.status, self.status.epochs):
+                cid = int(cid)
+                try:
+                    state, _, units, skipped = load_latest_verified(catalog, cid)
+                    visited = state.get("visited") or {}
+                except CorruptCheckpointError:  # none verifies, or none was written
+                    visited, units, skipped = None, None, []
+                if skipped and status != "failed":
+                    problems.append(CompletenessProblem(cid, None, "stale", "its newest checkpoint does not verify, "
+                                                        f"the proof read is older: {skipped[0][1]}"))
+                problems += visit_problems(cid, status=status, epochs=int(epochs), partitions=partitions,
+                                           visited=visited, units=units, logged=logged.get(cid, []),
+                                           metric_epochs=committed.get(cid, []))
+        finally:
+            catalog.close()
+        return problems
+
+    def assert_complete(self) -> None:
+        """Raise `IncompleteRunError` listing the problems `check_completeness` finds; return None when the run's
+        completeness proof holds."""
+        from framework.completeness import IncompleteRunError, describe
+
+        problems = self._completeness_problems()
+        if problems:
+            raise IncompleteRunError(f"the run in {self.storage_path!r} fails its completeness check "
+                                     f"({len(problems)} problems):\n{describe(problems)}")
 
     def load_model(self, config_id: int | None = None, model_fn: Callable | None = None) -> torch.nn.Module:
         """A config's model (default: the best) with its latest weights, built by `model_fn(config)`.

@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import tempfile
 import time
 import warnings
@@ -37,12 +38,13 @@ from typing import Any
 
 import pandas as pd
 
+from framework.cli import printable
 from framework.engine.catalog import CatalogError, SQLiteCatalog, UnverifiedRunWarning, check_verified
 from framework.result import CATALOG_FILE, OUTCOMES, NoResultError, Result
-from framework.storage import default_root, is_uri, run_name, unusable_dir
+from framework.storage import check_utf8, default_root, is_uri, run_name, unusable_dir
 
 __all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "compare_runs", "export_run", "find_runs", "list_runs",
-           "resume_run", "run_status"]
+           "open_result", "resume_run", "run_status"]
 
 STATUSES = ("finished", "running", "crashed", "running?", "unknown", "unreadable")
 #: a run whose driver cannot be checked counts as maybe running (`running?`) while it changed this recently (seconds)
@@ -242,22 +244,20 @@ def find_runs(root: str, max_depth: int = 4) -> list[str]:
         raise FileNotFoundError(f"`root` {root!r} is not a folder" if os.path.exists(root)
                                 else f"`root` {root!r} does not exist")
     found: list[str] = []
-
-    def walk(folder: str, depth: int) -> None:
+    stack = [(os.path.abspath(root), 0)]  # depth first, in name order; a stack, not recursion: any depth is fine
+    while stack:
+        folder, depth = stack.pop()
         if os.path.isfile(os.path.join(folder, CATALOG_FILE)):
             found.append(folder)
-            return
+            continue
         if depth >= max_depth:
-            return
+            continue
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError:
-            return  # unreadable: nothing of it can be listed
-        for e in entries:
-            if not e.name.startswith(".") and e.is_dir(follow_symlinks=False):
-                walk(e.path, depth + 1)
-
-    walk(os.path.abspath(root), 0)
+            continue  # unreadable: nothing of it can be listed
+        stack += [(e.path, depth + 1) for e in reversed(entries)
+                  if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
     return found
 
 
@@ -270,29 +270,37 @@ def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = N
     `path` (relative to `root`), `status` (module docstring), `configs`, `best` (the best config's value of the
     run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
     `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).
-    Runs that do not verify are listed too (`verified` False); nothing they name is imported."""
+    Runs that do not verify are listed too (`verified` False); nothing they name is imported. The text columns are
+    `framework.cli.printable`: a folder whose name is not UTF-8 (an `unreadable` run: SQLite cannot open it) is
+    listed with its bytes escaped (`run-\\xff`), and no control character of a name or an edited catalog reaches a
+    terminal."""
     given = root is not None
     root = os.path.abspath(os.path.expanduser(root if given else default_root()))
     now = time.time() if now is None else now
     rows = []
     # the default root does not exist before the first run: no runs (a root the user names must exist)
     for path in find_runs(root, max_depth) if given or os.path.exists(root) else []:
-        rel = os.path.relpath(path, root)
+        rel = printable(os.path.relpath(path, root))
         try:
             s = run_status(path, now)
         except (CatalogError, ValueError, TypeError, KeyError, OSError) as e:
             mtime = os.path.getmtime(os.path.join(path, CATALOG_FILE))
             rows.append({"path": rel, "status": "unreadable", "configs": 0, "best": float("nan"), "metric": None,
                          "mode": None, "last_activity": mtime, "age_s": now - mtime, "verified": False, "pid": None,
-                         "error": f"{type(e).__name__}: {e}"})
+                         "error": printable(f"{type(e).__name__}: {e}")})
             continue
         best = s["best"]["value"] if s["best"] is not None and s["best"]["value"] is not None else float("nan")
         rows.append({"path": rel, "status": s["status"], "configs": s["num_configs"], "best": best,
-                     "metric": s["metric"], "mode": s["mode"], "last_activity": s["last_activity"],
+                     "metric": _text(s["metric"]), "mode": _text(s["mode"]), "last_activity": s["last_activity"],
                      "age_s": s["age_s"], "verified": s["verified"], "pid": s["pid"], "error": None})
     df = pd.DataFrame(rows, columns=LIST_COLUMNS)
     df["pid"] = df.pid.astype("Int64")
     return df.sort_values("last_activity", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _text(value: Any) -> Any:
+    """A str an (edited) catalog holds, `printable`; anything else as it is."""
+    return printable(value) if isinstance(value, str) else value
 
 
 def age(seconds: float) -> str:
@@ -473,7 +481,23 @@ def _read(path: str) -> Result:
     """`Result.open(path)`, quiet about an unverified run."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnverifiedRunWarning)
+        return open_result(path)
+
+
+def open_result(path: str) -> Result:
+    """`Result.open(path)`; a run whose catalog holds text that is not UTF-8 (a lone surrogate such as JSON's
+    `"\\udcff"` in a config or its meta, which a run's tables cannot hold) raises `CatalogError` naming it, as it
+    does for a catalog SQLite cannot open (a path of more than 512 bytes); a `path` that is not UTF-8 text raises a
+    `ValueError` (`framework.storage.not_utf8`)."""
+    check_utf8("storage_path", path)
+    try:
         return Result.open(path)
+    except sqlite3.OperationalError as e:  # e.g. a path longer than SQLite takes (512 bytes), or no permission
+        raise CatalogError(f"the run in {path!r} cannot be opened: SQLite says {e}") from None
+    except UnicodeEncodeError as e:
+        raise CatalogError(f"the run in {path!r} holds text that is not UTF-8 ({printable(e.object[e.start:e.end])}: "
+                           "a lone surrogate, from a JSON escape such as \\udcff in a config or an edited catalog), "
+                           "which its tables cannot hold") from None
 
 
 def _import(ref: str | None, name: str, path: str) -> Callable | None:

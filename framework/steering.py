@@ -113,7 +113,7 @@ class RunHandle:
         """Continue a paused run where it paused."""
         return self.send("unpause", timeout=timeout)
 
-    def send(self, name: str, timeout: float = 60.0, **args: Any) -> CommandOutcome:
+    def send(self, name: str, /, timeout: float = 60.0, **args: Any) -> CommandOutcome:
         """Send command `name` with `args` and wait (at most `timeout` seconds) until the driver has applied or
         rejected it. A run that is not running, or stops in the meantime, raises `NotRunningError`; no answer in time,
         `TimeoutError` (the command stays in the inbox: a resume applies it)."""
@@ -121,8 +121,9 @@ class RunHandle:
             raise ValueError(f"`timeout` is {timeout!r}, but must be a number of seconds > 0")
         try:
             json.dumps(args)
-        except TypeError as e:
-            raise ValueError(f"the arguments of {name!r} must be JSON values: {e}") from None
+        except (TypeError, ValueError, RecursionError) as e:
+            raise ValueError(f"the arguments of {name!r} must be JSON values nested less deeply: "
+                             f"{type(e).__name__}: {e}") from None
         self._check_running()
         nonce = send_request(self.path, self.run_id, name, args, source=self.source)
         deadline = time.monotonic() + timeout

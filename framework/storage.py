@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 
+from framework.cli import printable
 from framework.engine.catalog import confine
 
 STORAGE_ENV = "MODELHOPPER_STORAGE"
@@ -57,10 +58,43 @@ def is_uri(path: str) -> bool:
     return isinstance(path, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
 
 
+#: the longest folder name, in UTF-8 bytes, that Linux, macOS and Windows file systems all take
+NAME_MAX = 255
+
+
 def check_folder_name(param: str, name: str) -> None:
-    """A ValueError naming `param` unless `name` is one folder's name: a non-empty str, not '.' or '..', no separator."""
+    """A ValueError naming `param` unless `name` is one folder's name: a non-empty str, not '.' or '..', no separator,
+    of printable text (no control characters, and no lone surrogates: those stand for bytes that are not UTF-8, which
+    no run's catalog can be opened under, and a listing could not print), at most `NAME_MAX` bytes."""
+    rule = ("a folder name of printable UTF-8 text (no control characters or lone surrogates), not empty, '.' or "
+            f"'..', without '/', at most {NAME_MAX} bytes")
     if not isinstance(name, str) or name in ("", ".", "..") or os.sep in name or "/" in name:
-        raise ValueError(f"`{param}` is {name!r}, but must be a folder name (not empty, '.' or '..', without '/')")
+        raise ValueError(f"`{param}` is {name!r}, but must be {rule}")
+    if not name.isprintable():
+        bad = next(c for c in name if not c.isprintable())
+        raise ValueError(f"`{param}` is {name!r}, but must be {rule}; it holds {bad!r}")
+    if len(name.encode()) > NAME_MAX:
+        raise ValueError(f"`{param}` is {name[:40]!r}... ({len(name.encode())} bytes), but must be {rule}")
+
+
+def not_utf8(path: str) -> str | None:
+    """Why `path` cannot hold a run, or None when it can: it holds a byte that is not UTF-8 (a folder made with a bytes
+    name, or from a str with a lone surrogate such as `"\\udcff"`). SQLite opens a run's catalog read-only by a
+    UTF-8 `file:` URI, so no run under such a path can be read (`status`, `show`, `Result.open`)."""
+    if not isinstance(path, str):
+        return None
+    try:
+        path.encode()
+    except UnicodeEncodeError as e:
+        return (f"it holds {printable(e.object[e.start:e.end])}, which is not UTF-8 text (a byte of a name made "
+                "outside Python, or a lone surrogate), so SQLite cannot open a run's catalog there")
+    return None
+
+
+def check_utf8(param: str, path: str) -> None:
+    """A ValueError naming `param` and its value (`printable`) when `path` is not UTF-8 text (see `not_utf8`)."""
+    if (why := not_utf8(path)) is not None:
+        raise ValueError(f"`{param}` is '{printable(path)}', but {why}")
 
 
 def enclosing_run(path: str, catalog_file: str) -> str | None:
@@ -82,7 +116,9 @@ class StorageUnreachableError(OSError, ValueError):
 
 def unusable_dir(path: str) -> str | None:
     """Why no run directory can be made at `path`, or None when one can: `path` (or the nearest of its parents that
-    exists) is a file, or a folder this process may not write into."""
+    exists) is a file, or a folder this process may not write into, or `path` is not UTF-8 text (`not_utf8`)."""
+    if (why := not_utf8(path)) is not None:
+        return why
     path = existing = os.path.abspath(path)
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)
@@ -107,6 +143,7 @@ class RunStorage:
         self.uri: str | None = None
         self.sync_every_s = sync_every_s
         self._last_push = 0.0
+        check_utf8("storage_path", storage_path)  # a URI's too: it names the working copy's folder
         if storage_path is None:
             self.local = os.path.join(default_root(), name)
         elif storage_path == "":  # abspath("") is the working directory, which `ray job submit` replaces
@@ -126,6 +163,7 @@ class RunStorage:
             raise TypeError(f"`storage_path` is {storage_path!r}, but must be a path, a URI or None")
         else:
             self.local = os.path.abspath(os.fspath(storage_path))
+        check_utf8("storage_path", self.local)
 
     def __repr__(self) -> str:
         return f"RunStorage(local={self.local!r}, uri={self.uri!r})"

@@ -25,3 +25,21 @@ def digits():
     from framework.examples import digits_arrays
 
     return digits_arrays()
+
+
+def _assert_complete(result_or_path):
+    """Check a finished run's completeness proof (`Result.assert_complete`): every config's latest verified state
+    records exactly the visits the schedule log has, each finished epoch every partition once. Returns the Result."""
+    from framework.result import Result
+
+    result = result_or_path if isinstance(result_or_path, Result) else Result.open(str(result_or_path))
+    assert (result.schedule.kind == "train").any(), f"nothing trained in {result.storage_path}: nothing to check"
+    result.assert_complete()
+    return result
+
+
+@pytest.fixture(scope="session")
+def assert_complete():
+    """`assert_complete(result_or_path)`: raises `IncompleteRunError` naming each config whose visit record (in its
+    latest verified checkpoint) disagrees with the schedule log or its committed epochs."""
+    return _assert_complete

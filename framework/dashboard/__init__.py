@@ -9,7 +9,9 @@ so the dashboard serves a running run, a crashed one and a finished one alike, f
 
     GET  /                 the page
     GET  /api/status       `framework.runs.run_status(run)`
-    GET  /api/leaderboard  every config, best first: config_id, status, epochs, value (of the run's metric), config
+    GET  /api/leaderboard  every config, best first: config_id, status, epochs, value (of the run's metric), config;
+                           and what of the run does not verify: `unverified` (lines, the first `TRUST_LIMIT`),
+                           `unverified_count`, `suspect_configs` (the configs those lines name): the page shows them
     GET  /api/curves       each config's value of the run's metric per epoch
     GET  /api/schedule     the last `SCHEDULE_LIMIT` units done: config_id, epoch, partition, worker, kind, start, end
     GET  /api/events       the last `EVENTS_LIMIT` events (failures, workers, commands; not each round's commit)
@@ -17,12 +19,17 @@ so the dashboard serves a running run, a crashed one and a finished one alike, f
                            200 with the driver's outcome (applied true or false), 409 when the run is not running,
                            504 when the driver did not answer in time, 400 for a body of another shape
 
-**Access.** Bound to 127.0.0.1, localhost or ::1, it answers only requests addressed to that host (a web page from
-elsewhere cannot reach it by renaming a host of its own: DNS rebinding), and commands must be sent as
-`application/json` from the dashboard's own origin (a foreign page cannot send one). Bound to any other host it
-requires a token (one is made with `secrets.token_urlsafe(16)` when none is given): every request carries it as
-`?token=...` or `Authorization: Bearer ...`, else 401. The token travels in clear: beyond a trusted network, put the
-dashboard behind TLS (an SSH tunnel to a localhost-bound dashboard is the simplest).
+**Access.** Every request needs the dashboard's token, on every address, 127.0.0.1 included (as Jupyter asks for
+one: any account on the machine can reach a port on localhost, and a command is signed with the owner's key): as
+`?token=...` or `Authorization: Bearer ...`, else 401. One is made with `secrets.token_urlsafe(24)` when none is
+given; `Dashboard.url` carries it, `serve` callers print that URL, and it is kept in a file only the owner can read
+(0600, `Dashboard.token_file`, under the directory of the signing key) while the dashboard serves. The page keeps
+the token of its URL and sends it with each request. Bound to 127.0.0.1, localhost or ::1, it also answers only
+requests addressed to that host (a web page from elsewhere cannot reach it by renaming a host of its own: DNS
+rebinding). Commands must be sent as `application/json` from the dashboard's own origin (a foreign page cannot send
+one), and only those a person may send from outside the run (`OUTSIDE_COMMANDS`: not `kill_worker`, a chaos-testing
+command of the driver's own process). The token travels in clear: beyond a trusted network, put the dashboard
+behind TLS (an SSH tunnel to a localhost-bound dashboard is the simplest).
 
 The server is aiohttp's (`aiohttp.web`): no new dependency, since `ray[default]` installs it (Ray's own dashboard
 runs on it), and it serves on an asyncio loop of its own on a daemon thread. Reads and commands run on small thread
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ipaddress
 import json
 import logging
@@ -43,18 +51,25 @@ import socket
 import sys
 import threading
 import urllib.parse
+import warnings
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
 
 from framework.callbacks import Callback, RunInfo
-from framework.engine.catalog import SQLiteCatalog
+from framework.driver.commands import OUTSIDE_COMMANDS
+from framework.engine.catalog import SQLiteCatalog, UnverifiedRunWarning, configs_named
+from framework.engine.inbox import InboxError
+from framework.engine.signing import key_path
 from framework.result import CATALOG_FILE, Result
 
-__all__ = ["EVENTS_LIMIT", "LOCAL_HOSTS", "SCHEDULE_LIMIT", "Dashboard", "DashboardCallback", "serve"]
+__all__ = ["EVENTS_LIMIT", "LOCAL_HOSTS", "OUTSIDE_COMMANDS", "SCHEDULE_LIMIT", "Dashboard", "DashboardCallback",
+           "serve"]
 
-#: hosts a dashboard may listen on without a token (reachable from this machine only)
+#: how many of the lines saying what does not verify `/api/leaderboard` returns (`unverified_count`: all of them)
+TRUST_LIMIT = 50
+#: hosts reachable from this machine only: a dashboard bound to one answers requests addressed to it only
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: how many of the latest units `/api/schedule` returns, and events `/api/events`
 SCHEDULE_LIMIT, EVENTS_LIMIT = 2000, 200
@@ -66,15 +81,17 @@ logger = logging.getLogger(__name__)
 
 
 class Dashboard:
-    """A dashboard server that is listening (made by `serve`): `url` to open (with `?token=...` when it has a token),
-    `port`, `host`, `token`, `run`; `close()` stops it (also at the end of a `with` block)."""
+    """A dashboard server that is listening (made by `serve`): `url` to open (it carries `?token=...`), `port`,
+    `host`, `token`, `run`, `token_file` (where the token is kept while it serves, 0600; None when it could not be
+    written); `close()` stops it (also at the end of a `with` block)."""
 
-    def __init__(self, run: str, host: str, sock: socket.socket, token: str | None) -> None:
+    def __init__(self, run: str, host: str, sock: socket.socket, token: str) -> None:
         self.run, self.host, self.token = run, host, token
         self.port: int = sock.getsockname()[1]
         shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
         netloc = f"[{shown}]:{self.port}" if ":" in shown else f"{shown}:{self.port}"
-        self.url = f"http://{netloc}/" + (f"?token={urllib.parse.quote(token)}" if token else "")
+        self.url = f"http://{netloc}/?token={urllib.parse.quote(token)}"
+        self.token_file = _keep_token(self)
         self._reads = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="dashboard-read")
         self._commands = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="dashboard-command")
         self._loop = asyncio.new_event_loop()
@@ -120,6 +137,9 @@ class Dashboard:
             self._thread.join(timeout=10)
         for pool in (self._reads, self._commands):
             pool.shutdown(wait=False, cancel_futures=True)
+        if self.token_file is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self.token_file)
 
     def __enter__(self) -> Dashboard:
         return self
@@ -133,8 +153,8 @@ class Dashboard:
 
 def serve(run: str, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> Dashboard:
     """Serve the dashboard of the run in directory `run` on `host`:`port` (0: a free port) and return once it
-    listens; it serves from a daemon thread until `close()`. Bound to a host other than 127.0.0.1, localhost or ::1
-    it needs a `token` and makes one when none is given (`Dashboard.url` carries it). Raises `ValueError` for a bad
+    listens; it serves from a daemon thread until `close()`. Every request needs `token` (one is made when none is
+    given; `Dashboard.url` carries it, and `Dashboard.token_file` keeps it for the owner). Raises `ValueError` for a bad
     argument, or a host and port that cannot be listened on, and `FileNotFoundError` when `run` holds no run."""
     if not isinstance(run, (str, os.PathLike)):
         raise ValueError(f"`run` is {run!r}, but must be the path of a run directory (a str)")
@@ -146,9 +166,7 @@ def serve(run: str, host: str = "127.0.0.1", port: int = 0, token: str | None = 
     _check_port(port)
     if token is not None and (not isinstance(token, str) or not token or any(c.isspace() for c in token)):
         raise ValueError(f"`token` is {token!r}, but must be None or a non-empty str without spaces")
-    if token is None and host not in LOCAL_HOSTS:
-        token = secrets.token_urlsafe(16)
-    return Dashboard(path, host, _listen(host, port), token)
+    return Dashboard(path, host, _listen(host, port), token if token is not None else secrets.token_urlsafe(24))
 
 
 class DashboardCallback(Callback):
@@ -171,6 +189,26 @@ class DashboardCallback(Callback):
         if self.board is not None:
             self.board.close()
             self.board = None
+
+
+def tokens_dir() -> str:
+    """Where a serving dashboard keeps its token: `dashboards/` beside the signing key (only the owner can read)."""
+    return os.path.join(os.path.dirname(key_path()), "dashboards")
+
+
+def _keep_token(board: Dashboard) -> str | None:
+    """Write `board`'s run, URL and token to a 0600 file of its own (`tokens_dir()`, named by pid and port), so its
+    owner can find the token of a dashboard another of their processes serves; None when it cannot be written."""
+    path = os.path.join(tokens_dir(), f"dashboard-{os.getpid()}-{board.port}.json")
+    try:
+        os.makedirs(tokens_dir(), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"run": board.run, "url": board.url, "token": board.token, "pid": os.getpid()}, f)
+        return path
+    except OSError as e:
+        logger.warning("could not keep the dashboard's token in %s: %s", path, e)
+        return None
 
 
 def _check_port(port: Any) -> None:
@@ -219,15 +257,16 @@ def _app(board: Dashboard) -> web.Application:
 
         try:
             body = await request.json()
-        except ValueError:
-            return _json({"error": "the body must be JSON: {\"name\": ..., \"args\": {...}}"}, status=400)
+        except (ValueError, RecursionError):  # RecursionError: nested too deep for Python's parser
+            return _json({"error": "the body must be JSON nested at most a few hundred levels deep: "
+                                   "{\"name\": ..., \"args\": {...}}"}, status=400)
         problem = _command_problem(body)
         if problem:
             return _json({"error": problem}, status=400)
         name, args = body["name"], body.get("args") or {}
 
         def send() -> dict[str, Any]:
-            outcome = connect(board.run, source="dashboard").send(name, timeout=COMMAND_TIMEOUT_S, **args)
+            outcome = connect(board.run, source="dashboard").send(name, COMMAND_TIMEOUT_S, **args)
             return {"name": outcome.name, "args": outcome.args, "applied": outcome.applied,
                     "outcome": outcome.outcome}
 
@@ -237,6 +276,8 @@ def _app(board: Dashboard) -> web.Application:
             return _json({"error": str(e)}, status=409)
         except TimeoutError as e:
             return _json({"error": str(e)}, status=504)
+        except InboxError as e:  # the run's inbox was replaced or damaged (the driver reads it as empty)
+            return _json({"error": str(e)}, status=503)
         except ValueError as e:
             return _json({"error": str(e)}, status=400)
 
@@ -254,17 +295,16 @@ def _guard(board: Dashboard):
 
     @web.middleware
     async def guard(request: web.Request, handler) -> web.StreamResponse:
-        if board.token is not None:
-            given = request.query.get("token")
-            auth = request.headers.get("Authorization", "")
-            if given is None and auth.startswith("Bearer "):
-                given = auth[len("Bearer "):].strip()
-            if given is None or not secrets.compare_digest(given.encode(), board.token.encode()):
-                return _json({"error": "this dashboard needs its token: ?token=... or Authorization: Bearer ..."},
-                             status=401)
-        elif _host_name(request.host) not in local_names:
-            return _json({"error": f"Host {request.host!r} is not this dashboard's (it serves 127.0.0.1, localhost "
-                                   "and ::1 only)"}, status=403)
+        given = request.query.get("token")
+        auth = request.headers.get("Authorization", "")
+        if given is None and auth.startswith("Bearer "):
+            given = auth[len("Bearer "):].strip()
+        if given is None or not secrets.compare_digest(given.encode(), board.token.encode()):
+            return _json({"error": "this dashboard needs its token: ?token=... or Authorization: Bearer ... (the URL "
+                                   "it printed carries it)"}, status=401)
+        if board.host in LOCAL_HOSTS and _host_name(request.host) not in local_names:
+            return _json({"error": f"Host {_escape(request.host)} is not this dashboard's (it serves 127.0.0.1, "
+                                   "localhost and ::1 only)"}, status=403)
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("Origin")
             if origin is not None and urllib.parse.urlsplit(origin).netloc != request.host:
@@ -273,7 +313,14 @@ def _guard(board: Dashboard):
             if request.content_type != "application/json":
                 return _json({"error": f"the body must be application/json, not {request.content_type!r}"},
                              status=415)
-        return await handler(request)
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as e:  # the server's edge: one line to the client, the traceback to the log
+            logger.exception("dashboard: %s %s failed", request.method, request.path)
+            return _json({"error": f"the dashboard failed on this request: {type(e).__name__}: {e}"[:500]},
+                         status=500)
 
     return guard
 
@@ -292,16 +339,24 @@ def _host_name(host: str) -> str:
 def _command_problem(body: Any) -> str | None:
     """Why `body` is not a command (`{"name": str, "args": dict}`), or None when it is one."""
     if not isinstance(body, dict) or set(body) - {"name", "args"}:
-        return f"the body is {json.dumps(body)[:200]}, but must be an object {{\"name\": ..., \"args\": {{...}}}}"
+        return f"the body is {_escape(body)}, but must be an object {{\"name\": ..., \"args\": {{...}}}}"
     name, args = body.get("name"), body.get("args", {})
     if not isinstance(name, str) or not name.isidentifier():
-        return f"`name` is {name!r}, but must name a command (e.g. \"pause\")"
+        return f"`name` is {_escape(name)}, but must name a command (e.g. \"pause\")"
+    if name not in OUTSIDE_COMMANDS:
+        return f"`name` is {_escape(name)}, but the dashboard sends only {sorted(OUTSIDE_COMMANDS)}"
     if args is not None and not isinstance(args, dict):
         return f"`args` is {args!r}, but must be an object of the command's arguments"
     bad = [k for k in args or {} if not k.isidentifier() or k in ("name", "timeout")]
     if bad:
-        return f"`args` names {bad}, which cannot be a command's arguments"
+        return f"`args` names {_escape(bad)}, which cannot be a command's arguments"
     return None
+
+
+def _escape(value: Any, limit: int = 200) -> str:
+    """`repr(value)`, non-ASCII escaped and cut to `limit` characters: safe to echo in an error."""
+    text = ascii(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -333,16 +388,20 @@ def _status(run: str) -> dict[str, Any]:
 
 
 def _leaderboard(run: str) -> dict[str, Any]:
-    with Result.open(run) as result:
-        board = result.get_dataframe()
-        status = result.status.set_index("config_id")
-        configs, metric, mode = result.configs, result.metric, result.mode
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnverifiedRunWarning)  # said on the page instead, every poll
+        with Result.open(run) as result:
+            board = result.get_dataframe()
+            status = result.status.set_index("config_id")
+            configs, metric, mode, unverified = result.configs, result.metric, result.mode, list(result.unverified)
     value = dict(zip(board.config_id, board[metric])) if metric in board else {}
     ranked = [int(c) for c in board.config_id]
     order = ranked + [int(c) for c in status.index if int(c) not in set(ranked)]  # none with a value yet: by id
     rows = [{"config_id": cid, "status": status.at[cid, "status"], "epochs": status.at[cid, "epochs"],
              "value": value.get(cid), "parent": status.at[cid, "parent"], "config": configs[cid]} for cid in order]
-    return {"metric": metric, "mode": mode, "configs": rows}
+    suspect = configs_named(unverified)
+    return {"metric": metric, "mode": mode, "configs": rows, "unverified": unverified[:TRUST_LIMIT],
+            "unverified_count": len(unverified), "suspect_configs": suspect}
 
 
 def _catalog(run: str) -> SQLiteCatalog:

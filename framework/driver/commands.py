@@ -24,6 +24,7 @@ import math
 import queue
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ from framework.driver._state import RunState
 from framework.driver.configs import BY_PERSON, ConfigRecord
 from framework.driver.control import add_workers, drain_worker
 from framework.engine.checkpoint import CorruptCheckpointError
+from framework.engine.inbox import InboxError
 
 
 @dataclass(frozen=True)
@@ -82,32 +84,104 @@ class QueueCommands(CommandSource):
         return out
 
 
+#: the `source` of every command read from the inbox (`inbox:<sender's source>`): from outside the run's process
+INBOX_SOURCE = "inbox"
+
+
+@dataclass(frozen=True)
+class InboxNotice(Command):
+    """News about the inbox, not a request (`InboxCommands` makes it): `apply` logs `args` as an `inbox` event and
+    shows `line` on the console; nothing is applied."""
+
+    line: str = ""
+
+
 class InboxCommands(CommandSource):
     """Requests other processes appended to the run's inbox (`framework.engine.inbox`), each applied once: `read(
-    after)` returns the requests with an id above `after`; `seen` holds the nonces already applied (a resume passes
-    those its `command` events name, so a request sent while the run was down is applied when it resumes, and none
-    twice)."""
+    after)` returns the requests with an id above `after` (at most a bounded number per call) or raises `InboxError`;
+    `seen` holds the nonces already applied (a resume passes those its `command` events name, so a request sent while
+    the run was down is applied when it resumes, and none twice).
 
-    def __init__(self, read: Callable[[int], list[Any]], seen: set[str] = frozenset(), interval_s: float = 0.05) -> None:
+    The inbox is untrusted input, so what it makes the driver log is bounded: an inbox that cannot be read is read as
+    empty and reported once per kind of breakage (one `InboxNotice`); of the requests that cannot be trusted
+    (unsigned, edited, malformed), the first `one_by_one` of every `report_s` seconds are rejected one by one (a
+    `command` event each, which a sender waiting on its nonce reads), the rest are counted, and the count (how many,
+    and why) is one `InboxNotice` at the first read after the window ends (a run that ends within a window does not
+    report its count; the rows stay in the inbox). A signed request is always applied or rejected on its own.
+    `clock` gives the time in seconds (`time.monotonic`)."""
+
+    BROKEN_S = 1.0  # the least time between two reads of an inbox that could not be read (each may cost a whole file)
+
+    def __init__(self, read: Callable[[int], list[Any]], seen: set[str] = frozenset(), interval_s: float = 0.05,
+                 report_s: float = 60.0, one_by_one: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
         # `interval_s`: the least time between two reads (one opens a SQLite file, about 0.4 ms: too much for every
         # turn of a busy loop), well inside the loop's `COMMAND_WAIT_S`
         self._read, self._after, self._seen, self._interval = read, 0, set(seen), interval_s
-        self._last = -math.inf
+        self._last, self._clock = -math.inf, clock
+        self._report_s, self._one_by_one = report_s, one_by_one
+        self._window, self._shown = -math.inf, 0  # when this report window began; rejections logged one by one in it
+        self._held: Counter[str] = Counter()  # reason -> rejections in this window not logged one by one
+        self._broken: str | None = None  # the kind of the inbox's breakage at the last read (None: it read)
+        self._told: set[str] = set()  # the kinds of breakage reported
 
     def poll(self) -> list[Command]:
-        now = time.monotonic()
-        if now - self._last < self._interval:
+        now = self._clock()
+        if now - self._last < (self._interval if self._broken is None else max(self._interval, self.BROKEN_S)):
             return []
         self._last = now
-        out = []
-        for r in self._read(self._after):
-            self._after = max(self._after, r.id)
+        out: list[Command] = []
+        try:
+            requests = self._read(self._after)
+        except InboxError as e:
+            requests = []
+            if e.kind != self._broken and e.kind in self._told:  # broken again, the same way: counted
+                self._reject(now, f"the inbox could not be read ({e.kind})", None, out)
+            elif e.kind != self._broken:
+                self._told.add(e.kind)
+                out.append(InboxNotice("inbox", {"what": "unreadable", "problem": e.kind, "error": str(e)}, "inbox",
+                                       line=f"inbox: {e}. Read as empty: the run goes on"))
+            self._broken = e.kind
+        else:
+            self._broken = None
+        for r in requests:
+            self._after = r.id  # in id order; lower than before when the inbox was made anew
             if r.nonce in self._seen:
                 continue
-            if isinstance(r.nonce, str):
-                self._seen.add(r.nonce)
-            out.append(Command(str(r.name), r.args, f"inbox:{r.source}", r.id, r.nonce, r.problem))
+            name = r.name if isinstance(r.name, str) else ""
+            source = f"{INBOX_SOURCE}:{r.source}" if isinstance(r.source, str) else INBOX_SOURCE
+            nonce = r.nonce if isinstance(r.nonce, str) else None
+            if r.problem is None:
+                self._seen.add(nonce)
+                out.append(Command(name, r.args, source, r.id, nonce))
+            else:
+                self._reject(now, r.problem, Command(name, {}, source, r.id, nonce, r.problem), out)
+        self._roll(now, out)
         return out
+
+    def _reject(self, now: float, reason: str, command: Command | None, out: list[Command]) -> None:
+        """An untrusted request (`command`) or a breakage seen again (None): logged one by one, or counted."""
+        self._roll(now, out)
+        if command is not None and self._shown < self._one_by_one:
+            self._shown += 1
+            if command.request is not None:  # its `command` event names it: a resume skips it too
+                self._seen.add(command.request)
+            out.append(command)
+        else:
+            self._held[reason] += 1
+
+    def _roll(self, now: float, out: list[Command]) -> None:
+        """At the end of a report window: the count of what it held (if anything), and a new window."""
+        if now - self._window <= self._report_s:
+            return
+        if self._held:
+            count, seconds = sum(self._held.values()), round(now - self._window, 1)
+            reasons = dict(self._held.most_common())
+            out.append(InboxNotice("inbox", {"what": "rejected", "count": count, "reasons": reasons,
+                                             "seconds": seconds}, "inbox",
+                                   line=f"inbox: {count} more untrusted request(s) rejected in {seconds:g} s, not "
+                                        "logged one by one: " + "; ".join(f"{n} x {r}" for r, n in reasons.items())))
+            self._held.clear()
+        self._window, self._shown = now, 0
 
 
 class Sources(CommandSource):
@@ -137,10 +211,30 @@ def _worker_arg(run: RunState, args: Mapping[str, Any], *, live: bool = True) ->
     return w
 
 
+#: the most workers one `add_workers` starts where the backend cannot tell what fits (each start takes the loop ~45 ms)
+MAX_ADD_WORKERS = 64
+
+
+def _room(run: RunState) -> int | None:
+    """How many more workers the cluster can place now (its free resources over one worker's request), or None
+    when the backend cannot tell."""
+    free = run.backend.free_resources()
+    if not free:
+        return None
+    need = {"CPU": 1.0, **run.options.worker_resources}
+    return min(int(free.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0)
+
+
 def _add(run: RunState, args: Mapping[str, Any]) -> str:
     count, parts, worker = args.get("count", 1), args.get("partitions"), args.get("worker")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise CommandRejected(f"`count` is {count!r}, but must be an int >= 1")
+    room = _room(run)
+    if count > (MAX_ADD_WORKERS if room is None else room):
+        where = (f"the cluster has room for {room} more (free: {run.backend.free_resources()}, one worker asks for "
+                 f"{ {'CPU': 1.0, **run.options.worker_resources} })" if room is not None
+                 else f"one command starts at most {MAX_ADD_WORKERS}")
+        raise CommandRejected(f"`count` is {count}, but {where}; add a node (ray start --address=...) first")
     if parts is not None:
         known = set(run.workers.partitions) | set(run.workers.eval_partitions)
         unknown = sorted(set(parts) - known) if isinstance(parts, (list, tuple, set)) else parts
@@ -350,20 +444,39 @@ COMMANDS: dict[str, Callable[[RunState, Mapping[str, Any]], str | Effect]] = {
     "clone_config": _clone_config,
     "extend": _extend,
 }
+#: the commands a person may send from outside the run's process (the inbox: `framework.connect`, the CLI, the
+#: dashboard); `kill_worker` is chaos testing's, for the driver's own process only (`ModelSelection.kill_worker_process`)
+OUTSIDE_COMMANDS = frozenset(COMMANDS) - {"kill_worker"}
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    """`value` for the console: what is not printable escaped (a request's name and arguments are whatever the inbox
+    held: never raw control characters on a person's terminal), at most `limit` characters."""
+    text = value if isinstance(value, str) else repr(value)
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
+    return out if len(text) <= limit and len(out) <= limit else out[:limit] + "..."
 
 
 def apply(run: RunState, command: Command) -> bool:
-    """Apply `command` to the run; log it with its outcome and effect. Returns whether it was applied."""
+    """Apply `command` to the run; log it with its outcome and effect. Returns whether it was applied. An
+    `InboxNotice` is logged (an `inbox` event) and shown, not applied."""
+    if isinstance(command, InboxNotice):
+        run.event("inbox", **command.args)
+        run.write(_shown(command.line, 600))
+        return False
     handler = COMMANDS.get(command.name)
     try:
         if command.problem is not None:
             raise CommandRejected(f"the request cannot be trusted: {command.problem}")
         if handler is None:
             raise CommandRejected(f"unknown command {command.name!r}; known: {sorted(COMMANDS)}")
+        if command.source.startswith(INBOX_SOURCE) and command.name not in OUTSIDE_COMMANDS:
+            raise CommandRejected(f"{command.name!r} cannot be sent from outside the run: it is for the driver's own "
+                                  f"process (chaos testing); from outside: {sorted(OUTSIDE_COMMANDS)}")
         effect, applied = handler(run, command.args), True
     except CommandRejected as e:
         effect, applied = str(e), False
-        run.write(f"command {command.name} {dict(command.args)} rejected: {e}")
+        run.write(f"command {_shown(command.name, 64)} {_shown(dict(command.args))} rejected: {_shown(str(e), 400)}")
     effect = Effect(effect) if isinstance(effect, str) else effect
     detail = {"name": command.name, "args": dict(command.args), "source": command.source, "id": command.id,
               "request": command.request, "applied": applied, "outcome": effect.outcome, **effect.detail}

@@ -180,15 +180,20 @@ def first_gap(visited: dict[int, list[int]], epochs: int, partitions: list[int])
 
 
 def check_complete(run: RunState) -> None:
-    """The completeness proof at the end of a run: every finished epoch of every config that did not fail trained
-    on every partition exactly as its visit record says. A violation is an error, never a silent gap."""
+    """The completeness check at the end of a run, on the driver's mirror of every config's visits: each finished
+    epoch trained on every partition exactly once, and nothing after the epoch in progress (a partial one only for a
+    config a person stopped, or that failed). The rules are `framework.completeness`'s, which `Result.check_completeness`
+    applies to the proof itself: the visit record each config's state carries, against the schedule log. A violation
+    is an error, never a silent gap."""
+    from framework.completeness import describe, visit_problems
+
+    problems = []
     for c in run.configs:
-        if c.status == FAILED:
-            continue
-        gap = first_gap(c.visited, len(c.history), run.workers.partitions)
-        if gap is not None:
-            raise RuntimeError(f"config {c.id} finished epoch {gap[0]} without training on partitions {gap[1]}: "
-                               "the run's completeness check failed")
+        outcome = c.status if c.status in (ACTIVE, FAILED) else c.outcome or "completed"
+        problems += visit_problems(c.id, status=outcome, epochs=len(c.history), partitions=run.workers.partitions,
+                                   visited=c.visited)
+    if problems:
+        raise RuntimeError(f"the run's completeness check failed ({len(problems)} problems):\n{describe(problems)}")
 
 
 def _cannot_resume(run: RunState, c: ConfigRecord, why: str, **gap) -> None:

@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import sqlite3
 import threading
@@ -189,7 +190,7 @@ class SQLiteCatalog:
         if readonly:
             if not os.path.isfile(path):
                 raise CatalogError(f"{path} does not exist: not a run directory's catalog")
-            uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+            uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro"
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
         else:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -637,6 +638,12 @@ def describe_problems(problems: list[str], shown: int = 3) -> str:
     """The first `shown` of `verify()`'s lines, and how many more."""
     more = f" and {len(problems) - shown} more" if len(problems) > shown else ""
     return "; ".join(problems[:shown]) + more
+
+
+def configs_named(problems: list[str]) -> list[int]:
+    """The config ids `verify()`'s lines name (a config's row, its units, epochs or checkpoints): the configs whose
+    numbers a reader should not trust."""
+    return sorted({int(m) for line in problems for m in re.findall(r"\bconfig (\d+)\b", line)})
 
 
 def check_verified(catalog: SQLiteCatalog, what: str, trust_unverified: bool) -> list[str]:

@@ -138,6 +138,33 @@ def test_a_run_without_storage_path_gets_a_named_folder_under_the_storage_root(m
         _make(name="a/b")
 
 
+@pytest.mark.parametrize("name, holds", [("run-\udcff", "'\\\\udcff'"), ("run\x1b[31m", "'\\\\x1b'"),
+                                         ("a\nb", "'\\\\n'"), ("nul\x00", "'\\\\x00'")])
+def test_validation_rejects_a_name_that_is_not_printable_utf8(monkeypatch, tmp_path, name, holds):
+    monkeypatch.setenv("MODELHOPPER_STORAGE", str(tmp_path))
+    rule = r"must be a folder name of printable UTF-8 text \(no control characters or lone surrogates\)"
+    with pytest.raises(ValueError, match=rf"`name` is {re.escape(repr(name))}, but {rule}.*; it holds {holds}"):
+        _make(name=name)
+    assert os.listdir(tmp_path) == []
+
+
+def test_validation_rejects_a_name_longer_than_a_folder_name_may_be(monkeypatch, tmp_path):
+    monkeypatch.setenv("MODELHOPPER_STORAGE", str(tmp_path))
+    with pytest.raises(ValueError, match=r"`name` is 'ééé.*'\.\.\. \(256 bytes\), but must be a folder name .* "
+                                         r"at most 255 bytes"):
+        _make(name="é" * 128)  # 128 characters, 256 bytes
+    assert _make(name="é" * 127).storage_path == str(tmp_path / ("é" * 127))
+
+
+@pytest.mark.parametrize("storage_path", ["{tmp}/run-\udcff", "{tmp}/\udcfe\udcff/run", "file://{tmp}/run-\udcff"])
+def test_validation_rejects_a_storage_path_that_is_not_utf8(tmp_path, storage_path):
+    path = storage_path.format(tmp=tmp_path)
+    with pytest.raises(ValueError, match=r"`storage_path` is '.*\\xff.*', but it holds (\\xfe)?\\xff, which is not "
+                                         r"UTF-8 text .*, so SQLite cannot open a run's catalog there"):
+        _make(storage_path=path)
+    assert os.listdir(tmp_path) == []
+
+
 def test_validation_rejects_an_empty_storage_path():
     with pytest.raises(ValueError, match=r"`storage_path` is '', but must be a non-empty path, a URI or None"):
         _make(storage_path="")

@@ -66,18 +66,23 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
         added = _cli("workers", path, "--add", "1")
         assert added.returncode == 0, added.stderr
         assert added.stdout.strip() == "add_workers: started workers [2]"
+        too_many = _cli("workers", path, "--add", "1000")  # more than the cluster can place: refused, not queued
+        assert too_many.returncode == 1 and ("add_workers rejected: `count` is 1000, but the cluster has room for"
+                                             in too_many.stdout), (too_many.stdout, too_many.stderr)
         bad = _cli("workers", path, "--drain", "7")
         assert bad.returncode == 1 and "drain_worker rejected: worker 7 does not live" in bad.stdout, bad.stderr
         unknown = _cli("stop", path, "7")
         assert unknown.returncode == 1 and unknown.stdout == (
             "stop_config rejected: `config_id` is 7, but no config has that id (ids 0..1)\n"), unknown.stderr
         # from Python in another process: a command the driver does not know is rejected with the known ones
+        # and one a person may not send from outside the run (chaos testing's, for the driver's own process)
         code = (f"import framework, json; h = framework.connect({path!r}); o = h.send('fly', timeout=30); "
-                "print(json.dumps([o.applied, o.outcome]))")
+                "k = h.send('kill_worker', timeout=30); print(json.dumps([o.applied, o.outcome, k.applied, k.outcome]))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                              env={**os.environ, "PYTHONPATH": ROOT})
-        applied, outcome = json.loads(out.stdout.strip().splitlines()[-1])
+        applied, outcome, killed, why = json.loads(out.stdout.strip().splitlines()[-1])
         assert not applied and outcome.startswith("unknown command 'fly'"), out.stderr
+        assert not killed and why.startswith("'kill_worker' cannot be sent from outside the run"), why
         # a request planted in the inbox by someone without the key is rejected, and says why
         db = sqlite3.connect(os.path.join(path, INBOX_FILE))
         db.execute("INSERT INTO requests (time, nonce, name, args, source, mac) VALUES (0, 'planted', "
@@ -96,9 +101,10 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
     result = done["result"]
     cmds = result.commands
     assert cmds[["name", "applied"]].values.tolist() == [
-        ["add_workers", True], ["drain_worker", False], ["stop_config", False], ["fly", False], ["add_workers", False]]
-    assert cmds.source.tolist() == ["inbox:cli", "inbox:cli", "inbox:cli", "inbox:connect", "inbox:x"]
-    assert "cannot be trusted: its signature does not verify" in cmds.outcome.iloc[4]
+        ["add_workers", True], ["add_workers", False], ["drain_worker", False], ["stop_config", False], ["fly", False],
+        ["kill_worker", False], ["add_workers", False]]
+    assert cmds.source.tolist() == ["inbox:cli"] * 4 + ["inbox:connect"] * 2 + ["inbox:x"]
+    assert "cannot be trusted: its signature does not verify" in cmds.outcome.iloc[6]
     assert (cmds.t.diff().dropna() >= 0).all()
     assert result.status.status.tolist() == ["completed", "completed"]
     assert set(result.schedule.worker) <= {0, 1, 2}
@@ -109,7 +115,8 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
     assert bad_json.returncode == 2 and bad_json.stderr.count("\n") == 1 and "must be a JSON object" in bad_json.stderr
 
 
-def test_commands_sent_while_the_run_was_down_are_applied_once_when_it_resumes(ray_cluster, tmp_path):
+def test_commands_sent_while_the_run_was_down_are_applied_once_when_it_resumes(ray_cluster, tmp_path,
+                                                                               assert_complete):
     from framework.engine.catalog import SQLiteCatalog
     from framework.engine.inbox import send_request
     from framework.steering import NotRunningError
@@ -130,6 +137,7 @@ def test_commands_sent_while_the_run_was_down_are_applied_once_when_it_resumes(r
         "add_workers", True, "started workers [1]"]
     assert set(cmds.outcome.iloc[1:]) == {"the run is not paused"} and result.verified
     assert set(result.status.status) == {"completed"}
+    assert_complete(result)
 
 
 def test_a_paused_run_starts_nothing_new_until_it_is_unpaused(ray_cluster, digits, tmp_path):
@@ -178,7 +186,8 @@ print(json.dumps([[o.name, o.applied, o.outcome] for o in out]))
 """
 
 
-def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_cluster, digits, tmp_path):
+def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_cluster, digits, tmp_path,
+                                                                           assert_complete):
     """stop, clone warm and cold, add, resume, extend, from a second process, while the run trains on Ray: each
     command is applied at a unit boundary and kept; the MOP invariants and the completeness check hold."""
     from framework.engine.catalog import SQLiteCatalog
@@ -232,3 +241,5 @@ def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_c
         assert a["visited"] == b["visited"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert not result.schedule.duplicated(["config_id", "epoch", "partition", "kind"]).any()
     assert result.verified
+    assert_complete(result)  # clones warm and cold, an added config, cut and resumed ones: each state proves its visits
+    assert_complete(again)

@@ -12,6 +12,7 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -91,9 +92,26 @@ def run(ray_cluster, digits, tmp_path_factory) -> GatedRun:
         gated.thread.join(timeout=180)
 
 
-def _call(url: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, object]:
-    """(HTTP status, the JSON body, or the text of one that is not JSON) of a GET, or a POST when `body` is given."""
-    req = urllib.request.Request(url, data=body, headers=headers or {}, method="GET" if body is None else "POST")
+_TOKENS: dict[str, str] = {}  # a dashboard's base URL -> its token, which `_call` sends unless told otherwise
+
+
+def _base(board) -> str:
+    """The base URL of `board` (no token in it): `_call` on it sends the board's token as a Bearer header."""
+    base = f"http://127.0.0.1:{board.port}"
+    _TOKENS[base] = board.token
+    return base
+
+
+def _call(url: str, body: bytes | None = None, headers: dict | None = None, token: str | None = "") -> tuple[
+        int, object]:
+    """(HTTP status, the JSON body, or the text of one that is not JSON) of a GET, or a POST when `body` is given;
+    with the token of the dashboard `url` is on (`token=""`, via `_base`), `token`, or none (`token=None`)."""
+    headers = dict(headers or {})
+    if token == "":
+        token = next((t for b, t in _TOKENS.items() if url.startswith(b + "/")), None)
+    if token is not None and "token=" not in url and "Authorization" not in headers:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=body, headers=headers, method="GET" if body is None else "POST")
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             status, text = r.status, r.read().decode()
@@ -105,15 +123,15 @@ def _call(url: str, body: bytes | None = None, headers: dict | None = None) -> t
         return status, text
 
 
-def _command(base: str, name: str, **args) -> tuple[int, dict]:
+def _command(base: str, name: str, token: str | None = "", **args) -> tuple[int, dict]:
     return _call(base + "/api/command", json.dumps({"name": name, "args": args}).encode(),
-                 {"Content-Type": "application/json"})
+                 {"Content-Type": "application/json"}, token=token)
 
 
 def test_the_endpoints_serve_the_running_run_as_json(run):
     with serve(run.path) as board:
-        assert board.token is None and board.url == f"http://127.0.0.1:{board.port}/"
-        base = board.url.rstrip("/")
+        assert len(board.token) >= 24 and board.url == f"http://127.0.0.1:{board.port}/?token={board.token}"
+        base = _base(board)
         status, s = _call(base + "/api/status")
         assert status == 200 and s["status"] == "running" and s["num_configs"] == 2 and s["rounds"] >= 1, s
         status, b = _call(base + "/api/leaderboard")
@@ -140,22 +158,27 @@ def test_the_endpoints_serve_the_running_run_as_json(run):
         assert _call(base + "/api/nothing")[0] == 404
 
 
-def test_a_dashboard_bound_beyond_localhost_needs_its_token(run):
-    with serve(run.path, host="0.0.0.0") as board:  # noqa: S104 - what the test is about
-        assert board.token is not None and len(board.token) >= 16 and board.url.endswith(f"?token={board.token}")
-        base = f"http://127.0.0.1:{board.port}"
-        status, body = _call(base + "/api/status")
-        assert status == 401 and "needs its token" in body["error"]
-        assert _call(base + "/")[0] == 401
-        assert _call(base + "/api/status?token=" + board.token[:-1] + "x")[0] == 401
-        assert _call(base + "/api/status", headers={"Authorization": "Bearer nope"})[0] == 401
-        assert _command(base, "pause")[0] == 401  # no command without it either
-        status, s = _call(base + "/api/status?token=" + board.token)
-        assert status == 200 and s["status"] == "running"
-        assert _call(base + "/api/leaderboard", headers={"Authorization": f"Bearer {board.token}"})[0] == 200
-    with serve(run.path, host="127.0.0.1", token="s3cret") as board:  # a token given for localhost is required too
+def test_every_dashboard_needs_its_token_kept_for_its_owner_only(run):
+    for host in ("0.0.0.0", "127.0.0.1"):  # noqa: S104 - what the test is about
+        with serve(run.path, host=host) as board:
+            assert board.token is not None and len(board.token) >= 24 and board.url.endswith(f"?token={board.token}")
+            base = f"http://127.0.0.1:{board.port}"
+            status, body = _call(base + "/api/status", token=None)
+            assert status == 401 and "needs its token" in body["error"]
+            assert _call(base + "/", token=None)[0] == 401
+            assert _call(base + "/api/status?token=" + board.token[:-1] + "x")[0] == 401
+            assert _call(base + "/api/status", headers={"Authorization": "Bearer nope"})[0] == 401
+            assert _command(base, "pause", token=None)[0] == 401  # no command without it either
+            status, s = _call(base + "/api/status?token=" + board.token)
+            assert status == 200 and s["status"] == "running"
+            assert _call(base + "/api/leaderboard", headers={"Authorization": f"Bearer {board.token}"})[0] == 200
+            kept = board.token_file
+            assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600 and json.load(open(kept))["token"] == board.token
+        assert not os.path.exists(kept)  # only while it serves
+    with serve(run.path, host="127.0.0.1", token="s3cret") as board:  # a token of the caller's
         assert board.url.endswith("/?token=s3cret")
-        assert _call(f"http://127.0.0.1:{board.port}/api/status")[0] == 401
+        assert _call(f"http://127.0.0.1:{board.port}/api/status", token=None)[0] == 401
+        assert _call(f"http://127.0.0.1:{board.port}/api/status", token="s3cret")[0] == 200
 
 
 def _commands(path: str) -> list[str]:
@@ -166,10 +189,10 @@ def _commands(path: str) -> list[str]:
 def test_a_localhost_dashboard_answers_only_its_own_host_and_origin(run):
     before = _commands(run.path)
     with serve(run.path) as board:
-        base = board.url.rstrip("/")
+        base = _base(board)
         status, body = _call(base + "/api/status", headers={"Host": f"evil.example:{board.port}"})  # DNS rebinding
         assert status == 403 and "is not this dashboard's" in body["error"]
-        assert _call(f"http://localhost:{board.port}/api/status")[0] == 200
+        assert _call(f"http://localhost:{board.port}/api/status", token=board.token)[0] == 200
         # a form or a foreign page cannot send a command: it must be JSON from the dashboard's own origin
         status, body = _call(base + "/api/command", b'{"name": "pause"}', {"Content-Type": "text/plain"})
         assert status == 415 and "application/json" in body["error"]
@@ -181,7 +204,7 @@ def test_a_localhost_dashboard_answers_only_its_own_host_and_origin(run):
 
 def test_pause_and_unpause_from_the_dashboard_reach_the_driver(run):
     with serve(run.path) as board:
-        base = board.url.rstrip("/")
+        base = _base(board)
         status, paused = _command(base, "pause")
         assert status == 200 and paused["applied"] and paused["outcome"].startswith("paused"), paused
         status, s = _call(base + "/api/events")
@@ -201,7 +224,7 @@ def test_pause_and_unpause_from_the_dashboard_reach_the_driver(run):
 def test_clone_add_and_extend_from_the_dashboard_reach_the_driver(run):
     run.advance()  # every config has trained weights to clone
     with serve(run.path) as board:
-        base = board.url.rstrip("/")
+        base = _base(board)
         status, cloned = _command(base, "clone_config", config_id=1, overrides={"lr": 0.02}, epochs=1)
         assert status == 200 and cloned["applied"] and "from config 1's weights" in cloned["outcome"], cloned
         new_id = int(cloned["outcome"].split()[1])
@@ -217,15 +240,22 @@ def test_clone_add_and_extend_from_the_dashboard_reach_the_driver(run):
 
 def test_bad_requests_and_arguments_are_one_line_errors(run):
     with serve(run.path) as board:
-        base = board.url.rstrip("/")
+        base = _base(board)
         for body, says in ((b"{not json", "must be JSON"), (b'["pause"]', "must be an object"),
                            (b'{"name": 5}', "`name` is 5"), (b'{"name": "pause", "extra": 1}', "must be an object"),
                            (b'{"name": "pause", "args": [1]}', "`args` is [1]"),
                            (b'{"name": "pause", "args": {"timeout": 1}}', "cannot be a command's arguments")):
             status, out = _call(base + "/api/command", body, {"Content-Type": "application/json"})
             assert status == 400 and says in out["error"] and "\n" not in out["error"], (body, out)
-        status, out = _command(base, "fly")  # well formed: the driver itself rejects it
-        assert status == 200 and not out["applied"] and out["outcome"].startswith("unknown command 'fly'")
+        for name in ("fly", "kill_worker", "\x1b[31mred"):  # unknown, or not for a person outside the run
+            status, out = _command(base, name)
+            assert status == 400 and ("the dashboard sends only" in out["error"] or "`name` is" in out["error"]), out
+            assert "\x1b" not in out["error"]
+        deep = ('{"name": "stop_config", "args": {"config_id": ' + "[" * 20000 + "]" * 20000 + "}}").encode()
+        status, out = _call(base + "/api/command", deep, {"Content-Type": "application/json"})
+        assert status == 400 and "nested" in out["error"], out
+        status, out = _command(base, "drain_worker", self=1)  # an argument named like the sender's own parameter
+        assert status == 200 and not out["applied"] and out["outcome"].startswith("`worker` is None"), out
     for kwargs, error, says in (
             ({"port": -1}, ValueError, "`port` is -1, but must be an int in 0..65535"),
             ({"port": 65536}, ValueError, "`port` is 65536"), ({"port": "80"}, ValueError, "`port` is '80'"),
@@ -352,7 +382,7 @@ def test_once_the_run_finished_the_dashboard_still_shows_it_and_commands_get_409
     result = run.finish()
     assert set(result.status.status) <= {"completed", "stopped"}
     with serve(run.path) as board:
-        base = board.url.rstrip("/")
+        base = _base(board)
         status, s = _call(base + "/api/status")
         assert status == 200 and s["status"] == "finished"
         status, b = _call(base + "/api/leaderboard")
@@ -375,7 +405,7 @@ def test_model_selection_serves_its_dashboard_while_it_runs_and_stops_at_its_end
             if "status" not in seen:
                 url = sel.callbacks[-1].url
                 seen["url"] = url
-                with urllib.request.urlopen(url.split("?")[0].rstrip("/") + "/api/status", timeout=10) as r:
+                with urllib.request.urlopen(url.replace("/?", "/api/status?"), timeout=10) as r:
                     seen["status"] = json.loads(r.read())["status"]
 
     sel = framework.ModelSelection(*args, num_workers=2, storage_path=str(tmp_path / "run"), progress=False,

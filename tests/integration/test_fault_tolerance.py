@@ -56,7 +56,8 @@ def _units_log(result) -> pd.DataFrame:
 
 def _assert_nothing_lost_or_counted_twice(result, partitions, epochs, configs=None, availability=None):
     """Each finished config absorbed every partition exactly once per epoch (its weights say so, and so does the
-    log); each unit has one `done` row; every epoch's metrics are the example-weighted means of those rows."""
+    log); each unit has one `done` row; every epoch's metrics are the example-weighted means of those rows; and
+    every config's completeness proof (its state's visit record) agrees with the log (`Result.assert_complete`)."""
     configs = sorted(result.configs) if configs is None else configs
     report = validate_schedule(result.schedule, availability=availability, partitions=partitions)
     assert report.ok, report.violations
@@ -73,6 +74,7 @@ def _assert_nothing_lost_or_counted_twice(result, partitions, epochs, configs=No
             expect = sum(v * n for v, n in zip(losses, rows.num_examples)) / rows.num_examples.sum()
             got = result.metrics.set_index(["config_id", "epoch"]).loc[(cid, e), "train_loss"]
             assert got == pytest.approx(expect, rel=1e-9), (cid, e)
+    result.assert_complete()
 
 
 def _unit(cid, epoch, partition, kind="train"):
@@ -293,7 +295,7 @@ def _resume(storage):
         storage, mlp_model_fn, classifier_train_fn, classifier_eval_fn, progress=False).run()
 
 
-def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(ray_cluster, tmp_path):
+def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(ray_cluster, tmp_path, assert_complete):
     from tests.integration.resume_job import selection
 
     storage = _crash_driver(tmp_path, "unit")
@@ -306,6 +308,8 @@ def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(ray_clus
         assert catalog.last_round()[0] == 0
     finally:
         catalog.close()
+    # crashed: config 1's state lags the log by that unit, in the epoch it has not committed (what resume re-runs)
+    assert_complete(storage)
 
     resumed = _resume(storage)
     [plan] = _events(resumed, "resume_plan")
@@ -327,7 +331,7 @@ def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(ray_clus
     assert same >= 1
 
 
-def test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch(ray_cluster, tmp_path):
+def test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch(ray_cluster, tmp_path, assert_complete):
     storage = _crash_driver(tmp_path, "unit", checkpoint="epoch")
     catalog = SQLiteCatalog(os.path.join(storage, "run.db"))
     try:
@@ -337,6 +341,7 @@ def test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch(ray_cluster, 
         assert all(units % 2 == 0 for cid in (0, 1, 2, 3) for _, units, _, _ in catalog.checkpoints(cid))
     finally:
         catalog.close()
+    assert_complete(storage)  # every state lags the log within its epoch in progress only
     resumed = _resume(storage)
     [plan] = _events(resumed, "resume_plan")
     log = _units_log(resumed)

@@ -43,7 +43,7 @@ def _run(ds, tmp_path, name, procedure=None, **kw):
     ).run()
 
 
-def test_mop_grid_search_obeys_invariants_and_writes_results(ray_cluster, digits, tmp_path):
+def test_mop_grid_search_obeys_invariants_and_writes_results(ray_cluster, digits, tmp_path, assert_complete):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=3, seed=0)
     result = _run(ds, tmp_path, "mop")
     assert len(result.configs) == 2
@@ -59,6 +59,7 @@ def test_mop_grid_search_obeys_invariants_and_writes_results(ray_cluster, digits
         assert {e: sorted(ps) for e, ps in visited.items()} == {e: [0, 1, 2] for e in range(3)}
     model = result.load_model()
     assert isinstance(model, torch.nn.Module)
+    assert_complete(result)
 
 
 def test_mop_accuracy_matches_sequential_baseline(ray_cluster, digits, tmp_path):
@@ -73,15 +74,16 @@ def test_mop_accuracy_matches_sequential_baseline(ray_cluster, digits, tmp_path)
     assert set(seq.schedule.worker) == {0} and set(seq.schedule.partition) == {0}
 
 
-def test_task_parallel_executor_holds_full_data_on_every_worker(ray_cluster, digits, tmp_path):
+def test_task_parallel_executor_holds_full_data_on_every_worker(ray_cluster, digits, tmp_path, assert_complete):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
     result = _run(ds, tmp_path, "tp", automl.GridSearch(SPACE, epochs=1), executor="task_parallel")
     assert set(result.schedule.partition) == {0}
     assert (result.schedule.kind == "train").sum() == 2  # one whole-epoch unit per config
     assert_mop_invariants(result.schedule, partitions=[0])
+    assert_complete(result)  # its one "partition" is all the data
 
 
-def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path):
+def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path, assert_complete):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=3, seed=1)
     result = _run(ds, tmp_path, "run", automl.GridSearch(SPACE, epochs=2), seed=7)
     before = sorted(os.listdir(result.storage_path))
@@ -97,6 +99,8 @@ def test_replay_gives_bit_identical_weights(ray_cluster, digits, tmp_path):
     merged = result.metrics.merge(again.metrics, on=["config_id", "epoch"], suffixes=("", "_replay"))
     assert (merged.valid_loss == merged.valid_loss_replay).all()
     assert again.meta["replay_device"] == "cpu"
+    assert_complete(result)
+    assert_complete(again)
     # the replay goes to the run's device: a run whose workers asked for a GPU replays on "cuda"
     with pytest.raises(ValueError, match="`device` is 'tpu:9'"):
         framework.replay(result.storage_path, device="tpu:9")
@@ -170,7 +174,7 @@ def _nan_train_fn(model, optimizer, data, config):
     return {**metrics, "loss": float("nan")} if config["lr"] == 1e6 else metrics
 
 
-def test_failing_configs_are_reported_and_the_rest_finish(ray_cluster, digits, tmp_path):
+def test_failing_configs_are_reported_and_the_rest_finish(ray_cluster, digits, tmp_path, assert_complete):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
     space = {"hidden": [13, 32], "lr": [0.05, 1e6], "batch_size": [32]}  # hidden=13 raises; lr=1e6 reports NaN
     result = framework.ModelSelection(
@@ -193,6 +197,7 @@ def test_failing_configs_are_reported_and_the_rest_finish(ray_cluster, digits, t
     assert result.best_config_id == healthy[0]
     assert len(result.failures) == 3
     assert not math.isnan(result.leaderboard().iloc[0]["valid_loss"])
+    assert_complete(result)
 
 
 def test_lr_schedule_and_grad_scaler_hop_checkpoint_and_replay_bit_identically(ray_cluster, digits, tmp_path):

@@ -40,7 +40,7 @@ def small_digits(digits):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_optuna_search_runs_on_the_engine(name, ray_cluster, small_digits, tmp_path):
+def test_optuna_search_runs_on_the_engine(name, ray_cluster, small_digits, tmp_path, assert_complete):
     search = CASES[name]()
     result = framework.ModelSelection(
         mlp_model_fn, classifier_train_fn, classifier_eval_fn, small_digits, search,
@@ -48,6 +48,7 @@ def test_optuna_search_runs_on_the_engine(name, ray_cluster, small_digits, tmp_p
     ).run()
     assert validate_schedule(result.schedule, availability={0: [0], 1: [1]}, partitions=[0, 1]).ok
     assert len(result.configs) == 4 and (result.status.status == "completed").all()
+    assert_complete(result)
 
     study = optuna.load_study(study_name=search.study_name, storage=f"sqlite:///{tmp_path / name / 'optuna.db'}")
     trials = {t.user_attrs["config_id"]: t for t in study.trials}

@@ -88,16 +88,18 @@ def test_pbt_clone_trains_with_its_own_perturbed_learning_rate(pbt_run):
     assert set(units[units.config_id == donor].lr) == {pbt_run.configs[donor]["lr"]}
 
 
-def test_pbt_clone_counts_its_own_epochs_only(pbt_run):
+def test_pbt_clone_counts_its_own_epochs_only(pbt_run, assert_complete):
     clone, _, _ = _clone(pbt_run)
     visited = pbt_run.load_state(clone)["visited"]
     assert {e: sorted(ps) for e, ps in visited.items()} == {0: [0, 1]}
     assert set(pbt_run.metrics[pbt_run.metrics.config_id == clone].epoch) == {0}
+    assert_complete(pbt_run)  # the exploit copied weights, never visits
 
 
-def test_pbt_replay_gives_the_clone_the_runs_weights_and_visits(pbt_run, tmp_path):
+def test_pbt_replay_gives_the_clone_the_runs_weights_and_visits(pbt_run, tmp_path, assert_complete):
     again = framework.replay(pbt_run.storage_path, out_path=str(tmp_path / "replay"))
     for cid in pbt_run.configs:
         a, b = pbt_run.load_state(cid), again.load_state(cid)
         assert a["visited"] == b["visited"], f"config {cid}"
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), f"config {cid} weights differ"
+    assert_complete(again)

@@ -31,7 +31,7 @@ def small_digits(digits):
 
 
 @pytest.mark.parametrize("name", sorted(PROCEDURES))
-def test_procedure_runs_on_engine_with_mop_invariants(name, ray_cluster, small_digits, tmp_path):
+def test_procedure_runs_on_engine_with_mop_invariants(name, ray_cluster, small_digits, tmp_path, assert_complete):
     result = framework.ModelSelection(
         mlp_model_fn, classifier_train_fn, classifier_eval_fn, small_digits, PROCEDURES[name](),
         storage_path=str(tmp_path / name), progress=False, seed=0,
@@ -50,9 +50,11 @@ def test_procedure_runs_on_engine_with_mop_invariants(name, ray_cluster, small_d
         assert len(clones) >= 1  # exploit happened: clones start from a donor's weights
     if name in ("asha", "tpe"):
         assert (tmp_path / name / "optuna.db").exists()
+    assert_complete(result)  # every config's state proves the visits the schedule logged (PBT's clones too)
 
 
-def test_an_async_run_with_a_failed_config_replays_bit_identically(ray_cluster, small_digits, tmp_path):
+def test_an_async_run_with_a_failed_config_replays_bit_identically(ray_cluster, small_digits, tmp_path,
+                                                                   assert_complete):
     """ASHA runs without the barrier; a config fails evaluating its first epoch; the replay (the driver on LocalBackend,
     repeating the logged order and decisions) gives every config the run's weights and fails the same config."""
     import torch
@@ -80,3 +82,5 @@ def test_an_async_run_with_a_failed_config_replays_bit_identically(ray_cluster, 
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), f"config {cid} differs"
     merged = result.metrics.merge(again.metrics, on=["config_id", "epoch"], suffixes=("", "_replay"))
     assert len(merged) == len(result.metrics) and (merged.valid_loss == merged.valid_loss_replay).all()
+    assert_complete(result)
+    assert_complete(again)

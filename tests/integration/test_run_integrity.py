@@ -116,10 +116,38 @@ def test_an_edited_run_is_reported_by_result_and_refused_by_resume_and_replay(fi
     assert "replay refuses" in capsys.readouterr().err
 
 
-def test_an_unedited_run_verifies_everywhere(finished_run):
+def test_the_dashboard_and_watch_say_a_run_does_not_verify_and_which_configs(finished_run, tmp_path, capsys):
+    import json
+    import urllib.request
+
+    from framework.dashboard import serve
+
+    def leaderboard(run: str) -> dict:
+        with serve(run) as board:
+            with urllib.request.urlopen(board.url.replace("/?", "/api/leaderboard?"), timeout=30) as r:
+                return json.loads(r.read())
+
+    clean = leaderboard(finished_run)
+    assert (clean["unverified"], clean["unverified_count"], clean["suspect_configs"]) == ([], 0, [])
+    run = _copy(finished_run, tmp_path)
+    _sql(run, "UPDATE epochs SET metrics = json_set(metrics, '$.valid_loss', 0.0) WHERE config_id = 1 AND epoch = 1")
+    # a better loss than it had: the page must not just show it
+    edited = leaderboard(run)
+    assert edited["unverified_count"] >= 1 and edited["suspect_configs"] == [1], edited
+    assert any(line.startswith("epochs (config 1, epoch 1) does not verify") for line in edited["unverified"])
+    assert cli(["watch", finished_run, "--once"]) == 0 and "NOT VERIFIED" not in capsys.readouterr().out
+    assert cli(["watch", run, "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "NOT VERIFIED (" in out and "epochs (config 1, epoch 1) does not verify" in out, out
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])}
+    assert rows == {"0": rows["0"], "1": "NO"} and rows["0"] != "NO", out
+
+
+def test_an_unedited_run_verifies_everywhere(finished_run, assert_complete):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnverifiedRunWarning)
         assert framework.Result.open(finished_run).verified
+        assert_complete(finished_run)
         assert _resume(finished_run) is not None
 
 

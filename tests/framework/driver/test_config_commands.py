@@ -240,7 +240,8 @@ def test_procedures_leave_a_persons_configs_alone_and_number_their_own_after_the
         assert person.id not in procedure.members
 
 
-def test_a_run_stopped_after_commands_resumes_with_every_persons_decision_and_finishes_them(tmp_path):
+def test_a_run_stopped_after_commands_resumes_with_every_persons_decision_and_finishes_them(tmp_path,
+                                                                                          assert_complete):
     """Commands are committed with their effect: a resume (here after the driver stopped as by a crash) keeps the
     configs a person added, cloned, stopped and resumed, with their owners and budgets, and resumes a stopped one
     from its checkpoint, its cut epoch finished without repeating a unit."""
@@ -298,6 +299,7 @@ def test_a_run_stopped_after_commands_resumes_with_every_persons_decision_and_fi
     assert sorted(mine.partition) == list(range(P))  # the cut epoch, finished after the resume
     ckpt.close()
     catalog.close()
+    assert_complete(tmp_path)  # the added, the warm clone, the cut and resumed config: each state proves its visits
 
 
 def test_a_resume_before_the_barrier_cancels_a_stop_that_waits_for_it():

@@ -250,6 +250,7 @@ def test_an_invalid_command_is_rejected_with_its_reason_and_the_run_goes_on():
             commands.put("drain_worker", worker=9)
             commands.put("add_workers", count=0)
             commands.put("add_workers", partitions=[7])
+            commands.put("add_workers", count=100_000)  # would block the loop for an hour at 45 ms a worker
             commands.put("reboot")
             commands.put("unpause")
             commands.put("drain_worker", worker=1)
@@ -261,15 +262,17 @@ def test_an_invalid_command_is_rejected_with_its_reason_and_the_run_goes_on():
     driver.run()
     _assert_complete(driver, log)
     logged = [(d["name"], d["applied"], d["outcome"]) for d in _events(log, "command")]
-    assert logged[:5] == [
+    assert logged[:6] == [
         ("drain_worker", False, "worker 9 does not live (live workers: [0, 1, 2])"),
         ("add_workers", False, "`count` is 0, but must be an int >= 1"),
         ("add_workers", False, "`partitions` is [7], but must be a non-empty list of the run's partitions [0, 1, 2]"),
+        ("add_workers", False, "`count` is 100000, but one command starts at most 64; add a node (ray start "
+                               "--address=...) first"),
         ("reboot", False, "unknown command 'reboot'; known: ['add_config', 'add_workers', 'clone_config', "
                           "'drain_worker', 'extend', 'kill_worker', 'pause', 'resume_config', 'stop_config', 'unpause']"),
         ("unpause", False, "the run is not paused"),
     ]
-    assert logged[5] == ("drain_worker", True, "worker 1 draining")
+    assert logged[6] == ("drain_worker", True, "worker 1 draining")
     # the rejected commands were applied at the same point as the one that was: before the next dispatch
     rounds = [d["round"] for d in _events(log, "round_committed")]
     assert rounds == [-1, 0, 1]
