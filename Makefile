@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-min test-cluster bench lint clean mutate fuzz
+.PHONY: install demo test test-min test-cluster soak bench lint clean mutate fuzz
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,14 @@ test-min: $(VENV_MIN)/.installed
 # a user's cluster workflow end to end (ray start, ray job submit, a node joining); about a minute, not in `test`
 test-cluster: install
 	$(BIN)/python -m pytest -q -m cluster tests/cluster
+
+# A chaos soak (experiments/soak.py; not part of `make test`): one ASHA run of at least 20 minutes on a Ray head and a
+# second node of its own, a worker SIGKILLed every 2 s on average, the driver SIGKILLed and resumed 5 times, the node
+# joining and leaving, commands throughout; it fails when a unit is lost or counted twice or the run does not verify.
+# SOAK_ARGS passes its options: make soak SOAK_ARGS="--minutes 60"  (--help lists them)
+SOAK_ARGS ?=
+soak: install
+	$(BIN)/python experiments/soak.py $(SOAK_ARGS)
 
 # the run-directory fuzz test (edited rows and files of a finished and a crashed run) with FUZZ_EXAMPLES random cases
 # per run instead of the 100 fixed ones each of `make test` runs

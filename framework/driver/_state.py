@@ -42,6 +42,9 @@ class RunState:
     live_workers: int | None = None  # what the procedure was last told
     round_open: bool = False  # a barrier round is open (its units are dispatched or done)
     paused: bool = False  # a person paused the run: nothing new is dispatched until `unpause`
+    # a person stopped a config since the procedure last decided: its slot was freed without an epoch's end, so an
+    # asynchronous run asks the procedure again before it ends (`commit.refill`)
+    stops_untold: bool = False
     # the driver process's CPU seconds and completed units per epoch (`account_cpu`): is its cost per unit flat?
     cpu_by_epoch: dict[int, list[float]] = field(default_factory=dict)
     _cpu_mark: float = field(default_factory=time.process_time)

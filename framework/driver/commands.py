@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from automl import ACTIVE, PERSON, STOPPED
+from framework.cli import printable
 from framework.driver import commit, units
 from framework.driver._state import RunState
 from framework.driver.configs import BY_PERSON, ConfigRecord
@@ -351,6 +352,7 @@ def _stop_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     state = run.dispatch.state
     c.open = sum(u.config_id == c.id for u in state.running) if state is not None else 0
     c.status, c.stopping = STOPPED, False
+    run.stops_untold = True
     if c.open == 0:  # after the checkpoint of its last unit, whose log row may still be deferred
         run.deferred.append(lambda: units.checkpoint_final(run, c))
     done = sorted(c.visited.get(c.epoch, ()))
@@ -453,7 +455,7 @@ def _shown(value: Any, limit: int = 120) -> str:
     """`value` for the console: what is not printable escaped (a request's name and arguments are whatever the inbox
     held: never raw control characters on a person's terminal), at most `limit` characters."""
     text = value if isinstance(value, str) else repr(value)
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
+    out = printable(text[:limit + 1])
     return out if len(text) <= limit and len(out) <= limit else out[:limit] + "..."
 
 

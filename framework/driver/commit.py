@@ -97,11 +97,22 @@ def settle(run: RunState) -> bool:
     return committed
 
 
+def refill(run: RunState) -> bool:
+    """An asynchronous run with nothing open, whose procedure has not decided since a person stopped configs (a stop
+    frees a slot, but ends no epoch, so nothing asked the procedure to fill it): ask it now. True when it started
+    or resumed configs (their units are open)."""
+    opening = [c for c in decide(run, []) if c.status == ACTIVE]
+    if opening:
+        open_epochs(run, opening)
+    return bool(opening)
+
+
 def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     """Ask the procedure, apply its decision, commit it with the epochs that `ended`; returns the configs whose
     units the caller opens besides those that ended: the new ones, then those it resumed."""
     run.run_deferred()  # every unit of the epochs that ended is logged (and its checkpoint queued) first
     t0 = time.perf_counter()
+    run.stops_untold = False
     decision = run.procedure.step(run.configs.views())
     new = run.configs.apply(decision, type(run.procedure).__name__)
     ended_ids = {c.id for c in ended}  # (one of those the decision resumes opens with them)

@@ -151,6 +151,8 @@ class Driver:
         while True:
             commit.settle(run)
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
+                if run.stops_untold and not run.synchronous and commit.refill(run):
+                    continue  # the procedure started configs where a person's stops had left none
                 run.run_deferred()
                 run.account_cpu()
                 self.commands.close()

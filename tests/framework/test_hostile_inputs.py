@@ -17,6 +17,7 @@ from framework.engine.catalog import SQLiteCatalog
 from framework.result import CATALOG_FILE, Result
 from framework.run_record import writer_lock
 from framework.runs import compare_runs, list_runs, run_status
+from tests.framework.test_cli_runs import _one_error_line
 
 HUGE = "99999999999999999999"  # no C long: 20 digits
 NOT_UTF8 = "bad\udcff"  # the name os.listdir gives a folder made as b"bad\xff"
@@ -38,15 +39,6 @@ def _run_dir(path, metric: str = "valid_loss", config: dict | None = None) -> st
         catalog.update_config(cid, epochs=len(losses))
     catalog.close()
     return str(path)
-
-
-def _one_error_line(capsys, *words: str) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 def _parser_refuses(capsys, argv: list[str], *words: str) -> str:

@@ -335,3 +335,22 @@ def test_an_optuna_trial_a_person_resumed_hears_of_no_more_epochs(tmp_path):
     resumed = ConfigState(0, added[0], 2, two, ACTIVE, None, PROCEDURE, PERSON)
     decision = search.step([resumed, ConfigState(1, added[1], 1, one, STOPPED)])
     assert decision.stop == [] and decision.add == []
+
+
+def test_stopping_every_active_config_of_an_asynchronous_run_asks_the_procedure_for_more():
+    """A stop frees a procedure's slot without ending an epoch: when a person stops every active config, the run
+    must not end while the procedure would still start configs (found by experiments/soak.py: ASHA with budget left
+    ended the run)."""
+    @_once
+    def when(driver, hook, *args):  # at the first unit's end: stop every config then active
+        if hook == "unit_end":
+            return [("stop_config", {"config_id": c.id}) for c in driver.run_state.configs.active()]
+        return []
+
+    asha = automl.ASHA({**SPACE, "lr": automl.loguniform(1e-3, 1e-1)}, max_epochs=2, max_configs=P + 2, seed=0)
+    driver, log = _run(asha, when, barrier=False)
+    configs = list(driver.run_state.configs)
+    assert [c.status for c in configs[:P]] == [STOPPED] * P and all(ok for _, ok, _ in _commands(log))
+    assert len(configs) == P + 2 and asha._issued == P + 2  # the procedure started every config it may
+    assert all(c.status != ACTIVE and len(c.history) >= 1 for c in configs[P:])
+    _check_no_unit_twice(driver, log)
