@@ -92,7 +92,24 @@ class OptunaProcedure(Procedure):
                 directions=["minimize" if mode == "min" else "maximize" for _, mode in self.objectives],
                 load_if_exists=True,
             )
+            self._fail_orphans()
         return self._study
+
+    def _fail_orphans(self) -> None:
+        """A resumed run's study may be ahead of the procedure: the study is written as a decision is made, the run's
+        catalog when the decision commits, so a driver killed in between leaves trials this procedure (restored as
+        of the last commit) never asked. They end as FAIL, marked `orphan`; the decision made again asks anew."""
+        mine = set(self._trial_numbers.values())
+        for t in self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+            if t.number not in mine:
+                self._study._storage.set_trial_user_attr(t._trial_id, "orphan", True)
+                self._study.tell(t.number, state=TrialState.FAIL)
+
+    def _ended_in_study(self, config_id: int) -> bool:
+        """Whether the trial of `config_id` already ended in the study: a decision the run did not commit told it
+        before the driver was killed (see `_fail_orphans`); the decision made again on resume must not tell it
+        twice (Optuna refuses), and what the study holds stands."""
+        return self.study._storage.get_trial(self._trial_ids[config_id]).state.is_finished()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(vars(self))
@@ -156,6 +173,8 @@ class OptunaProcedure(Procedure):
             return
         self._told.add(state.id)
         number = self._trial_numbers[state.id]
+        if self._ended_in_study(state.id):
+            return
         if pruned:
             self.study.tell(number, state=TrialState.PRUNED)
             return
@@ -175,7 +194,8 @@ class OptunaProcedure(Procedure):
         for s in states:
             if s.status == FAILED and s.id in self._trial_numbers and s.id not in self._told:
                 self._told.add(s.id)
-                self.study.tell(self._trial_numbers[s.id], state=TrialState.FAIL)
+                if not self._ended_in_study(s.id):
+                    self.study.tell(self._trial_numbers[s.id], state=TrialState.FAIL)
 
     @staticmethod
     def _active(states: list[ConfigState]) -> list[ConfigState]:

@@ -214,3 +214,24 @@ def test_asha_concurrency_follows_the_live_worker_count():
     states = [ConfigState(id=i, config=c) for i, c in enumerate(first.add)]
     asha.workers_changed(5)  # three workers joined
     assert len(asha.step(states).add) == 3  # five configs train at once now
+
+
+def test_asha_resumed_behind_its_study_neither_tells_twice_nor_leaves_trials_running(tmp_path):
+    """The study is written as a decision is made, the run's catalog when it commits: a driver killed in between
+    resumes a procedure (pickled at the last commit) behind its study. The decision made again must not tell a trial
+    twice (Optuna: "Cannot tell a PRUNED trial", found by experiments/soak.py), and trials asked by the lost decision
+    end as FAIL."""
+    asha = automl.ASHA({"lr": automl.loguniform(1e-3, 1.0)}, max_epochs=9, eta=3, max_configs=6, seed=0)
+    asha.bind("valid_loss", "min", str(tmp_path), num_workers=3)
+    states = [ConfigState(id=i, config=c) for i, c in enumerate(asha.step([]).add)]
+    committed = pickle.dumps(asha)  # the last commit
+    states = [replace(s, epochs=1, history=({"valid_loss": 0.5 - 0.1 * s.id},)) for s in states]
+    lost = asha.step(states)  # prunes configs 0 and 1, asks for 2 more; then the driver is killed
+    assert lost.pruned == [0, 1] and len(lost.add) == 2
+    resumed = pickle.loads(committed)
+    again = resumed.step(states)  # the same decision, made again
+    assert (again.stop, again.pruned, again.add) == (lost.stop, lost.pruned, lost.add)
+    trials = optuna.load_study(study_name=resumed.study_name, storage=f"sqlite:///{tmp_path}/optuna.db").trials
+    assert [t.state for t in trials[:3]] == [TrialState.PRUNED, TrialState.PRUNED, TrialState.RUNNING]
+    assert [(t.state, t.user_attrs.get("orphan")) for t in trials[3:5]] == [(TrialState.FAIL, True)] * 2
+    assert [t.state for t in trials[5:]] == [TrialState.RUNNING] * 2 and len(trials) == 7
