@@ -202,6 +202,11 @@ def _keep_token(board: Dashboard) -> str | None:
     path = os.path.join(tokens_dir(), f"dashboard-{os.getpid()}-{board.port}.json")
     try:
         os.makedirs(tokens_dir(), mode=0o700, exist_ok=True)
+        for name in os.listdir(tokens_dir()):  # those of processes that ended without closing their dashboard
+            pid = name.split("-")[1] if name.startswith("dashboard-") and name.count("-") == 2 else ""
+            if pid.isdigit() and not _running(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(tokens_dir(), name))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"run": board.run, "url": board.url, "token": board.token, "pid": os.getpid()}, f)
@@ -209,6 +214,16 @@ def _keep_token(board: Dashboard) -> str | None:
     except OSError as e:
         logger.warning("could not keep the dashboard's token in %s: %s", path, e)
         return None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: it runs
+        return True
+    return True
 
 
 def _check_port(port: Any) -> None:

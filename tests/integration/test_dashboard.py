@@ -159,6 +159,13 @@ def test_the_endpoints_serve_the_running_run_as_json(run):
 
 
 def test_every_dashboard_needs_its_token_kept_for_its_owner_only(run):
+    from framework.dashboard import tokens_dir
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    os.makedirs(tokens_dir(), exist_ok=True)
+    stale = os.path.join(tokens_dir(), f"dashboard-{int(ended.stdout)}-80.json")  # its process ended unclosed
+    with open(stale, "w") as f:
+        f.write("{}")
     for host in ("0.0.0.0", "127.0.0.1"):  # noqa: S104 - what the test is about
         with serve(run.path, host=host) as board:
             assert board.token is not None and len(board.token) >= 24 and board.url.endswith(f"?token={board.token}")
@@ -174,7 +181,7 @@ def test_every_dashboard_needs_its_token_kept_for_its_owner_only(run):
             assert _call(base + "/api/leaderboard", headers={"Authorization": f"Bearer {board.token}"})[0] == 200
             kept = board.token_file
             assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600 and json.load(open(kept))["token"] == board.token
-        assert not os.path.exists(kept)  # only while it serves
+        assert not os.path.exists(kept) and not os.path.exists(stale)  # only while it serves
     with serve(run.path, host="127.0.0.1", token="s3cret") as board:  # a token of the caller's
         assert board.url.endswith("/?token=s3cret")
         assert _call(f"http://127.0.0.1:{board.port}/api/status", token=None)[0] == 401
