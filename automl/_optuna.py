@@ -102,7 +102,7 @@ class OptunaProcedure(Procedure):
         mine = set(self._trial_numbers.values())
         for t in self._study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
             if t.number not in mine:
-                self._study._storage.set_trial_user_attr(t._trial_id, "orphan", True)
+                optuna.Trial(self._study, t._trial_id).set_user_attr("orphan", True)
                 self._study.tell(t.number, state=TrialState.FAIL)
 
     def _ended_in_study(self, config_id: int) -> bool:

@@ -34,7 +34,7 @@ from framework.cli import printable
 from framework.driver import commit, units
 from framework.driver._state import RunState
 from framework.driver.configs import BY_PERSON, ConfigRecord
-from framework.driver.control import add_workers, drain_worker
+from framework.driver.control import add_workers, drain_worker, worker_request
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.inbox import InboxError
 
@@ -216,25 +216,23 @@ def _worker_arg(run: RunState, args: Mapping[str, Any], *, live: bool = True) ->
 MAX_ADD_WORKERS = 64
 
 
-def _room(run: RunState) -> int | None:
-    """How many more workers the cluster can place now (its free resources over one worker's request), or None
-    when the backend cannot tell."""
-    free = run.backend.free_resources()
+def _room(run: RunState, free: Mapping[str, float]) -> int | None:
+    """How many more workers fit in the cluster's `free` resources (over one worker's request), or None when the
+    backend cannot tell (`free` is empty)."""
     if not free:
         return None
-    need = {"CPU": 1.0, **run.options.worker_resources}
-    return min(int(free.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0)
+    return min(int(free.get(k, 0.0) / v + 1e-9) for k, v in worker_request(run).items() if v > 0)
 
 
 def _add(run: RunState, args: Mapping[str, Any]) -> str:
     count, parts, worker = args.get("count", 1), args.get("partitions"), args.get("worker")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise CommandRejected(f"`count` is {count!r}, but must be an int >= 1")
-    room = _room(run)
+    free = run.backend.free_resources()
+    room = _room(run, free)
     if count > (MAX_ADD_WORKERS if room is None else room):
-        where = (f"the cluster has room for {room} more (free: {run.backend.free_resources()}, one worker asks for "
-                 f"{ {'CPU': 1.0, **run.options.worker_resources} })" if room is not None
-                 else f"one command starts at most {MAX_ADD_WORKERS}")
+        where = (f"the cluster has room for {room} more (free: {free}, one worker asks for {worker_request(run)})"
+                 if room is not None else f"one command starts at most {MAX_ADD_WORKERS}")
         raise CommandRejected(f"`count` is {count}, but {where}; add a node (ray start --address=...) first")
     if parts is not None:
         known = set(run.workers.partitions) | set(run.workers.eval_partitions)

@@ -123,13 +123,18 @@ def on_offered(run: RunState, ev: WorkerOffered) -> None:
         add_workers(run, 1, list(ev.partitions), ev.worker)
 
 
+def worker_request(run: RunState) -> dict[str, float]:
+    """The resources one worker asks of the cluster: a CPU, and what `worker_resources` adds or overrides."""
+    return {"CPU": 1.0, **run.options.worker_resources}
+
+
 def grow_into_free_resources(run: RunState) -> None:
     """Elastic scale-out: add workers while the backend has room for one and `max_workers` allows (workers still
     loading count as taken)."""
     if run.options.max_workers is None:
         return
     free = run.backend.free_resources()
-    need = {"CPU": 1.0, **run.options.worker_resources}
+    need = worker_request(run)
     room = run.options.max_workers - len(run.workers.holds) - len(run.workers.loading)
     while room > 0 and all(free.get(k, 0.0) >= v for k, v in need.items() if v > 0):
         for k, v in need.items():
