@@ -232,7 +232,7 @@ def _watch(args: argparse.Namespace) -> int:
                 board = result.get_dataframe().head(args.top).drop(columns=["round"], errors="ignore")
                 recent = result.events[result.events.kind.isin(("command", "worker_failed", "worker_joined",
                                                                 "config_failed", "worker_killed", "inbox"))].tail(5)
-                unverified = list(result.unverified)
+        unverified = s["problems"]  # what run_status's verification found
         units = s["units_done"]
         frame = [f"{s['path']}: {s['status']}, {s['num_configs']} configs {s['configs']}, "
                  f"{units.get('train', 0)} train units, {s['rounds']} rounds, last activity {age(s['age_s'])} ago"]

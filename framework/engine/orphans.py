@@ -46,8 +46,8 @@ def record(since: float) -> str:
     """Record the children (recursively) this process started at or after `since` (`time.time()` before Ray
     started): what a local `ray.init` brought up. Returns the record's path (0600, written atomically)."""
     me = psutil.Process()
-    procs = [p for p in me.children(recursive=True) if (p.create_time() if p.is_running() else 0) >= since - 1.0]
-    body = {"driver": _identity(me), "processes": [i for i in map(_identity, procs) if i is not None]}
+    started = [i for p in me.children(recursive=True) if (i := _identity(p)) is not None and i[1] >= since - 1.0]
+    body = {"driver": _identity(me), "processes": started}
     os.makedirs(records_dir(), mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=records_dir(), prefix=".driver-", suffix=".tmp")
     with os.fdopen(fd, "w") as f:  # mkstemp makes it 0600
