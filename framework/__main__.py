@@ -312,7 +312,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from framework.runs import FUNCTIONS, resume_run, run_status
+    from framework.options import FUNCTIONS
+    from framework.runs import resume_run, run_status
 
     if run_status(args.run)["status"] == "finished":
         _say(f"The run in {args.run} had finished: nothing to resume")
@@ -548,8 +549,8 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     exp.set_defaults(func=_export)
     res = sub.add_parser(
         "resume", help="continue a crashed run with the functions it recorded", formatter_class=fmt,
-        description="Continue a crashed run (see `status`): its model_fn, train_fn, eval_fn and input_fn are "
-                    "imported by the module:qualname the run recorded, and only when the run verifies under this "
+        description="Continue a crashed run (see `status`): its user functions (model_fn, train_fn or step_fn, "
+                    "eval_fn or eval_step, input_fn) are imported by the module:qualname the run recorded, and only when the run verifies under this "
                     "machine's key. A run that had finished prints one line and exits with 0; a running run, one "
                     "whose functions cannot be imported (defined in __main__ or inside a function) or that used "
                     "extract= is an error: resume those from Python with ModelSelection.resume(path, model_fn, "
@@ -560,7 +561,9 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     res.add_argument("--trust-unverified", action="store_true",
                      help="resume a run whose run.db does not verify under this machine's key; the functions it "
                           "names are still never imported, so name each one with --model-fn etc.")
-    for name in ("model_fn", "train_fn", "eval_fn", "input_fn"):
+    from framework.options import FUNCTIONS
+
+    for name in FUNCTIONS:
         res.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="MODULE:QUALNAME", default=None,
                          help=f"import {name} from here instead of the name the run recorded (None: the run's)")
     res.add_argument("--scheduler", default=None,

@@ -1,9 +1,10 @@
 """Ready-made user functions (an MLP classifier on tensors) used by the demo, the tests and the benchmarks.
 
 They double as a reference for writing your own: `model_fn(config) -> (model, optimizer)` (or a `Trainable`
-with an LR scheduler and a GradScaler, `scheduled_model_fn`),
-`train_fn(model, optimizer, data, config) -> dict` (one pass over `data`), `eval_fn(model, data, config) -> dict`.
-`data` is whatever the partition holds; here a tuple `(x, y)` of tensors.
+with an LR scheduler and a GradScaler, `scheduled_model_fn`), and either a step (`classifier_step_fn`: the engine
+runs the loop, the recommended way) or a whole pass of your own (`classifier_train_fn`, the escape hatch, which
+trains to the same weights) with `eval_fn(model, data, config) -> dict`. `data` is whatever the partition holds; here
+a tuple `(x, y)` of tensors.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ def mlp_model_fn(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.O
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd)
     return model, opt
+
+
+def classifier_step_fn(model: torch.nn.Module, batch: Any, config: dict) -> tuple[torch.Tensor, dict]:
+    """One step of a classifier (`ModelSelection(step_fn=...)`): the batch's cross-entropy and accuracy.
+
+    The engine batches the partition by `config["batch_size"]`, moves each batch to the model's device, and runs
+    backward and the optimizer (`framework.engine.steps`); evaluated without an `eval_step`, the same function gives
+    the validation loss and accuracy."""
+    x, y = batch  # (B, D), (B,)
+    logits = model(x)  # (B, classes)
+    return F.cross_entropy(logits, y), {"accuracy": (logits.argmax(1) == y).float().mean()}
 
 
 def classifier_train_fn(

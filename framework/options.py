@@ -27,6 +27,8 @@ RECORDED = (
     "max_unit_retries", "max_worker_restarts", "max_workers", "freezing", "deterministic", "queue_depth",
     "checkpoint", "data_on_device",
 )
+#: the user functions a run records by name (`meta["functions"]`), in `ModelSelection.resume`'s order
+FUNCTIONS = ("model_fn", "train_fn", "eval_fn", "input_fn", "step_fn", "eval_step")
 #: the recorded options a resumed run may change (`from_meta(meta, **overrides)`); the rest define the run
 RESUMABLE = frozenset({
     "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "queue_depth", "checkpoint",
@@ -107,9 +109,11 @@ class RunOptions:
             config's unfinished epoch), `"unit"` (after every training unit; resume re-runs only units in flight),
             a number N (each epoch end, and within an epoch whenever N seconds passed since the config's last
             checkpoint), or `"off"` (only each config's final state, when it stops; the run cannot be resumed).
-        data_on_device: each worker moves the tensors of the partitions it loads to its device once (a GPU worker
-            then trains without a host-to-device copy per batch; `train_fn`'s `.to(device)` becomes a no-op). Costs
-            device memory: a partition's size per worker. No effect on CPU workers.
+        data_on_device: where a GPU worker keeps the partitions it loads. None (default): on its GPU when they fit
+            in a quarter of the memory of its share of the GPU (`framework.engine.worker.DEVICE_DATA_SHARE`), else
+            in host memory with each batch copied over as it is used; True: on the GPU; False: in host memory. On
+            the GPU, batches need no host-to-device copy (a `train_fn`'s `.to(device)` is a no-op). No effect on
+            CPU workers.
         storage_path: the run's local directory, handed to the procedure's `bind` (`ModelSelection` sets it).
         holder_wait_s: how long units of a partition nobody holds wait for a worker before the run stops.
         barrier: keep the epoch barrier (None: as the procedure's `synchronous` says).
@@ -133,7 +137,7 @@ class RunOptions:
     deterministic: bool = False
     queue_depth: int = 2
     checkpoint: str | float = "epoch"
-    data_on_device: bool = False
+    data_on_device: bool | None = None
     # the driver's own knobs (not recorded: a run directory, or what a simulation or replay needs)
     storage_path: str | None = None
     holder_wait_s: float = 300.0
@@ -180,9 +184,12 @@ class RunOptions:
             if not isinstance(self.freezing, Mapping):
                 raise TypeError(f"`freezing` is {self.freezing!r}, but must be a dict of options or None")
             object.__setattr__(self, "freezing", dict(self.freezing))
-        for arg in ("deterministic", "data_on_device", "reassign_partitions", "check_metric"):
+        for arg in ("deterministic", "reassign_partitions", "check_metric"):
             if not isinstance(getattr(self, arg), bool):
                 raise TypeError(f"`{arg}` is {getattr(self, arg)!r}, but must be True or False")
+        if self.data_on_device is not None and not isinstance(self.data_on_device, bool):
+            raise TypeError(f"`data_on_device` is {self.data_on_device!r}, but must be None (on a GPU when it fits), "
+                            "True or False")
         if self.barrier is not None and not isinstance(self.barrier, bool):
             raise TypeError(f"`barrier` is {self.barrier!r}, but must be True, False or None")
         if not _is_int(self.queue_depth) or self.queue_depth < 1:

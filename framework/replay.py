@@ -174,6 +174,8 @@ def replay(
     extract: Callable | None = None,
     device: str | None = None,
     trust_unverified: bool = False,
+    step_fn: Callable | None = None,
+    eval_step: Callable | None = None,
 ) -> Result:
     """Re-run every completed unit of the run in `storage_path` in the logged order; return the replay's `Result`.
 
@@ -192,7 +194,7 @@ def replay(
     catalog is left unsigned.
     """
     args = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn, "extract": extract,
-            "device": device, "trust_unverified": trust_unverified}
+            "device": device, "trust_unverified": trust_unverified, "step_fn": step_fn, "eval_step": eval_step}
     if not is_uri(storage_path):
         return _replay_dir(storage_path, out_path=out_path, **args)
     copy = RunStorage(storage_path, "replayed").fetch()
@@ -215,6 +217,8 @@ def _replay_dir(
     device: str | None = None,
     trust_unverified: bool = False,
     source: str | None = None,
+    step_fn: Callable | None = None,
+    eval_step: Callable | None = None,
 ) -> Result:
     """`replay` of a run directory on this machine (`source`: where it came from, when it is a copy)."""
     if out_path is not None and os.path.exists(os.path.join(out_path, CATALOG_FILE)):
@@ -239,8 +243,9 @@ def _replay_dir(
                          "was emptied, or the run never started): replay needs the run's settings")
     fns = meta["functions"]
     device = _replay_device(meta, device)
-    missing = [n for n, f in (("model_fn", model_fn), ("train_fn", train_fn), ("eval_fn", eval_fn),
-                              ("input_fn", input_fn)) if f is None and fns.get(n) is not None]
+    given = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn,
+             "step_fn": step_fn, "eval_step": eval_step}
+    missing = [n for n, f in given.items() if f is None and fns.get(n) is not None]
     if missing and unverified:
         raise SignatureError(
             f"replay would import {', '.join(f'{n}={fns[n]}' for n in missing)} as named in {storage_path!r}, but "
@@ -252,10 +257,7 @@ def _replay_dir(
             f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
             "extract= to replay()"
         )
-    model_fn = model_fn or import_ref(fns["model_fn"], "model_fn")
-    train_fn = train_fn or import_ref(fns["train_fn"], "train_fn")
-    eval_fn = eval_fn or import_ref(fns["eval_fn"], "eval_fn")
-    input_fn = input_fn or import_ref(fns.get("input_fn"), "input_fn")
+    used = {n: f or import_ref(fns.get(n), n) for n, f in given.items()}
     ds = PartitionedDataset.load(confine(storage_path, "data", "the data folder"), meta["dataset"])
     held = ds.worker_entries(per_partition=meta["executor"] == "mop")
 
@@ -286,14 +288,12 @@ def _replay_dir(
     ckpt = CheckpointStore(os.path.join(out_path, CHECKPOINT_DIR), dst)
     threads = torch.get_num_threads()
     try:
-        used = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn}
         dst.set_meta(**{**{k: v for k, v in meta.items() if k != "run_id"},
                         "functions": {n: function_ref(f) for n, f in used.items()},
                         "replay_of": source or os.path.abspath(storage_path), "replay_device": device})
         backend = LocalBackend(
-            {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn,
-             "freezing": meta.get("freezing"), "extract": extract,
-             "data_on_device": bool(meta.get("data_on_device", False))},
+            {**used, "freezing": meta.get("freezing"), "extract": extract,
+             "data_on_device": meta.get("data_on_device", False)},
             held, num_threads=int(meta.get("num_threads", 1)), device=device)
         procedure = LoggedDecisions(configs, synchronous=bool(meta.get("synchronous", True)),
                                     fails={f.config_id for f in faults} | cut, by_person=set(created))
@@ -316,7 +316,7 @@ def _replay_dir(
         torch.set_num_threads(threads)
         ckpt.close()
         dst.close()
-    result = Result(out_path, model_fn)
+    result = Result(out_path, used["model_fn"])
     result.write()
     return result
 

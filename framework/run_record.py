@@ -27,7 +27,7 @@ from framework.engine.checkpoint import CheckpointStore
 from framework.engine.inbox import read_requests
 from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
-from framework.options import RunOptions
+from framework.options import FUNCTIONS, RunOptions
 from framework.result import CATALOG_FILE
 from framework.storage import RunStorage, git_revision
 from framework.trainable import function_ref
@@ -70,7 +70,7 @@ def record_run(
     storage_uri: str | None,
     start_time: float,
 ) -> None:
-    """Write a new run's meta. `fns`: what the workers run; `model_fn`, `train_fn`, `eval_fn` and `input_fn` are
+    """Write a new run's meta. `fns`: what the workers run; the user functions (`framework.options.FUNCTIONS`) are
     recorded by name (the names replay imports; the catalog signs every meta row, so a run directory cannot make
     replay call others), `extract` by its name or class. `driver` is this process (pid and host): whether it is
     still alive tells a running run from a crashed one (`framework.runs`)."""
@@ -82,7 +82,7 @@ def record_run(
         synchronous=options.deterministic or getattr(procedure, "synchronous", True),
         procedure=type(procedure).__name__, dataset=data_desc, git_revision=git_revision(),
         code_digest=code_digest(), storage_uri=storage_uri,
-        functions={n: function_ref(fns.get(n)) for n in ("model_fn", "train_fn", "eval_fn", "input_fn")},
+        functions={n: function_ref(fns.get(n)) for n in FUNCTIONS},
         driver=driver_identity(),
     )
 

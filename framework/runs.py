@@ -40,6 +40,7 @@ import pandas as pd
 
 from framework.cli import printable
 from framework.engine.catalog import CatalogError, SQLiteCatalog, UnverifiedRunWarning, check_verified
+from framework.options import FUNCTIONS
 from framework.result import CATALOG_FILE, OUTCOMES, NoResultError, Result
 from framework.storage import check_utf8, default_root, is_uri, run_name, unusable_dir
 
@@ -49,8 +50,6 @@ __all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "compare_runs", "ex
 STATUSES = ("finished", "running", "crashed", "running?", "unknown", "unreadable")
 #: a run whose driver cannot be checked counts as maybe running (`running?`) while it changed this recently (seconds)
 RECENT_S = 600.0
-#: the user functions a run records by name (`meta["functions"]`), in `ModelSelection.resume`'s order
-FUNCTIONS = ("model_fn", "train_fn", "eval_fn", "input_fn")
 EXPORT_FORMATS = ("csv", "parquet")
 
 
@@ -468,12 +467,14 @@ def resume_run(path: str, *, trust_unverified: bool = False, functions: Mapping[
                              f"{' '.join('--' + n.replace('_', '-') + ' MODULE:QUALNAME' for n in missing)}), or "
                              f"resume it with {_from_python()}")
     fns = {n: _import(refs[n], n, path) for n in FUNCTIONS}
-    lacking = [n for n in FUNCTIONS[:3] if fns[n] is None]
+    needs = (("model_fn", fns["model_fn"]), ("train_fn or step_fn", fns["train_fn"] or fns["step_fn"]),
+             ("eval_fn, eval_step or step_fn", fns["eval_fn"] or fns["eval_step"] or fns["step_fn"]))
+    lacking = [n for n, fn in needs if fn is None]
     if lacking:
         raise ValueError(f"the run in {path!r} records no {', '.join(lacking)}: resume it with {_from_python()}")
     sel = ModelSelection.resume(path, fns["model_fn"], fns["train_fn"], fns["eval_fn"],
-                                input_fn=fns["input_fn"], trust_unverified=trust_unverified, progress=progress,
-                                **overrides)
+                                input_fn=fns["input_fn"], step_fn=fns["step_fn"], eval_step=fns["eval_step"],
+                                trust_unverified=trust_unverified, progress=progress, **overrides)
     return sel.run()
 
 

@@ -47,11 +47,19 @@ _OPTION_ATTRIBUTES = frozenset(f.name for f in dataclasses.fields(RunOptions)) |
 class ModelSelection:
     """Train many configs on a partitioned dataset with model hopper parallelism, and pick the best.
 
+    Training is written one of two ways. The recommended one: `step_fn(model, batch, config)` returns a batch's
+    loss (or `(loss, metrics)`), and the engine runs the loop around it: batches of `config["batch_size"]` shuffled
+    by the unit's seed and moved to the worker's device, backward, the optimizer, an LR scheduler and a GradScaler
+    from a `framework.Trainable`, gradient averaging in a data-parallel gang, exact example counts
+    (`framework.engine.steps` has the whole contract). The escape hatch: a `train_fn` that runs its own loop.
+
     Args:
-        model_fn: `model_fn(config) -> (torch.nn.Module, torch.optim.Optimizer)`.
-        train_fn: `train_fn(model, optimizer, data, config) -> dict` (one pass over the worker's partition `data`;
-            may return `num_examples`, a positive int; a metric that is NaN or infinite fails the config).
-        eval_fn: `eval_fn(model, data, config) -> dict`, called under `torch.no_grad()`.
+        model_fn: `model_fn(config) -> (torch.nn.Module, torch.optim.Optimizer)` or a `framework.Trainable`.
+        train_fn: `train_fn(model, optimizer, data, config) -> dict`: one pass of your own over the worker's
+            partition `data` (may return `num_examples`, a positive int; a metric that is NaN or infinite fails the
+            config). None when `step_fn` is given.
+        eval_fn: `eval_fn(model, data, config) -> dict`, called under `torch.no_grad()`; None: `eval_step`, or
+            `step_fn`'s loss and metrics over the partition's batches.
         dataset: a `PartitionedDataset` (its `replicas` / `availability` say which workers hold which partition).
         procedure: an `automl.Procedure` (GridSearch, RandomSearch, HyperBand, ...), a registered name ("grid",
             "hyperband", ...) or a `"module:Class"` string, constructed with `procedure_args` (a dict of keywords).
@@ -76,6 +84,10 @@ class ModelSelection:
             `on_epoch_end`, `on_decision`, `on_run_end`), e.g. `framework.TensorBoardCallback()` or
             `framework.MLflowCallback()`. `dashboard=True` serves the run's web page while it runs (or a dict of
             `framework.dashboard.serve`'s host, port, token); its URL goes to stderr.
+        step_fn: `step_fn(model, batch, config) -> loss | (loss, metrics) | {"loss": ..., ...}`: one training step
+            on a batch, the engine's loop around it (instead of `train_fn`); its metrics become `train_<name>`.
+        eval_step: `eval_step(model, batch, config) -> dict` of a batch's means (instead of `eval_fn`; batches of
+            `config["eval_batch_size"]`, default `batch_size`); its metrics become `valid_<name>`.
 
     The other arguments are the run's options: `framework.RunOptions` documents each one, holds their defaults and
     validates them (`self.options` is the validated record, `num_workers` resolved). In short:
@@ -94,12 +106,12 @@ class ModelSelection:
         deterministic: reproducible by seed (a seeded visit order and the epoch barrier), at some throughput.
         queue_depth: units a worker holds at once (default 2; 1 is Cerebro's model).
         checkpoint: when config states reach the disk: `"epoch"` (default), `"unit"`, every N seconds, or `"off"`.
-        data_on_device: each worker moves the partitions it loads to its device once.
+        data_on_device: where a GPU worker keeps its partitions (None: on the GPU when they fit).
     """
 
     def __init__(
-        self, model_fn: Callable, train_fn: Callable, eval_fn: Callable, dataset: PartitionedDataset,
-        procedure: Procedure | str, input_fn: Callable | None = None, num_workers: int | None = _D.num_workers,
+        self, model_fn: Callable, train_fn: Callable | None = None, eval_fn: Callable | None = None,
+        dataset: PartitionedDataset | None = None, procedure: Procedure | str | None = None, input_fn: Callable | None = None, num_workers: int | None = _D.num_workers,
         worker_resources: Mapping[str, float] | None = None, scheduler: str | Scheduler = _D.scheduler,
         executor: str = _D.executor, seed: int = _D.seed, storage_path: str | None = None,
         metric: str = _D.metric, mode: str = _D.mode, progress: bool = True,
@@ -107,11 +119,12 @@ class ModelSelection:
         max_worker_restarts: int = _D.max_worker_restarts, freezing: Mapping[str, Any] | None = _D.freezing,
         extract: Callable | None = None, max_workers: int | None = _D.max_workers, faults: FaultPlan | None = None,
         deterministic: bool = _D.deterministic, queue_depth: int = _D.queue_depth,
-        checkpoint: str | float = _D.checkpoint, data_on_device: bool = _D.data_on_device,
+        checkpoint: str | float = _D.checkpoint, data_on_device: bool | None = _D.data_on_device,
         callbacks: list[Callback] | None = None, name: str | None = None,
         procedure_args: Mapping[str, Any] | None = None, dashboard: bool | Mapping[str, Any] = False,
+        step_fn: Callable | None = None, eval_step: Callable | None = None,
     ) -> None:
-        check_user_code(model_fn, train_fn, eval_fn, input_fn, extract)
+        check_user_code(model_fn, train_fn, eval_fn, input_fn, extract, step_fn, eval_step)
         check_dataset(dataset)
         options = RunOptions(
             seed=seed, metric=metric, mode=mode, scheduler=scheduler, executor=executor, num_workers=num_workers,
@@ -123,6 +136,7 @@ class ModelSelection:
         n = options.num_workers
         self.placement = dataset.placement(n) if executor == "mop" else {0: list(range(n))}
         self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
+        self.step_fn, self.eval_step = step_fn, eval_step
         self.dataset, self.extract, self.progress = dataset, extract, progress
         self.procedure = resolve_procedure(procedure, procedure_args)
         self.faults = check_faults(faults)
@@ -143,14 +157,15 @@ class ModelSelection:
     # ---- public -------------------------------------------------------------------------------------------------
     @classmethod
     def resume(
-        cls, storage_path: str, model_fn: Callable, train_fn: Callable, eval_fn: Callable,
+        cls, storage_path: str, model_fn: Callable, train_fn: Callable | None = None, eval_fn: Callable | None = None,
         input_fn: Callable | None = None, procedure: Procedure | str | None = None, extract: Callable | None = None,
         trust_unverified: bool = False, *, progress: bool = True, faults: FaultPlan | None = None,
-        callbacks: list[Callback] | None = None, **overrides: Any,
+        callbacks: list[Callback] | None = None, step_fn: Callable | None = None, eval_step: Callable | None = None,
+        **overrides: Any,
     ) -> ModelSelection:
         """A `ModelSelection` that continues the run in `storage_path` (after a driver crash) when `.run()` is called.
 
-        Pass the same user functions. The procedure's state, the configs, their latest checkpoints and the schedule
+        Pass the same user functions (`step_fn`/`eval_step` as keywords, for a run that used them). The procedure's state, the configs, their latest checkpoints and the schedule
         log come from the directory; `procedure` overrides the stored procedure state (it must pickle-verify). Units
         that were in flight at the crash, or whose checkpoint had not reached the disk, run again; the schedule log
         marks their lost attempts `lost`. A run made with `extract=` needs the same `extract` again. Besides
@@ -167,7 +182,7 @@ class ModelSelection:
         """
         run = load_run(storage_path, procedure, extract, trust_unverified, overrides)
         self = cls(model_fn, train_fn, eval_fn, run.dataset, run.procedure, input_fn=input_fn, extract=extract,
-                   progress=progress, faults=faults, callbacks=callbacks,
+                   progress=progress, faults=faults, callbacks=callbacks, step_fn=step_fn, eval_step=eval_step,
                    **{k: getattr(run.options, k) for k in RECORDED})
         self.storage, self._resuming = run.storage, True
         self.options = self.options.replace(storage_path=run.storage.local)
@@ -295,5 +310,6 @@ class ModelSelection:
 
     def _worker_fns(self) -> dict[str, Any]:
         return {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn,
-                "input_fn": self.input_fn, "extract": self.extract, "data_on_device": self.options.data_on_device}
+                "input_fn": self.input_fn, "step_fn": self.step_fn, "eval_step": self.eval_step,
+                "extract": self.extract, "data_on_device": self.options.data_on_device}
 

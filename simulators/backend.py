@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,10 +173,6 @@ class SimulatedBackend(ClockBackend):
             self.workers.pop(worker, None)
             return 0.0, WorkerLost(0.0, worker, "died while loading", loading=True)
         return 0.0, WorkerJoined(0.0, worker, parts, {"data_bytes": 0})
-
-    def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
-        """Gangs and packs run here (see `CostModel`); `states` holds one handle per member."""
-        return self._enqueue(tuple(workers), task, tuple(states))
 
     def _execute(self, workers: tuple[int, ...], ticket: int, task: UnitTask, state: Any) -> tuple[float, Event] | None:
         units = task.units

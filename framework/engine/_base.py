@@ -114,15 +114,6 @@ class StateLost(Event):
     error: BaseException
 
 
-def refuse_plural(backend: Backend, workers: Sequence[int], task: UnitTask) -> None:
-    """The clear error of a backend that runs one config on one worker per unit, given a gang or a pack."""
-    if len(workers) != 1 or len(task.members) > 1:
-        what = (f"a gang of {len(workers)} workers {tuple(workers)}" if len(workers) != 1
-                else f"a pack of {len(task.members)} configs {task.members}")
-        raise NotImplementedError(f"{type(backend).__name__} runs one config on one worker per unit, but was given "
-                                  f"{what}; the simulator's backend runs gangs and packs")
-
-
 class Backend(abc.ABC):
     """Runs workers and units for the driver and reports what happened as events (see the module docstring).
 
@@ -157,8 +148,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
         """Run `task` on `workers` (a gang when more than one) from the states behind `states`, one handle per
-        member of `task.members` (None: a fresh config); returns its ticket. A backend that runs only one config on
-        one worker per unit refuses more with `refuse_plural`."""
+        member of `task.members` (None: a fresh config); returns its ticket. A backend that cannot run a gang or a
+        pack raises `NotImplementedError` naming what it was given."""
 
     @abc.abstractmethod
     def poll(self, timeout: float | None) -> list[Event]:

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from framework.engine._base import Backend, Event, WorkerLost, refuse_plural
+from framework.engine._base import Backend, Event, WorkerLost
 from framework.engine.checkpoint import write_later
 from framework.scheduling.units import UnitTask
 
@@ -84,7 +84,6 @@ class ClockBackend(Backend):
             self._at(self._clock, WorkerLost(self._clock, worker, "killed"))
 
     def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
-        refuse_plural(self, workers, task)
         return self._enqueue(tuple(workers), task, tuple(states))
 
     def _enqueue(self, workers: tuple[int, ...], task: UnitTask, states: tuple[Any, ...]) -> int:

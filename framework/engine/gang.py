@@ -35,6 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from framework.scheduling.units import TRAIN, Unit, UnitTask
+
 __all__ = ["Gang", "GangBrokenError", "GangMember", "gang_id", "open_store"]
 
 
@@ -148,6 +150,7 @@ class GangMember:
     belong to several gangs: each keeps its group until it is left."""
 
     gang: Gang | None = None
+    worker_id: int = 0
 
     def host_gang(self, gang_id: str = "g", host: str = "127.0.0.1") -> int:
         store, port = open_store(host)
@@ -168,6 +171,20 @@ class GangMember:
             gang.close()
             if self.gang is gang:
                 self.gang = None
+
+    def gang_place(self, task: UnitTask) -> tuple[Unit, int, Gang | None, tuple[int, int]]:
+        """This worker's part of a gang's task: (its unit, its rank, the gang (None for eval: no gradients), its
+        share of the partition (index, count))."""
+        rank = task.workers.index(self.worker_id)
+        parts = task.partitions or (task.unit.partition,) * len(task.workers)
+        sharers = [i for i, p in enumerate(parts) if p == parts[rank]]
+        unit = Unit(task.unit.config_id, task.unit.epoch, parts[rank], task.unit.kind)
+        gang = None
+        if unit.kind == TRAIN:
+            gang = self.__dict__.get("gangs", {}).get(gang_id(task.workers))
+            if gang is None:
+                raise GangBrokenError(f"worker {self.worker_id} is in no gang of workers {task.workers}")
+        return unit, rank, gang, (sharers.index(rank), len(sharers))
 
 
 class _Averaging:

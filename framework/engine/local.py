@@ -16,8 +16,9 @@ from typing import Any
 
 from framework.engine._base import Event, StateLost, UnitDone, UnitFailed, WorkerJoined, WorkerLost
 from framework.engine.clock import ClockBackend
-from framework.engine.worker import Worker, unpack_state
-from framework.engine.worker import self_contained as _self_contained
+from framework.engine.state import self_contained as _self_contained
+from framework.engine.state import unpack_state
+from framework.engine.worker import Worker
 from framework.scheduling import TRAIN, Unit
 from framework.scheduling.units import UnitTask
 
@@ -36,12 +37,12 @@ class _LocalWorker(Worker):
 
     LOST_STATE_ERRORS = (LookupError,)
 
-    def _act_out(self, fault: str, unit: Unit | None) -> None:
+    def act_out(self, fault: str, unit: Unit | None) -> None:
         if fault in ("kill_worker", "kill_loading"):
             raise _Killed(fault)
         if fault == "hang":
             raise _Hung(fault)
-        super()._act_out(fault, unit)
+        super().act_out(fault, unit)
 
 
 class LocalBackend(ClockBackend):
@@ -81,10 +82,19 @@ class LocalBackend(ClockBackend):
             return 0.0, WorkerLost(0.0, worker, "died while loading", loading=True)
         return 0.0, WorkerJoined(0.0, worker, parts, {"data_bytes": self.workers[worker].data_nbytes()})
 
+    def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
+        """A unit of its own, or a pack (its members run one after another, `Worker.run_members`); not a gang, whose
+        members are processes that average gradients (`RayBackend`)."""
+        if len(workers) != 1:
+            raise NotImplementedError(f"{type(self).__name__} runs workers in one process, so not a gang of workers "
+                                      f"{tuple(workers)}: RayBackend runs gangs")
+        return super().submit(workers, task, states)
+
     def _execute(self, workers: tuple[int, ...], ticket: int, task: UnitTask, state: Any) -> tuple[float, Event] | None:
         worker = workers[0]
+        states = state if len(task.members) > 1 else (state,)
         try:
-            new_state, report = self.workers[worker].run(task, copy.deepcopy(state))
+            new_states, reports = self.workers[worker].run_members(task, copy.deepcopy(states))
         except _Killed:
             self.workers.pop(worker, None)
             return 0.0, WorkerLost(0.0, worker, "died (injected kill)", started=(ticket,))
@@ -92,10 +102,12 @@ class LocalBackend(ClockBackend):
             return None
         except LookupError as e:
             return 0.0, StateLost(0.0, ticket, worker, e)
-        duration = self.unit_time(task.unit, worker) if self.unit_time else report.end - report.start
-        if report.error is not None:
-            return duration, UnitFailed(0.0, ticket, worker, (report,))
-        return duration, UnitDone(0.0, ticket, worker, (report,), (new_state if task.unit.kind == TRAIN else None,))
+        duration = (sum(self.unit_time(r.unit, worker) for r in reports) if self.unit_time
+                    else reports[-1].end - reports[0].start)
+        if all(r.error is not None for r in reports):
+            return duration, UnitFailed(0.0, ticket, worker, reports)
+        return duration, UnitDone(0.0, ticket, worker, reports,
+                                  new_states if task.unit.kind == TRAIN else (None,) * len(reports))
 
     def get(self, handle: Any, *, self_contained: bool = False) -> dict[str, Any] | None:
         state = unpack_state(handle)

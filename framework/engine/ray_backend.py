@@ -30,11 +30,11 @@ from framework.engine._base import (
     UnitFailed,
     WorkerJoined,
     WorkerLost,
-    refuse_plural,
 )
 from framework.engine.checkpoint import write_later
 from framework.engine.gang import gang_id
-from framework.engine.worker import Worker, self_contained, unpack_state
+from framework.engine.state import self_contained, unpack_state
+from framework.engine.worker import Worker
 from framework.scheduling import TRAIN
 from framework.scheduling.units import UnitReport, UnitTask
 
@@ -72,7 +72,7 @@ class _Pending(NamedTuple):
     ticket: int
     worker: int
     seq: int  # its place in the actor's queue (the actor runs its units in this order)
-    state_ref: Any
+    state_ref: Any  # the ref of the new state (a tuple of them, one per member, for a pack)
     kind: str
 
 
@@ -119,20 +119,24 @@ class _RayWorker(Worker):
         return state
 
     @ray.method(concurrency_group="units")
-    def enqueue(self, seq: int, task: UnitTask, boxed: list) -> tuple[Any, UnitReport]:
-        """Fetch the state behind `boxed[0]` (None: a fresh config), wait until units `0..seq-1` have run, then run
-        this one (see `Worker.run`)."""
+    def enqueue(self, seq: int, task: UnitTask, boxed: list) -> tuple[Any, ...]:
+        """Fetch the states behind `boxed` (one per member of `task`; None: a fresh config), wait until units
+        `0..seq-1` have run, then run this one: `(new state, report)` for a unit of its own (`Worker.run`),
+        `(*new states, reports)` for a pack (`Worker.run_members`)."""
         try:
-            state = self._fetch(boxed)
+            states = [self._fetch([b]) for b in boxed]
         except BaseException as e:  # noqa: BLE001 - re-raised in its turn: the unit reports it (a lost state)
-            state = e
+            states = e
         with self._turns:
             self._turns.wait_for(lambda: self._turn == seq)
         try:
             self._record_start(seq)
-            if isinstance(state, BaseException):
-                raise state
-            return self.run(task, state)
+            if isinstance(states, BaseException):
+                raise states
+            if len(task.members) > 1:
+                new_states, reports = self.run_members(task, states)
+                return (*new_states, reports)
+            return self.run(task, states[0])
         finally:
             with self._turns:
                 self._turn += 1
@@ -256,7 +260,8 @@ class RayBackend(Backend):
     """Worker actors on the local or attached Ray cluster (not restarted by Ray: the driver handles failures).
 
     Args:
-        fns: the `Worker` keyword arguments (`model_fn`, `train_fn`, `eval_fn`, `input_fn`, `freezing`, `extract`).
+        fns: the `Worker` keyword arguments (`model_fn`, `train_fn` or `step_fn`, `eval_fn`, `input_fn`, `freezing`,
+            `extract`, ...).
         resources: Ray resources per worker; a worker with a GPU puts models on it.
         num_threads: torch threads per worker.
         entries: partition -> (train entries, valid entries): data, paths or URIs a worker's `input_fn` loads.
@@ -305,7 +310,8 @@ class RayBackend(Backend):
                 self._ledger = _StartLedger.remote()
             key = self._keys[worker] = next(self._next_key)
             self._actors[worker] = cls.options(**actor_options(self.resources)).remote(
-                worker, device=device, num_threads=self.num_threads, ledger=(self._ledger, key), **self.fns)
+                worker, device=device, num_threads=self.num_threads, ledger=(self._ledger, key),
+                device_fraction=min(1.0, self.resources.get("GPU", 0)) or 1.0, **self.fns)
         ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
         self._loads[ref] = (worker, parts)
 
@@ -363,14 +369,20 @@ class RayBackend(Backend):
 
     # ---- units --------------------------------------------------------------------------------------------------
     def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
-        if len(workers) > 1 and len(task.members) <= 1:
+        """A unit of its own, a gang (every member trains its partition, `_submit_gang`) or a pack on one worker
+        (its members run there one after another, `Worker.run_members`: one state ref per member)."""
+        if len(workers) > 1 and len(task.members) > 1:
+            raise NotImplementedError(f"{type(self).__name__} runs a pack on one worker or a gang of one config, "
+                                      f"but was given a pack of {len(task.members)} configs {task.members} on a gang "
+                                      f"of workers {tuple(workers)}")
+        if len(workers) > 1:
             return self._submit_gang(tuple(workers), task, states[0])
-        refuse_plural(self, workers, task)
-        state = states[0]
         ticket = next(self._tickets)
         seq = self._seqs[workers[0]] = self._seqs.get(workers[0], -1) + 1
-        state_ref, report_ref = self._actors[workers[0]].enqueue.options(num_returns=2).remote(seq, task, [state])
-        self._units[report_ref] = _Pending(ticket, workers[0], seq, state_ref, task.unit.kind)
+        *state_refs, report_ref = self._actors[workers[0]].enqueue.options(num_returns=len(states) + 1).remote(
+            seq, task, list(states))
+        state = state_refs[0] if len(state_refs) == 1 else tuple(state_refs)
+        self._units[report_ref] = _Pending(ticket, workers[0], seq, state, task.unit.kind)
         return ticket
 
     def _submit_gang(self, workers: tuple[int, ...], task: UnitTask, state: Any) -> int:
@@ -483,18 +495,20 @@ class RayBackend(Backend):
                 events += self._gang_reply(unit, ref)
                 continue
             try:
-                report: UnitReport = ray.get(ref)
+                reply: UnitReport | tuple[UnitReport, ...] = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 events.append(self._lost(unit.worker, f"died ({type(e).__name__})", [unit]))
                 continue
             except _LOST_OBJECT_ERRORS as e:
                 events.append(StateLost(time.time(), unit.ticket, unit.worker, e))
                 continue
-            if report.error is not None:
-                events.append(UnitFailed(time.time(), unit.ticket, unit.worker, (report,)))
+            reports = reply if isinstance(reply, tuple) else (reply,)  # (a pack's: one per member)
+            if all(r.error is not None for r in reports):
+                events.append(UnitFailed(time.time(), unit.ticket, unit.worker, reports))
             else:
-                state = unit.state_ref if unit.kind == TRAIN else None
-                events.append(UnitDone(time.time(), unit.ticket, unit.worker, (report,), (state,)))
+                refs = unit.state_ref if isinstance(unit.state_ref, tuple) else (unit.state_ref,)
+                states = refs if unit.kind == TRAIN else (None,) * len(reports)
+                events.append(UnitDone(time.time(), unit.ticket, unit.worker, reports, states))
         return events
 
     def _joined(self, ref: Any) -> Event:

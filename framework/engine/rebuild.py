@@ -20,7 +20,8 @@ import torch
 
 from framework.engine.catalog import SQLiteCatalog, UnsafePathError, parent_id
 from framework.engine.checkpoint import PARTIAL, CorruptCheckpointError, load_latest_verified, write_atomic
-from framework.engine.worker import Worker, self_contained, unpack_state
+from framework.engine.state import self_contained, unpack_state
+from framework.engine.worker import Worker
 from framework.scheduling import TRAIN, Unit
 from framework.scheduling.units import UnitTask
 

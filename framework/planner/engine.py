@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from framework.engine.worker import seed_everything
+from framework.engine.runner import seed_everything
 from framework.planner.execution import (
     KeyedModule,
     ancestors_or_self,

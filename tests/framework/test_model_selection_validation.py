@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 import automl
 import framework
@@ -36,6 +37,28 @@ def test_validation_rejects_more_workers_than_partitions():
 def test_validation_rejects_non_callable_functions():
     with pytest.raises(TypeError, match="`train_fn` is 5, but must be callable"):
         _make(train_fn=5)
+
+
+def _step(model, batch, config):
+    return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"train_fn": None}, r"`train_fn` and `step_fn` are both None, but a config trains by one of them"),
+    ({"step_fn": _step}, r"`train_fn` and `step_fn` are both given, but one does what the other does"),
+    ({"train_fn": None, "step_fn": _step, "eval_step": _step},
+     r"`eval_fn` and `eval_step` are both given, but one does what the other does"),
+    ({"eval_fn": None}, r"`eval_fn` is None, and there is no `eval_step` or `step_fn` to evaluate with"),
+    ({"train_fn": None, "step_fn": "loss"}, r"`step_fn` is 'loss', but must be callable or None"),
+])
+def test_validation_names_a_missing_or_doubled_training_or_evaluation(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        _make(**kwargs)
+
+
+def test_a_step_fn_alone_trains_and_evaluates():
+    sel = _make(train_fn=None, eval_fn=None, step_fn=_step)
+    assert sel.step_fn is _step and sel.train_fn is None and sel.eval_fn is None
 
 
 def test_validation_rejects_unknown_scheduler():
@@ -123,7 +146,8 @@ def test_validation_rejects_an_unknown_checkpoint_policy(bad):
 
 
 def test_validation_rejects_a_data_on_device_that_is_not_a_bool():
-    with pytest.raises(TypeError, match=r"`data_on_device` is 'yes', but must be True or False"):
+    with pytest.raises(TypeError, match=r"`data_on_device` is 'yes', but must be None \(on a GPU when it fits\), True "
+                                        r"or False"):
         _make(data_on_device="yes")
 
 

@@ -11,7 +11,8 @@ import torch
 
 from framework import Trainable
 from framework.data import PartitionedDataset
-from framework.engine.worker import Worker, unpack_state
+from framework.engine.state import unpack_state
+from framework.engine.worker import Worker
 from framework.examples import classifier_eval_fn, mlp_model_fn, scheduled_model_fn, scheduled_train_fn
 from framework.scheduling import EVAL, TRAIN, Unit
 from framework.scheduling.units import UnitTask

@@ -12,13 +12,8 @@ import pytest
 import torch
 
 from framework.data import PartitionedDataset
-from framework.engine.worker import (
-    CACHE_PREFIX,
-    PackedState,
-    Worker,
-    pack_state,
-    unpack_state,
-)
+from framework.engine.state import PackedState, pack_state, unpack_state
+from framework.engine.worker import CACHE_PREFIX, Worker
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.scheduling import EVAL, TRAIN, Unit, UnitTask, epoch_metrics
 

@@ -1,0 +1,199 @@
+"""Running an assignment on a worker: one member's unit (`run_unit`), and an assignment's members (`run_members`).
+
+A unit builds the config's `Trainable` from its state (construction is seeded per config, so a config's initial
+weights do not depend on where it starts), seeds the unit from (run seed, config, epoch, partition, kind), trains or
+evaluates with the worker's functions (the user's `train_fn`/`eval_fn`, or the engine's `StepLoop` around a
+`step_fn`), checks the metrics, and packs the new state with its visit record. Failures in user code come back as
+`UnitReport.error`; a lost state or a broken gang propagates (not the user's fault: the driver re-runs the unit).
+
+A pack (`task.members` holds several configs) runs here one member after another, each exactly as it would run on
+its own (same seeds, same state, same report): the runner a fused pack replaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import random
+import time
+import traceback
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from framework.data import data_len, shard_data
+from framework.engine.gang import GangBrokenError
+from framework.engine.state import ModelState, PackedState, pack_state, state_nbytes, unpack_state
+from framework.scheduling.units import TRAIN, Unit, UnitReport, UnitTask, unit_seed
+from framework.trainable import Trainable, accepted_kwargs
+
+if TYPE_CHECKING:
+    from framework.engine.worker import Worker
+
+__all__ = ["run_members", "run_unit", "seed_everything"]
+
+
+def seed_everything(s: int) -> None:
+    torch.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s % (2**32))
+
+
+def run_members(
+    worker: Worker, task: UnitTask, states: Sequence[PackedState | ModelState | None]
+) -> tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]]:
+    """Run every member of `task` (`task.members`, in order; one state each) on `worker`, one after another:
+    (new states, reports), one of each per member. A member whose user code fails does not stop the others."""
+    if len(task.members) <= 1:
+        state, report = run_unit(worker, task, states[0])
+        return (state,), (report,)
+    if len(task.workers) > 1:
+        raise NotImplementedError(f"a pack of {len(task.members)} configs on a gang of workers {task.workers} has no "
+                                  "runner yet: a pack runs on one worker")
+    configs = task.configs or (task.config,) * len(task.members)
+    out = [run_unit(worker, UnitTask(Unit(cid, task.unit.epoch, task.unit.partition, task.unit.kind), config,
+                                     task.seed, task.fault if i == 0 else None), state)
+           for i, (cid, config, state) in enumerate(zip(task.members, configs, states, strict=True))]
+    return tuple(s for s, _ in out), tuple(r for _, r in out)
+
+
+def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | None
+             ) -> tuple[PackedState | None, UnitReport]:
+    """Run one unit from `state` (None: a fresh config). Returns (new state, packed, or None for eval; report).
+
+    In a gang (`task.workers` has several), the worker trains its own partition (`task.partitions`; a share of it
+    where several members have the same one) with the gang's gradients averaged at every optimizer step, and reports
+    its own unit; the first member returns the state (which holds every member's partitions in its visits), the
+    others None."""
+    unit, rank, gang, share, trainable = task.unit, 0, None, (0, 1), None
+    if len(task.workers) > 1:
+        unit, rank, gang, share = worker.gang_place(task)
+    start = time.time()
+    report = UnitReport(unit=unit, worker=worker.worker_id, start=start, end=start)
+    try:
+        if task.fault is not None and rank == 0:  # (a gang's fault is its first member's)
+            worker.act_out(task.fault, unit)
+        state = unpack_state(state, worker.device if worker.device.type == "cuda" else None, copy_model=False)
+        trainable = _build(worker, task, state)
+        if state is not None:  # the model holds the weights now: keep only what the unit still reads
+            state = {"visited": state.get("visited") or {}, "freezing": state.get("freezing")}
+        data = shard_data(worker.data[("train" if unit.kind == TRAIN else "valid", unit.partition)], *share)
+        seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN),
+                                  *share))
+        if unit.kind == TRAIN:
+            metrics, freezing_state, report.comm_s = _train(worker, task, unit, trainable, data, state, gang)
+        else:
+            trainable.model.eval()
+            with torch.no_grad():
+                metrics = worker.eval_fn(trainable.model, data, task.config,
+                                         **accepted_kwargs(worker.eval_fn, {"epoch": unit.epoch}))
+        metrics = check_metrics(metrics, worker.fn_names[unit.kind])
+        new_state = None
+        if unit.kind == TRAIN:
+            # The visit record travels inside the state, so a config proves which partitions it absorbed.
+            visited = {e: list(ps) for e, ps in (state or {}).get("visited", {}).items()}
+            visited.setdefault(unit.epoch, []).extend(u.partition for u in task.units)  # (a gang's: all)
+            # (tensors stay where they are: `pack_state` copies them into the hop's buffer once)
+            new_state = {"model": trainable.model.state_dict(), **trainable.state_dict(), "visited": visited}
+            if worker.freezing is not None:
+                new_state["freezing"] = freezing_state
+                worker.split_frozen(unit.config_id, trainable.model, new_state)
+        report.num_examples = metrics.pop("num_examples") if "num_examples" in metrics else data_len(data)
+        report.metrics = metrics
+        new_state = pack_state(new_state) if rank == 0 else None  # (a gang's members hold the same weights)
+        report.state_bytes = state_nbytes(new_state)
+    except (GangBrokenError, *worker.LOST_STATE_ERRORS):
+        raise  # the config's state could not be fetched, or its gang broke: not the user's fault
+    except Exception:  # user code failed: report it against the config, keep the worker alive
+        new_state, report.error = None, traceback.format_exc()
+        if gang is not None and trainable is not None:  # the others are not left waiting for this member
+            with contextlib.suppress(Exception):
+                gang.finish(trainable.optimizer)
+    report.end = time.time()
+    return new_state, report
+
+
+def _train(worker: Worker, task: UnitTask, unit: Unit, trainable: Trainable, data: Any, state: ModelState | None,
+           gang: Any) -> tuple[Any, Any, float]:
+    """One training pass of the worker's `train_fn` (in a gang: its gradients averaged at every step, and the
+    members with batches left followed to the end); (metrics, the freezing controller's state or None, seconds in
+    the gang's all-reduces)."""
+    model, optimizer = trainable.model, trainable.optimizer
+    # what a train_fn may declare as keyword arguments besides its four positional ones
+    extras = {"epoch": unit.epoch, "lr_scheduler": trainable.lr_scheduler, "grad_scaler": trainable.grad_scaler,
+              "gang_size": len(task.workers) if gang is not None else 1,
+              "scheduler_interval": trainable.scheduler_interval}
+    averaging = gang.averaging(optimizer) if gang is not None else None
+    comm0 = gang.comm_seconds if gang is not None else 0.0
+    model.train()
+    controller = worker.controller(model, unit, state) if worker.freezing is not None else None
+    try:
+        if controller is not None:
+            extras["freezing"] = controller
+        metrics = worker.train_fn(model, optimizer, data, task.config, **accepted_kwargs(worker.train_fn, extras))
+        freezing_state = controller.state_dict() if controller is not None else None
+    finally:
+        if controller is not None:
+            controller.close()
+    if gang is not None:
+        gang.finish(optimizer)  # follow the members with batches left, so every member ends alike
+        averaging.restore()
+    return metrics, freezing_state, gang.comm_seconds - comm0 if gang is not None else 0.0
+
+
+def _build(worker: Worker, task: UnitTask, state: ModelState | None) -> Trainable:
+    # Construction is seeded per config, so a config's initial weights do not depend on the worker it starts on.
+    seed_everything(unit_seed(task.seed, task.unit.config_id))
+    trainable = Trainable.of(worker.model_fn(task.config))
+    trainable.model.to(worker.device)
+    if state is not None:
+        trainable.model.load_state_dict(worker.full_weights(task.unit.config_id, state))
+        # a state with weights but no visits is a clone's starting point (PBT exploit): it inherits the donor's
+        # weights and moments, but trains with its own (perturbed) config's hyper-parameters
+        trainable.load_state_dict(state, fresh_hyperparameters=not state.get("visited"))
+        visited = state.get("visited") or {}
+        if (task.unit.kind == TRAIN and trainable.lr_scheduler is not None and trainable.scheduler_interval == "epoch"
+                and visited and task.unit.epoch not in visited):
+            with warnings.catch_warnings():  # the optimizer did step: in earlier units, on whichever workers
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                trainable.lr_scheduler.step()  # the config's first unit of a new epoch: one step per epoch
+    return trainable
+
+
+def check_metrics(metrics: Any, fn_name: str) -> dict[str, float]:
+    """What user code returned as a unit's metrics, as `{name: float}` (and `num_examples` as an int)."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"{fn_name} must return a dict of metrics, got {type(metrics).__name__}")
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor):
+            v = v.item()
+        if k == "num_examples":
+            out[k] = _check_num_examples(v, fn_name)
+            continue
+        try:
+            out[str(k)] = float(v)
+        except (TypeError, ValueError):
+            raise TypeError(f"{fn_name} returned metric {k!r} = {v!r}, which is not a number") from None
+    # a NaN would rank silently (last, or not at all): it fails the config instead, named by a loss where one is
+    for k, v in sorted(out.items(), key=lambda kv: "loss" not in kv[0]):
+        if not math.isfinite(v):
+            raise FloatingPointError(f"{fn_name} returned a non-finite {'loss' if 'loss' in k else 'metric'}: "
+                                     f"{k} = {v}")
+    return out
+
+
+def _check_num_examples(v: Any, fn_name: str) -> int:
+    """`num_examples` as returned by user code: the examples a unit used, which weight its metrics in the epoch's
+    mean (so 0 would drop them, and a negative count would flip them)."""
+    bad = isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or not float(v).is_integer()
+    if bad or not 1 <= v < 2**63:  # SQLite keeps 64-bit integers
+        raise ValueError(f"{fn_name} returned `num_examples` = {v!r}, but it must be a positive int (below 2**63: "
+                         "the examples the unit used, which weight its metrics in the epoch's mean)")
+    return int(v)
