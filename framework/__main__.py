@@ -27,7 +27,7 @@ def _say(text: object = "", **kwargs) -> None:
 def _demo(args: argparse.Namespace) -> int:
     import automl
     import framework
-    from framework.examples import classifier_eval_fn, classifier_train_fn, digits_arrays, mlp_model_fn
+    from framework.examples import classifier_step_fn, digits_arrays, mlp_model_fn
 
     x, y = digits_arrays()
     ds = framework.PartitionedDataset.from_arrays(x, y, num_partitions=args.workers, seed=args.seed)
@@ -35,7 +35,7 @@ def _demo(args: argparse.Namespace) -> int:
     _say(f"Model selection on scikit-learn digits: {len(x)} images, {args.workers} partitions/workers, "
          f"grid of {2 * 3} MLP configs x {args.epochs} epochs, scheduler={args.scheduler}")
     sel = framework.ModelSelection(
-        mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=args.epochs),
+        mlp_model_fn, step_fn=classifier_step_fn, dataset=ds, procedure=automl.GridSearch(space, epochs=args.epochs),
         num_workers=args.workers, scheduler=args.scheduler, seed=args.seed, storage_path=args.storage_path,
         metric="valid_accuracy", mode="max",
     )

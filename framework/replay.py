@@ -233,7 +233,8 @@ def _replay_dir(
         created = _created_by_a_person(src.events("command"))
     finally:
         src.close()
-    if done["group"].notna().any():
+    grouped = done[done["group"].notna()]
+    if (grouped.groupby("group").worker.nunique() > 1).any():  # a gang (a pack ran on one worker, member by member)
         raise ValueError(f"the run in {storage_path!r} trained configs in data-parallel gangs (scheduler "
                          f"{meta.get('scheduler')!r}): replay runs units one at a time on one worker and cannot repeat "
                          "a gang's synchronous steps yet; resume and the run's checkpoints are not affected")

@@ -80,7 +80,7 @@ class LocalBackend(ClockBackend):
         except _Killed:
             self.workers.pop(worker, None)
             return 0.0, WorkerLost(0.0, worker, "died while loading", loading=True)
-        return 0.0, WorkerJoined(0.0, worker, parts, {"data_bytes": self.workers[worker].data_nbytes()})
+        return 0.0, WorkerJoined(0.0, worker, parts, self.workers[worker].data_info())
 
     def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:
         """A unit of its own, or a pack (its members run one after another, `Worker.run_members`); not a gang, whose

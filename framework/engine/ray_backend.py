@@ -516,7 +516,7 @@ class RayBackend(Backend):
         actor = self._actors.get(worker)
         try:
             ray.get(ref)
-            info: dict[str, Any] = {"data_bytes": ray.get(actor.data_nbytes.remote())}
+            info: dict[str, Any] = ray.get(actor.data_info.remote())
             self._pids[worker] = ray.get(actor.pid.remote())
             if self.fns.get("extract") is not None:
                 info["extraction"] = ray.get(actor.extraction_stats.remote())

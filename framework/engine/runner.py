@@ -58,6 +58,9 @@ def run_members(
     out = [run_unit(worker, UnitTask(Unit(cid, task.unit.epoch, task.unit.partition, task.unit.kind), config,
                                      task.seed, task.fault if i == 0 else None), state)
            for i, (cid, config, state) in enumerate(zip(task.members, configs, states, strict=True))]
+    start, end = out[0][1].start, out[-1][1].end
+    for _, report in out:  # the pack held its worker as one: every member's row spans it (as a gang's rows do)
+        report.start, report.end = start, end
     return tuple(s for s, _ in out), tuple(r for _, r in out)
 
 

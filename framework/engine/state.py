@@ -114,7 +114,9 @@ def pack_state(state: ModelState | None) -> PackedState | None:
         n = t.numel() * t.element_size()
         if n:
             flat[offset : offset + n].view(t.dtype).view(t.shape).copy_(t.detach())
-        offset += -(-n // _ALIGN) * _ALIGN
+        padded = -(-n // _ALIGN) * _ALIGN
+        buffer[offset + n : offset + padded] = 0  # no stray memory travels: equal states pack to equal bytes
+        offset += padded
         payload += n
     return PackedState(buffer, tree, payload)
 

@@ -9,7 +9,8 @@
 
 `step_fn(model, batch, config)` returns the batch's mean loss (a scalar tensor with a graph), `(loss, metrics)`, or
 a dict that holds `"loss"`; metrics are numbers or one-element tensors, means over the batch. It may declare `epoch`
-as a keyword. For each training unit the engine (`StepLoop.train`):
+(the config's, from 0) and `freezing` (the `FreezingController` under layer freezing; None without it, and in
+evaluation) as keywords. For each training unit the engine (`StepLoop.train`):
 
 * shuffles the partition's rows (a gang member: its share) with the unit's seed and cuts them into batches of
   `config["batch_size"]`; a gang of k members takes `batch_size // k` rows each per step, so a step's global batch is
@@ -130,10 +131,13 @@ def split_output(out: Any, fn_name: str, need_loss: bool = True) -> tuple[torch.
 
 
 class _Means:
-    """Example-weighted means of per-batch values, summed on their device (one host sync per pass, not per step)."""
+    """Example-weighted means of per-batch values. A host tensor is read at once (`.item()` costs less than tensor
+    arithmetic); a device tensor is kept as it is and reduced once per pass, so a step neither waits for the device
+    nor launches work of its own for the bookkeeping."""
 
     def __init__(self, fn_name: str) -> None:
         self.fn_name, self.sums, self.n = fn_name, {}, 0
+        self.kept: dict[str, tuple[list[torch.Tensor], list[int]]] = {}  # device values, and their batches' rows
 
     def add(self, values: Mapping[str, Any], rows: int) -> None:
         for k, v in values.items():
@@ -141,15 +145,24 @@ class _Means:
                 if v.numel() != 1:
                     raise TypeError(f"{self.fn_name} returned metric {k!r} as a tensor of shape {tuple(v.shape)}, "
                                     "but a metric must be one number (the batch's mean)")
-                v = v.detach().reshape(()).float()
+                if v.device.type != "cpu":
+                    values, rows_of = self.kept.setdefault(k, ([], []))
+                    values.append(v.detach())
+                    rows_of.append(rows)
+                    continue
+                v = v.item()
             elif isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
                 raise TypeError(f"{self.fn_name} returned metric {k!r} = {v!r}, which is not a number")
             self.sums[k] = self.sums.get(k, 0.0) + v * rows
         self.n += rows
 
     def means(self) -> dict[str, float]:
-        return {k: (float(v.item()) if isinstance(v, torch.Tensor) else float(v)) / max(self.n, 1)
-                for k, v in self.sums.items()}
+        sums = dict(self.sums)
+        for k, (values, rows_of) in self.kept.items():
+            flat = torch.cat([v.reshape(1) for v in values]).double()
+            sums[k] = sums.get(k, 0.0) + float((flat * torch.tensor(rows_of, dtype=torch.float64,
+                                                                     device=flat.device)).sum().item())
+        return {k: float(v) / max(self.n, 1) for k, v in sums.items()}
 
 
 class _ThroughController:
@@ -190,8 +203,10 @@ class StepLoop:
             raise ValueError(f"`config['batch_size']` is {batch}{share}, but the partition this unit trains holds "
                              f"{n} rows: lower the batch size or use fewer, larger partitions")
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        order = torch.randperm(n).to(device_of(data))  # the unit's seed drew it (the worker seeded it)
+        held = device_of(data)
+        order = torch.randperm(n).to(held)  # the unit's seed drew it (the worker seeded it)
         chunks = order.split(local)
+        move = held != device  # (decided once per pass: a step on data that lives with the model moves nothing)
         net: Any = model
         if freezing is not None:
             net = _ThroughController(freezing, model)
@@ -200,10 +215,10 @@ class StepLoop:
         autocast = (lambda: torch.autocast(device.type, dtype=torch.float16 if device.type == "cuda"
                                            else torch.bfloat16)) if amp else contextlib.nullcontext
         per_step = lr_scheduler is not None and scheduler_interval == "step"
-        extras = accepted_kwargs(self.step_fn, {"epoch": epoch})
+        extras = accepted_kwargs(self.step_fn, {"epoch": epoch, "freezing": freezing})
         means = _Means("step_fn")
         for ids in chunks:
-            rows = to_device(take(data, ids), device)
+            rows = to_device(take(data, ids), device) if move else take(data, ids)
             if freezing is not None:
                 net.ids = ids.cpu()
             optimizer.zero_grad(set_to_none=True)
@@ -212,12 +227,14 @@ class StepLoop:
             if not loss.requires_grad:
                 raise ValueError("step_fn returned a loss that has no graph to train through (computed under "
                                  "torch.no_grad(), detached, or from a .item()): return the loss tensor itself")
+            if loss.dim():
+                loss = loss.reshape(())
             if amp:
-                grad_scaler.scale(loss.reshape(())).backward()
+                grad_scaler.scale(loss).backward()
                 grad_scaler.step(optimizer)
                 grad_scaler.update()
             else:
-                loss.reshape(()).backward()
+                loss.backward()
                 optimizer.step()
             if per_step:
                 lr_scheduler.step()
@@ -233,7 +250,7 @@ class StepLoop:
         n = data_len(data)
         batch = batch_size_of(config, "eval_batch_size", batch_size_of(config))
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        extras = accepted_kwargs(fn, {"epoch": epoch})
+        extras = accepted_kwargs(fn, {"epoch": epoch, "freezing": None})  # (no layer freezing without training)
         means = _Means(name)
         for start in range(0, n, batch):
             rows = to_device(take(data, slice(start, min(start + batch, n))), device)

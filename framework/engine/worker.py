@@ -125,8 +125,6 @@ class Worker(GangMember, FrozenLayers):
         return self._cache_root
 
     # ---- data -------------------------------------------------------------------------------------------------
-
-    # ---- data -------------------------------------------------------------------------------------------------
     def load(
         self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]], fault: str | None = None
     ) -> dict[int, int]:
@@ -170,6 +168,11 @@ class Worker(GangMember, FrozenLayers):
     def data_nbytes(self) -> int:
         """Bytes of in-memory data this worker holds (tensors and arrays, dicts of them from `extract` included)."""
         return sum(tensor_bytes(d) for d in self.data.values())
+
+    def data_info(self) -> dict[str, Any]:
+        """What a worker that joined reports: the bytes of data it holds and where they live (e.g. "cuda:0", "cpu",
+        or "cpu+cuda:0" when only some partitions fit on the device)."""
+        return {"data_bytes": self.data_nbytes(), "data_device": "+".join(sorted(set(self.data_placed.values())))}
 
     def pid(self) -> int:
         return os.getpid()

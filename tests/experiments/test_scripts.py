@@ -11,6 +11,7 @@ import runpy
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from framework.cli import OneLineParser
@@ -158,3 +159,63 @@ def test_a_script_runs_as_users_run_it():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--queue-depth" in out.stdout and "(default: 2)" in out.stdout
+
+
+def test_step_overhead_times_both_ways_side_by_side_and_they_end_with_the_same_weights(tmp_path, monkeypatch, capsys):
+    script = _script_module("step_overhead", monkeypatch)
+    out = tmp_path / "out"
+    table = script.main(["--quick", "--out", str(out)])
+    assert table[["hidden", "batch_size"]].values.tolist() == [[16, 32], [64, 32]]
+    assert (table.step_s > 0).all() and (table.hand_s > 0).all()
+    assert table.ratio.tolist() == pytest.approx((table.step_s / table.hand_s).tolist())
+    assert table.same_weights.all() and (table.max_diff == 0).all()  # on CPU: bit for bit
+    assert (table.data == "cpu").all() and table.ok.dtype == bool and "cpu_ratio" in table
+    units = pd.read_csv(out / "units.csv")
+    assert len(units) == 2 * 2 * 4 and set(units.way) == {"step", "hand"}  # cells x ways x --units (quick)
+    assert units.groupby(["hidden", "unit"])["first"].sum().tolist() == [1] * 8  # each pair: one way first
+    firsts = units[units["first"]].sort_values(["hidden", "unit"]).way.tolist()
+    assert firsts == ["hand", "step", "hand", "step"] * 2  # which way goes first alternates (after 1 warm-up)
+    assert (out / "step_overhead.csv").exists() and (out / "run.json").exists()
+    printed = capsys.readouterr().out
+    assert "| hidden | batch_size |" in printed and "identical states in 2 of 2" in printed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data-on-device", "maybe"], "`--data-on-device` is 'maybe', but must be one of ['auto', 'false', 'true']"),
+    (["--clock", "gpu"], "`--clock` is 'gpu', but must be wall or cpu"),
+    (["--batch-size", "512", "--rows", "256"], "`--batch-size` is (512,), but each must be in 1..--rows (256)"),
+])
+def test_step_overhead_reports_a_bad_option_in_one_line(args, message, tmp_path, monkeypatch, capsys):
+    script = _script_module("step_overhead", monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        script.main([*args, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_first_program_refuses_cuda_on_a_machine_without_one(tmp_path, monkeypatch, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    script = _script_module("gpu_first_program", monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        script.main(["--out", str(tmp_path / "out")])  # --device cuda is the default
+    assert e.value.code == 2 and "use --device cpu" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_gpu_first_program_on_cpu_workers_runs_places_times_and_replays(ray_cluster, tmp_path, monkeypatch, capsys):
+    script = _script_module("gpu_first_program", monkeypatch)
+    out = tmp_path / "out"
+    table = script.main(["--device", "cpu", "--quick", "--ways", "step_fn", "readme", "--out", str(out)])
+    assert table.way.tolist() == ["step_fn", "readme"] and table.data_on_device.tolist() == ["auto", "auto"]
+    assert table.runs.tolist() == ["1 of 1", "1 of 1"] and table.error.tolist() == ["", ""]
+    assert table.data.tolist() == ["cpu", "cpu"]  # CPU workers keep their partitions in host memory
+    assert (table.train_unit_s > 0).all() and (table.eval_unit_s > 0).all()
+    assert table.replay_run.tolist() == ["identical", "identical"]  # on CPU: bit for bit
+    assert (out / "gpu_first_program.csv").exists() and (out / "run.json").exists()
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["readme-auto", "readme-auto-replay-run",
+                                                                "step_fn-auto", "step_fn-auto-replay-run"]
+    assert "| way | data_on_device |" in capsys.readouterr().out

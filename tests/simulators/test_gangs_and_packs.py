@@ -101,8 +101,9 @@ def test_the_validator_catches_a_gang_that_overlaps_a_pack_on_its_worker():
     assert not report.ok and any(f"worker {pack.worker}:" in v for v in report.violations)
 
 
-@pytest.mark.parametrize("workers,members,what", [((0, 1), (), "a gang of 2 workers"), ((0,), (0, 1, 2), "a pack of 3")])
-def test_live_backends_refuse_gangs_and_packs_with_a_clear_error(workers, members, what):
-    task = UnitTask(Unit(0, 0, 0), {}, 0, members=members)
-    with pytest.raises(NotImplementedError, match=f"LocalBackend runs one config on one worker per unit, but was given {what}"):
-        LocalBackend().submit(workers, task, (None,) * max(len(members), 1))
+def test_the_local_backend_takes_packs_and_refuses_gangs_with_a_clear_error():
+    pack = UnitTask(Unit(0, 0, 0), {}, 0, members=(0, 1, 2))
+    assert isinstance(LocalBackend().submit((0,), pack, (None, None, None)), int)  # run member by member
+    with pytest.raises(NotImplementedError, match=r"LocalBackend runs workers in one process, so not a gang of "
+                                                  r"workers \(0, 1\): RayBackend runs gangs"):
+        LocalBackend().submit((0, 1), UnitTask(Unit(0, 0, 0), {}, 0), (None,))

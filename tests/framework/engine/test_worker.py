@@ -75,6 +75,9 @@ def test_packed_state_round_trips_every_tensor_and_the_rest():
     packed = pack_state(state)
     assert packed.buffer.dtype.name == "uint8" and packed.buffer.nbytes >= sum(
         t.numel() * t.element_size() for t in model.state_dict().values())
+    garbage = np.full(1 << 20, 0xAB, dtype=np.uint8)  # freed memory that the next buffer may reuse
+    del garbage
+    assert pack_state(state).buffer.tobytes() == packed.buffer.tobytes()  # equal states pack to equal bytes
     packed.buffer.setflags(write=False)  # as Ray's object store hands it back
     back = unpack_state(packed)
     assert back["visited"] == {0: [2, 1]} and back["extra"][1][1] == "tag"
@@ -98,12 +101,17 @@ def test_data_on_device_moves_every_partition_tensor_once_at_load():
     ds = PartitionedDataset.from_arrays(x, (x[:, 0] > 0).long(), num_partitions=2)
     entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)}
     moved = Worker(0, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta", data_on_device=True)
-    kept = Worker(1, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta")
-    assert moved.load(entries) == kept.load(entries)
+    kept = Worker(1, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta", data_on_device=False)
+    auto = Worker(2, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta")  # the rule is a GPU's
+    assert moved.load(entries) == kept.load(entries) == auto.load(entries)
     assert len(moved.data) == 4
     for key, data in moved.data.items():
         assert all(t.device.type == "meta" for t in data), key
         assert all(t.device.type == "cpu" for t in kept.data[key]), key
+        assert all(t.device.type == "cpu" for t in auto.data[key]), key
+    # a worker that joins says where its data lives
+    assert moved.data_info() == {"data_bytes": kept.data_nbytes(), "data_device": "meta"}
+    assert kept.data_info()["data_device"] == auto.data_info()["data_device"] == "cpu"
 
 
 @pytest.mark.parametrize("kind, value", [(EVAL, math.nan), (EVAL, math.inf), (TRAIN, -math.inf)])
