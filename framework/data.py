@@ -62,9 +62,12 @@ def shard_data(data: Any, index: int, count: int) -> Any:
 
 
 def data_len(data: Any) -> int:
-    """Number of examples in a partition's data (the first element's length for tuples)."""
+    """Number of examples in a partition's data (a tuple's first field's; a dict of fields' first one's, such as the
+    features `extract` makes)."""
     if isinstance(data, tuple) and data:
-        return len(data[0])
+        return data_len(data[0])
+    if isinstance(data, dict) and data:
+        return data_len(next(iter(data.values())))
     return len(data)
 
 

@@ -32,7 +32,7 @@ from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.observers import ProgressBar, StorageMirror, print_summary
-from framework.options import EXECUTORS, RECORDED, RunOptions
+from framework.options import EXECUTORS, FUNCTIONS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.run_record import inbox_commands, is_finished, load_run, record_run, reopen_run, writer_lock
 from framework.scheduling import Scheduler
@@ -47,19 +47,13 @@ _OPTION_ATTRIBUTES = frozenset(f.name for f in dataclasses.fields(RunOptions)) |
 class ModelSelection:
     """Train many configs on a partitioned dataset with model hopper parallelism, and pick the best.
 
-    Training is written one of two ways. The recommended one: `step_fn(model, batch, config)` returns a batch's
-    loss (or `(loss, metrics)`), and the engine runs the loop around it: batches of `config["batch_size"]` shuffled
-    by the unit's seed and moved to the worker's device, backward, the optimizer, an LR scheduler and a GradScaler
-    from a `framework.Trainable`, gradient averaging in a data-parallel gang, exact example counts
-    (`framework.engine.steps` has the whole contract). The escape hatch: a `train_fn` that runs its own loop.
+    Training is a `step_fn` (recommended: the engine runs the loop, `framework.engine.steps`) or a `train_fn`.
 
     Args:
         model_fn: `model_fn(config) -> (torch.nn.Module, torch.optim.Optimizer)` or a `framework.Trainable`.
-        train_fn: `train_fn(model, optimizer, data, config) -> dict`: one pass of your own over the worker's
-            partition `data` (may return `num_examples`, a positive int; a metric that is NaN or infinite fails the
-            config). None when `step_fn` is given.
-        eval_fn: `eval_fn(model, data, config) -> dict`, called under `torch.no_grad()`; None: `eval_step`, or
-            `step_fn`'s loss and metrics over the partition's batches.
+        train_fn: `train_fn(model, optimizer, data, config) -> dict`: one pass of your own over the partition `data`
+            (may return `num_examples`; a NaN or infinite metric fails the config). None with a `step_fn`.
+        eval_fn: `eval_fn(model, data, config) -> dict` under `torch.no_grad()`; None: `eval_step` or `step_fn`.
         dataset: a `PartitionedDataset` (its `replicas` / `availability` say which workers hold which partition).
         procedure: an `automl.Procedure` (GridSearch, RandomSearch, HyperBand, ...), a registered name ("grid",
             "hyperband", ...) or a `"module:Class"` string, constructed with `procedure_args` (a dict of keywords).
@@ -70,13 +64,10 @@ class ModelSelection:
             `~/modelhopper_runs` (never the working directory, which `ray job submit` replaces).
         name: the run folder's name when `storage_path` is None (default: `<procedure>-<timestamp>`).
         progress: show a progress bar over units and a leaderboard line per round.
-        extract: a picklable callable (e.g. a frozen `torch.nn.Module`; it is put in eval mode) that every worker
-            applies once to the inputs of each partition it loads (train and valid), under `torch.no_grad()` in
-            batches of 1024 rows: the partition's data `(x, y)` becomes `(extract(x), y)` for every config's units
-            on that worker (Vista/Nautilus: frozen-prefix features materialized near the data). It returns a tensor
-            or a dict of tensors, batch first. Time and bytes per worker go to the events
-            (`features_materialized`). `framework.planner.transfer_on_engine` builds it, with the matching
-            `model_fn`, from a family of models that share a frozen prefix; hops then carry only trainable state.
+        extract: a picklable callable (e.g. a frozen `torch.nn.Module`, put in eval mode) that every worker applies
+            once to the inputs of each partition it loads, under `torch.no_grad()`: `(x, y)` becomes `(extract(x),
+            y)` (a tensor or a dict of tensors, batch first) for every unit there (Vista/Nautilus: features made near
+            the data; events `features_materialized`). `framework.planner.transfer_on_engine` builds it.
         faults: a `framework.engine.faults.FaultPlan`: faults injected at exact points (a worker killed, a unit
             hung, a state object lost, the driver crashed after a given commit) and an observer of the run's
             events, so tests and chaos experiments reach each recovery path on purpose (`crash_driver` SIGKILLs).
@@ -84,24 +75,22 @@ class ModelSelection:
             `on_epoch_end`, `on_decision`, `on_run_end`), e.g. `framework.TensorBoardCallback()` or
             `framework.MLflowCallback()`. `dashboard=True` serves the run's web page while it runs (or a dict of
             `framework.dashboard.serve`'s host, port, token); its URL goes to stderr.
-        step_fn: `step_fn(model, batch, config) -> loss | (loss, metrics) | {"loss": ..., ...}`: one training step
-            on a batch, the engine's loop around it (instead of `train_fn`); its metrics become `train_<name>`.
-        eval_step: `eval_step(model, batch, config) -> dict` of a batch's means (instead of `eval_fn`; batches of
-            `config["eval_batch_size"]`, default `batch_size`); its metrics become `valid_<name>`.
+        step_fn: `step_fn(model, batch, config) -> loss | (loss, metrics) | {"loss": ...}`: one step on a batch of
+            `config["batch_size"]` rows, the engine's loop around it.
+        eval_step: `eval_step(model, batch, config) -> dict` of a batch's means (batches of `eval_batch_size`).
 
     The other arguments are the run's options: `framework.RunOptions` documents each one, holds their defaults and
     validates them (`self.options` is the validated record, `num_workers` resolved). In short:
 
         num_workers: worker actors (default: one per partition; the full-data `sequential` executor uses one).
         worker_resources: Ray resources per worker (default `{"CPU": 1}`); a GPU worker puts models on its GPU.
-        scheduler: which waiting unit an idle worker trains next: a name from `framework.scheduling.SCHEDULERS`
-            or a `Scheduler` instance (default `"randomized"`).
+        scheduler: which waiting unit an idle worker trains next (`framework.scheduling.SCHEDULERS`, a Scheduler).
         executor: `"mop"` (partitions stay, models hop), `"task_parallel"` or `"sequential"` (the baselines).
         seed: run seed; every unit is seeded from (seed, config, epoch, partition).
         metric, mode: what ranks configs (`valid_<name>` or `train_<name>`; `"min"` or `"max"`).
         unit_timeout_s, max_unit_retries, max_worker_restarts: failure handling: when a running unit is declared
             hung, how often a unit whose user code raised is retried, how often a worker id restarts.
-        freezing: Egeria layer freezing (`train_fn` is called with `freezing=controller`), or None.
+        freezing: Egeria layer freezing (through the step loop, or `train_fn(..., freezing=controller)`), or None.
         max_workers: elastic scale-out: grow into free cluster resources up to this many workers.
         deterministic: reproducible by seed (a seeded visit order and the epoch barrier), at some throughput.
         queue_depth: units a worker holds at once (default 2; 1 is Cerebro's model).
@@ -165,20 +154,17 @@ class ModelSelection:
     ) -> ModelSelection:
         """A `ModelSelection` that continues the run in `storage_path` (after a driver crash) when `.run()` is called.
 
-        Pass the same user functions (`step_fn`/`eval_step` as keywords, for a run that used them). The procedure's state, the configs, their latest checkpoints and the schedule
-        log come from the directory; `procedure` overrides the stored procedure state (it must pickle-verify). Units
-        that were in flight at the crash, or whose checkpoint had not reached the disk, run again; the schedule log
-        marks their lost attempts `lost`. A run made with `extract=` needs the same `extract` again. Besides
-        `progress`, `faults` and `callbacks`, `overrides` may change the options in `framework.options.RESUMABLE`:
-        `unit_timeout_s`, `max_unit_retries`, `max_worker_restarts`, `scheduler`, `queue_depth`, `checkpoint`, and
-        `worker_resources` (e.g. to resume a GPU run on CPU workers, or the other way round). Every other option is
-        the run's own, as it recorded it; one it did not record (a run from before the option existed) takes
-        `RunOptions`' default. A URI `storage_path` is fetched into its local working copy first.
+        Pass the same user functions (`step_fn`/`eval_step` as keywords). The procedure's state, the configs, their
+        latest checkpoints and the schedule log come from the directory; `procedure` overrides the stored procedure
+        state (it must pickle-verify). Units in flight at the crash, or whose checkpoint had not reached the disk, run
+        again (their lost attempts logged `lost`). A run made with `extract=` needs the same `extract`. `overrides`
+        may change the options in `framework.options.RESUMABLE` (e.g. `worker_resources`, to resume a GPU run on CPU
+        workers); every other option is the run's own (`RunOptions`' default where it recorded none). A URI
+        `storage_path` is fetched into its local working copy first.
 
-        The run's catalog must verify under this machine's key (a run made here, unedited); otherwise resume raises
-        `UnverifiedRunError` naming what failed, unless `trust_unverified=True` (then it warns; rows that did not
-        verify are never re-signed, and the procedure's pickled state still loads only if it verifies, so pass
-        `procedure=`).
+        The run's catalog must verify under this machine's key; otherwise resume raises `UnverifiedRunError` naming
+        what failed, unless `trust_unverified=True` (it warns; what did not verify is never re-signed, and the
+        procedure's pickled state loads only if it verifies, so pass `procedure=`).
         """
         run = load_run(storage_path, procedure, extract, trust_unverified, overrides)
         self = cls(model_fn, train_fn, eval_fn, run.dataset, run.procedure, input_fn=input_fn, extract=extract,
@@ -309,7 +295,6 @@ class ModelSelection:
         return self.dataset.worker_entries(self.options.executor == "mop")
 
     def _worker_fns(self) -> dict[str, Any]:
-        return {"model_fn": self.model_fn, "train_fn": self.train_fn, "eval_fn": self.eval_fn,
-                "input_fn": self.input_fn, "step_fn": self.step_fn, "eval_step": self.eval_step,
-                "extract": self.extract, "data_on_device": self.options.data_on_device}
+        return {**{n: getattr(self, n) for n in FUNCTIONS}, "extract": self.extract,
+                "data_on_device": self.options.data_on_device}
 

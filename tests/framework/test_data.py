@@ -58,3 +58,12 @@ def test_file_entries_round_trip_with_their_types(tmp_path):
     assert isinstance(again.train[0], Path) and isinstance(again.train[1]["rows"], tuple)
     with pytest.raises(TypeError, match="entries must be paths, strings, numbers"):
         PartitionedDataset.from_files([object()], [object()]).save(str(tmp_path))
+
+
+def test_data_len_counts_rows_of_tuples_and_feature_dicts():
+    from framework.data import data_len
+
+    x = torch.zeros(7, 3)
+    assert data_len((x, x[:, 0])) == data_len(x) == 7
+    assert data_len(({"a": x, "b": x}, x[:, 0])) == 7  # the features `extract` makes: rows, not keys
+    assert data_len([1, 2, 3]) == 3

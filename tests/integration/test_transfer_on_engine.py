@@ -234,3 +234,37 @@ def test_transfer_on_engine_rejects_bad_split_arguments(digits, kwargs, message)
     split = kwargs.pop("split", "freeze")
     with pytest.raises(ValueError, match=re.escape(message)):
         _split(digits, split, **kwargs)
+
+
+def test_a_step_fn_trains_on_the_planners_features_as_the_hand_loop_does(digits):
+    """The step-level contract on materialized features (`extract=`): a worker's step loop batches the features the
+    planner's frozen prefix made and trains the head to the weights of the hand-written feature loop (in-process
+    workers, no Ray)."""
+    from framework.engine.state import unpack_state
+    from framework.engine.worker import Worker
+    from framework.examples import classifier_step_fn
+    from framework.scheduling import EVAL, Unit, UnitTask
+
+    tr = _transfer(digits)
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)}
+    step = Worker(0, tr.model_fn, step_fn=classifier_step_fn, extract=copy.deepcopy(tr.extract))
+    hand = Worker(1, tr.model_fn, feature_classifier_train_fn, feature_classifier_eval_fn,
+                  extract=copy.deepcopy(tr.extract))
+    assert step.load(entries) == hand.load(entries)
+    config = tr.configs[0]
+    out = []
+    for w in (step, hand):
+        state = None
+        for unit in (Unit(0, 0, 0), Unit(0, 0, 1), Unit(0, 1, 1)):
+            state, report = w.run(UnitTask(unit, config, seed=2), state)
+            assert report.error is None, report.error
+            assert report.num_examples == len(ds.train[unit.partition][0])  # rows, not the features' keys
+        _, ev = w.run(UnitTask(Unit(0, 1, 0, EVAL), config, seed=2), state)
+        out.append((unpack_state(state)["model"], ev))
+    (a, ev_a), (b, ev_b) = out
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert ev_a.num_examples == ev_b.num_examples
+    assert ev_a.metrics["accuracy"] == pytest.approx(ev_b.metrics["accuracy"])
