@@ -168,3 +168,34 @@ def test_step_loop_needs_an_optimizer():
     with pytest.raises(TypeError, match="model_fn returned no optimizer, but `step_fn` trains"):
         StepLoop(classifier_step_fn).train(model, None, (torch.randn(8, 4), torch.zeros(8, dtype=torch.long)),
                                            CONFIG)
+
+
+def test_a_deterministic_run_trains_every_config_by_step_as_by_the_equivalent_train_fn():
+    """Through the driver (`deterministic=True`, one seed, the in-process `LocalBackend`): each config's final state
+    and metrics are the same whether it is trained by `classifier_step_fn` or by `classifier_train_fn`."""
+    import automl
+    from framework.driver import Driver, MemoryRunLog
+    from framework.engine.local import LocalBackend
+    from framework.options import RunOptions
+
+    ds = _data(120)
+    entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)}
+    space = {"in_features": [4], "hidden": [8], "classes": [2], "lr": [0.05, 0.2], "batch_size": [8, 16]}
+    runs = []
+    for fns in ({"model_fn": mlp_model_fn, "step_fn": classifier_step_fn},
+                {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}):
+        log = MemoryRunLog()
+        driver = Driver(LocalBackend(fns, entries, num_threads=1), automl.GridSearch(space, epochs=2), log,
+                        {0: [0], 1: [1]}, [0, 1], RunOptions(seed=7, deterministic=True))
+        driver.run()
+        runs.append({c.id: (driver.run_state.backend.get(c.state), c.history) for c in driver.run_state.configs})
+    (by_step, by_hand) = runs
+    assert sorted(by_step) == sorted(by_hand) == [0, 1, 2, 3]
+    for cid, (state, history) in by_step.items():
+        hand_state, hand_history = by_hand[cid]
+        for k, v in unpack_state(state)["model"].items():
+            assert torch.equal(v, unpack_state(hand_state)["model"][k]), (cid, k)
+        assert len(history) == len(hand_history) == 2
+        for mine, theirs in zip(history, hand_history, strict=True):
+            for key in ("train_loss", "train_accuracy", "valid_loss", "valid_accuracy"):
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-5), (cid, key)
