@@ -170,3 +170,13 @@ def engine_columns(result: Any, p: int, called: float, returned: float) -> dict[
             "cpu_ms_first": 1000 * cpu.get(0, float("nan")),
             "cpu_ms_last": 1000 * cpu.get(max(cpu, default=0), float("nan")),
             "startup_s": first - called, "teardown_s": returned - last}
+
+
+def markdown(df: pd.DataFrame, digits: int = 4) -> str:
+    """`df` as a markdown table (floats to `digits` significant digits), without pandas' optional `tabulate`."""
+    def cell(v: object) -> str:
+        return f"{v:.{digits}g}" if isinstance(v, (float, np.floating)) else str(v).replace("|", "/")
+
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)

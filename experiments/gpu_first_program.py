@@ -54,7 +54,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import automl  # noqa: E402
 import framework  # noqa: E402
-from experiments._common import parse_config, record_run  # noqa: E402
+from experiments._common import markdown, parse_config, record_run  # noqa: E402
 from framework.engine.worker import Worker  # noqa: E402
 from framework.examples import (  # noqa: E402
     classifier_eval_fn,
@@ -133,16 +133,6 @@ def check(cfg: Defaults) -> None:
                          "machine with a GPU)")
     if cfg.workers < 1 or cfg.epochs < 1 or cfg.batch_size < 1 or cfg.rows < 0:
         raise ValueError("`--workers`, `--epochs` and `--batch-size` must be >= 1 and `--rows` >= 0")
-
-
-def markdown(df: pd.DataFrame, digits: int = 4) -> str:
-    """`df` as a markdown table (floats to `digits` significant digits)."""
-    def cell(v: object) -> str:
-        return f"{v:.{digits}g}" if isinstance(v, (float, np.floating)) else str(v).replace("|", "/")
-
-    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def functions(way: str) -> dict:

@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from experiments._common import parse_config, record_run  # noqa: E402
+from experiments._common import markdown, parse_config, record_run  # noqa: E402
 from framework.engine.state import unpack_state  # noqa: E402
 from framework.engine.worker import Worker  # noqa: E402
 from framework.examples import (  # noqa: E402
@@ -109,16 +109,6 @@ def check(cfg: Defaults) -> None:
         raise ValueError(f"`--batch-size` is {cfg.batch_size}, but each must be in 1..--rows ({cfg.rows})")
     if min(cfg.hidden) < 1:
         raise ValueError(f"`--hidden` is {cfg.hidden}, but each must be >= 1")
-
-
-def markdown(df: pd.DataFrame, digits: int = 4) -> str:
-    """`df` as a markdown table (floats to `digits` significant digits)."""
-    def cell(v: object) -> str:
-        return f"{v:.{digits}g}" if isinstance(v, (float, np.floating)) else str(v)
-
-    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def geomean(values: pd.Series) -> float:

@@ -180,6 +180,20 @@ def test_step_overhead_times_both_ways_side_by_side_and_they_end_with_the_same_w
     assert "| hidden | batch_size |" in printed and "identical states in 2 of 2" in printed
 
 
+def test_fused_packs_times_a_pack_against_its_members_one_at_a_time(tmp_path, monkeypatch, capsys):
+    script = _script_module("fused_packs", monkeypatch)
+    out = tmp_path / "out"
+    table = script.main(["--quick", "--models", "mlp", "cnn", "--out", str(out)])
+    assert table[["model", "pack"]].values.tolist() == [["mlp", 1], ["mlp", 4], ["cnn", 1], ["cnn", 4]]
+    assert (table.alone_s > 0).all() and (table.fused_s > 0).all()
+    assert table.speedup.tolist() == pytest.approx((table.alone_s / table.fused_s).tolist())
+    assert (table.state_mb[table.pack == 4].to_numpy() == 4 * table.state_mb[table.pack == 1].to_numpy()).all()
+    assert (out / "fused_packs.csv").exists() and "| model | pack |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        script.main(["--models", "rnn", "--out", str(tmp_path / "bad")])
+    assert "`--models` is ('rnn',), but each must be one of" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--data-on-device", "maybe"], "`--data-on-device` is 'maybe', but must be one of ['auto', 'false', 'true']"),
     (["--clock", "gpu"], "`--clock` is 'gpu', but must be wall or cpu"),
