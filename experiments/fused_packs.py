@@ -113,11 +113,7 @@ def cell(cfg: Defaults, model: str, k: int, data: tuple[torch.Tensor, torch.Tens
     for i in range(k):
         torch.manual_seed(cfg.seed + i)
         net, opt = build(model, cfg.width, 0.01 * (i + 1))
-        members.append((net.to(device), opt))
-    if device.type == "cuda":  # optimizers were made on host parameters: remake them on the device's
-        members = [(net, type(opt)(net.parameters(), **{key: v for key, v in opt.defaults.items()
-                                                        if key not in ("differentiable", "fused", "foreach")}))
-                   for net, opt in members]
+        members.append((net.to(device), opt))  # (`to` moves the parameters the optimizer holds, as on a worker)
     loop, n = StepLoop(classifier_step_fn), len(data[0])
     orders = [torch.randperm(n) for _ in range(k)]
 

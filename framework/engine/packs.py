@@ -45,9 +45,10 @@ def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([t.detach() for t in tensors])
 
 
-def _per_member(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
-    """One value per member, shaped to broadcast over a stacked tensor like `like` (k, ...)."""
-    return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, *([1] * (like.dim() - 1)))
+def _per_member(values: Sequence[float], like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One value per member, shaped to broadcast over a stacked tensor like `like` (k, ...), in `dtype` (default:
+    `like`'s)."""
+    return torch.tensor(values, dtype=dtype or like.dtype, device=like.device).view(-1, *([1] * (like.dim() - 1)))
 
 
 class StackedOptimizer:
@@ -75,12 +76,12 @@ class StackedOptimizer:
                                 "does not stack")
         self.hp, self.names, self.params = hp, list(names), params
         self.optimizers = optimizers
-        self._values: dict[tuple[str, str], torch.Tensor] = {}  # (parameter, hyper-parameter) -> per-member values
+        self._values: dict[tuple, torch.Tensor] = {}  # (parameter, hyper-parameter, dtype) -> per-member values
         self.state: dict[str, dict[str, torch.Tensor]] = {}
         k = len(optimizers)
-        for name in self.names:
+        for at, name in enumerate(self.names):
             p = params[name]
-            members = [o.state.get(o.param_groups[0]["params"][self.names.index(name)], {}) for o in optimizers]
+            members = [o.state.get(o.param_groups[0]["params"][at], {}) for o in optimizers]
             if self.adam:
                 self.state[name] = {
                     "exp_avg": _stack([m.get("exp_avg", torch.zeros_like(p[0])) for m in members]),
@@ -100,13 +101,15 @@ class StackedOptimizer:
                 continue
             (self._adam if self.adam else self._sgd)(name, p, p.grad, self.state[name])
 
-    def _of(self, name: str, key: str, index: int | None = None) -> torch.Tensor:
+    def _of(self, name: str, key: str, index: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The members' values of hyper-parameter `key` (`index` into a tuple such as betas), shaped for the
-        stacked parameter `name`; made once per pass (a member's hyper-parameters do not change within it)."""
-        cached = self._values.get((name, f"{key}{index}"))
+        stacked parameter `name` (in `dtype`, default the parameter's); made once per pass (a member's
+        hyper-parameters do not change within it)."""
+        cache = (name, f"{key}{index}", dtype)
+        cached = self._values.get(cache)
         if cached is None:
             values = [h[key] if index is None else h[key][index] for h in self.hp]
-            cached = self._values[(name, f"{key}{index}")] = _per_member(values, self.params[name])
+            cached = self._values[cache] = _per_member(values, self.params[name], dtype)
         return cached
 
     def _sgd(self, name: str, p: torch.Tensor, g: torch.Tensor, s: dict[str, torch.Tensor]) -> None:
@@ -129,16 +132,15 @@ class StackedOptimizer:
         s["exp_avg"].lerp_(g, 1 - b1)
         s["exp_avg_sq"].mul_(b2).addcmul_(g, g * (1 - b2))
         steps = s["step"].view(-1, *([1] * (p.dim() - 1)))
-        bc1 = (1 - _per_member([h["betas"][0] for h in hp], steps.double()) ** steps).to(p.dtype)
-        bc2 = (1 - _per_member([h["betas"][1] for h in hp], steps.double()) ** steps).to(p.dtype)
+        bc1 = (1 - self._of(name, "betas", 0, torch.float64) ** steps).to(p.dtype)
+        bc2 = (1 - self._of(name, "betas", 1, torch.float64) ** steps).to(p.dtype)
         denom = (s["exp_avg_sq"].sqrt() / bc2.sqrt()).add_(eps)
         p.sub_((lr / bc1) * s["exp_avg"] / denom)
 
     def write_back(self) -> None:
         """Each member's slice of the stacked state into its own torch optimizer's state (torch's own format)."""
         for i, opt in enumerate(self.optimizers):
-            for name in self.names:
-                param = opt.param_groups[0]["params"][self.names.index(name)]
+            for name, param in zip(self.names, opt.param_groups[0]["params"], strict=True):
                 s = self.state[name]
                 if self.adam:
                     opt.state[param] = {"step": torch.tensor(float(s["step"][i])),

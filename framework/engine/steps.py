@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from framework.data import data_len
+from framework.engine.state import map_leaves
 from framework.trainable import accepted_kwargs
 
 __all__ = ["StepLoop", "batch_size_of", "device_of", "take", "to_device"]
@@ -89,16 +90,14 @@ def take(data: Any, index: torch.Tensor | slice) -> Any:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """`batch` with its tensors on `device` (those already there stay; lists and tuples are walked)."""
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.device == device else batch.to(device, non_blocking=True)
-    if isinstance(batch, tuple):
-        return tuple(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, list):
-        return [to_device(b, device) for b in batch]
-    return batch
+    """`batch` with its tensors on `device` (those already there stay; tuples, lists and dicts are walked)."""
+    return map_leaves(batch, lambda t: t.to(device, non_blocking=True)
+                      if isinstance(t, torch.Tensor) and t.device != device else t)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where `model`'s parameters live (the host for a model without any)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def device_of(data: Any) -> torch.device:
@@ -146,8 +145,8 @@ class _Means:
                     raise TypeError(f"{self.fn_name} returned metric {k!r} as a tensor of shape {tuple(v.shape)}, "
                                     "but a metric must be one number (the batch's mean)")
                 if v.device.type != "cpu":
-                    values, rows_of = self.kept.setdefault(k, ([], []))
-                    values.append(v.detach())
+                    kept, rows_of = self.kept.setdefault(k, ([], []))
+                    kept.append(v.detach())
                     rows_of.append(rows)
                     continue
                 v = v.item()
@@ -202,7 +201,7 @@ class StepLoop:
             share = f" (its share in a gang of {gang_size}: {local})" if gang_size > 1 else ""
             raise ValueError(f"`config['batch_size']` is {batch}{share}, but the partition this unit trains holds "
                              f"{n} rows: lower the batch size or use fewer, larger partitions")
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        device = model_device(model)
         held = device_of(data)
         order = torch.randperm(n).to(held)  # the unit's seed drew it (the worker seeded it)
         chunks = order.split(local)
@@ -249,7 +248,7 @@ class StepLoop:
         fn, name = (self.eval_step, "eval_step") if self.eval_step is not None else (self.step_fn, "step_fn")
         n = data_len(data)
         batch = batch_size_of(config, "eval_batch_size", batch_size_of(config))
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        device = model_device(model)
         extras = accepted_kwargs(fn, {"epoch": epoch, "freezing": None})  # (no layer freezing without training)
         means = _Means(name)
         for start in range(0, n, batch):

@@ -87,7 +87,6 @@ class Worker(GangMember, FrozenLayers):
         if num_threads:
             torch.set_num_threads(num_threads)
         self.data: dict[tuple[str, int], Any] = {}
-        self.data_placed: dict[tuple[str, int], str] = {}  # where each partition lives ("cpu", "cuda:0", ...)
         self.freezing = dict(freezing) if freezing is not None else None
         # (config, generation) -> frozen weights this worker holds (received or published), and their handle
         self._frozen: dict[tuple[int, int], tuple[dict[str, torch.Tensor], Any]] = {}
@@ -145,7 +144,6 @@ class Worker(GangMember, FrozenLayers):
                 self.data[(split, pid)] = self._place(data)
             if self.extract is not None:
                 self.extraction["partitions"].append(pid)
-        self.data_placed = {k: str(device_of(d)) for k, d in self.data.items()}
         return {pid: data_len(self.data[("train", pid)]) for pid in partitions}
 
     def _place(self, data: Any) -> Any:
@@ -164,6 +162,11 @@ class Worker(GangMember, FrozenLayers):
     def extraction_stats(self) -> dict[str, Any]:
         """Time, bytes and records of the features this worker materialized in its latest `load`."""
         return dict(self.extraction, partitions=list(self.extraction["partitions"]))
+
+    @property
+    def data_placed(self) -> dict[tuple[str, int], str]:
+        """Where each partition this worker holds lives, by (split, partition): "cpu", "cuda:0", ..."""
+        return {k: str(device_of(d)) for k, d in self.data.items()}
 
     def data_nbytes(self) -> int:
         """Bytes of in-memory data this worker holds (tensors and arrays, dicts of them from `extract` included)."""
