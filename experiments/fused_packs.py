@@ -2,16 +2,20 @@
 training them one after another (`framework.engine.steps.StepLoop`), per model and pack size, side by side.
 
 For each model and pack size k, k configs of one architecture (different learning rates) train one pass over the
-same rows, two ways, in one process: one after another (the engine's step loop, member by member: what a pack runs
-as today), and fused (the members' parameters stacked, the step under `torch.func.vmap`, one backward, one stacked
-optimizer step). Each way is timed over `--passes` passes after a warm-up pass, alternating which goes first. It
-prints a markdown table:
+same rows, three ways, in one process: one after another (the engine's step loop, member by member: what a pack runs
+as today); as a pack on the generic path (the step under `torch.func.vmap`, the model a `functional_call` of each
+member's slice of the stacked parameters); and as a pack as it runs by default (the fused path where the model
+allows: a fused copy of the model on the members' folded batch, else the generic path). Each way is timed over
+`--passes` passes after a warm-up pass, rotating which goes first. It prints a markdown table:
 
-    alone_s       seconds of one pass of the k configs one after another
-    fused_s       seconds of one fused pass of the k configs
-    speedup       alone_s / fused_s: samples/s per config of the fused pack against one config at a time
-    state_mb      the pack's stacked parameters and optimizer state
-    peak_mb       the device's peak memory during the fused passes (CUDA only)
+    alone_s          seconds of one pass of the k configs one after another
+    generic_s        seconds of one pack pass on the generic path
+    fused_s          seconds of one pack pass as it runs by default (on `path`)
+    path             the path the default pack took: fused or generic
+    speedup          alone_s / fused_s: samples/s per config of the pack against one config at a time
+    generic_speedup  alone_s / generic_s
+    state_mb         the pack's stacked parameters and optimizer state
+    peak_mb          the device's peak memory during the passes (CUDA only)
 
 Models (small on purpose: what model selection is full of, bound by per-step overhead on a CPU):
 
@@ -22,7 +26,8 @@ Models (small on purpose: what model selection is full of, bound by per-step ove
     python experiments/fused_packs.py --quick
     python experiments/fused_packs.py --device cuda --packs 1 2 4 8 16
 
-This measures the mechanism only: packs are not yet formed by the engine's schedulers (issue 35).
+The MLP and the CNN take the fused path; the transformer (`nn.MultiheadAttention`) the generic one. This measures the
+mechanism only: packs are not yet formed by the engine's schedulers (issue 35).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class Defaults:
     width: int = 32  # the MLP's hidden width
     rows: int = 2048  # rows per pass
     batch_size: int = 32  # rows per step
-    passes: int = 3  # timed passes per way (after one warm-up pass)
+    passes: int = 5  # timed passes per way (after one warm-up pass)
     threads: int = 1  # torch threads (one per worker, as a MOP worker on a core)
     device: str = "cpu"  # cpu or cuda
     seed: int = 0  # seed of the data and the models
@@ -121,26 +126,32 @@ def cell(cfg: Defaults, model: str, k: int, data: tuple[torch.Tensor, torch.Tens
         for net, opt in members:
             loop.train(net, opt, data, config)
 
-    def fused() -> None:
-        pack = FusedPack([m for m, _ in members], [o for _, o in members])
-        pack.train(classifier_step_fn, data, [config] * k, orders)
-        pack.write_back()
+    path = []
 
-    times: dict[str, list[float]] = {"alone": [], "fused": []}
-    alone(), fused()  # warm-up
+    def pack(generic: bool) -> None:
+        fused = FusedPack([m for m, _ in members], [o for _, o in members], generic=generic)
+        fused.train(classifier_step_fn, data, [config] * k, orders)
+        fused.write_back()
+        path.append(fused.path)
+
+    ways = {"alone": alone, "generic": lambda: pack(True), "fused": lambda: pack(False)}
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for run in ways.values():  # warm-up
+        run()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for p in range(cfg.passes):
-        for way in (("alone", "fused") if p % 2 == 0 else ("fused", "alone")):
+        for way in list(ways)[p % 3:] + list(ways)[:p % 3]:
             _sync(device)
             t0 = time.perf_counter()
-            (alone if way == "alone" else fused)()
+            ways[way]()
             _sync(device)
             times[way].append(time.perf_counter() - t0)
-    a, f = sorted(times["alone"])[len(times["alone"]) // 2], sorted(times["fused"])[len(times["fused"]) // 2]
+    a, g, f = (sorted(times[way])[len(times[way]) // 2] for way in ways)
     state = sum(p.numel() * p.element_size() for net, _ in members for p in net.parameters())
     state *= 3 if isinstance(members[0][1], torch.optim.Adam) else 2  # weights and the optimizer's state
-    return {"model": model, "pack": k, "alone_s": a, "fused_s": f, "speedup": a / f, "state_mb": state / 2**20,
+    return {"model": model, "pack": k, "alone_s": a, "generic_s": g, "fused_s": f, "path": path[-1],
+            "speedup": a / f, "generic_speedup": a / g, "state_mb": state / 2**20,
             "peak_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan")}
 
 

@@ -37,7 +37,7 @@ def _demo(args: argparse.Namespace) -> int:
     sel = framework.ModelSelection(
         mlp_model_fn, step_fn=classifier_step_fn, dataset=ds, procedure=automl.GridSearch(space, epochs=args.epochs),
         num_workers=args.workers, scheduler=args.scheduler, seed=args.seed, storage_path=args.storage_path,
-        metric="valid_accuracy", mode="max",
+        metric="valid_accuracy", mode="max", pack=args.pack,
     )
     result = sel.run()
     board = result.leaderboard()
@@ -322,6 +322,7 @@ def _resume(args: argparse.Namespace) -> int:
         ("scheduler", args.scheduler), ("queue_depth", args.queue_depth), ("checkpoint", args.checkpoint),
         ("unit_timeout_s", args.unit_timeout_s), ("max_unit_retries", args.max_unit_retries),
         ("max_worker_restarts", args.max_worker_restarts), ("worker_resources", args.worker_resources),
+        ("pack", args.pack),
     ) if v is not None}
     functions = {n: getattr(args, n) for n in FUNCTIONS if getattr(args, n) is not None}
     result = resume_run(args.run, trust_unverified=args.trust_unverified, functions=functions,
@@ -455,6 +456,16 @@ def _config_parsers(sub, fmt) -> None:
         p.set_defaults(func=_config_command)
 
 
+def _pack(text: str) -> int | str:
+    """`--pack`: an int 1..16 or "auto" (`framework.scheduling.packing.check_pack`)."""
+    from framework.scheduling.packing import check_pack
+
+    try:
+        return check_pack(int(text) if text.lstrip("+-").isdigit() else text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("`pack`", "--pack")) from None
+
+
 def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = OneLineParser(prog=prog, description="Model hopper parallelism on Ray.", formatter_class=fmt)
@@ -465,6 +476,8 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=_positive_int, default=5, help="epochs per config")
     demo.add_argument("--scheduler", default="randomized", help="a name from framework.scheduling.SCHEDULERS")
     demo.add_argument("--seed", type=_count, default=0, help="run seed")
+    demo.add_argument("--pack", type=_pack, default=1,
+                      help="configs of one architecture a worker trains at once as one fused model: 1..16 or auto")
     demo.add_argument("--storage-path", default=None,
                       help="run directory or URI (None: a new folder under $MODELHOPPER_STORAGE or ~/modelhopper_runs)")
     demo.set_defaults(func=_demo)
@@ -582,6 +595,8 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     res.add_argument("--worker-resources", type=_resources, default=None,
                      help="Ray resources per worker as JSON, e.g. '{\"CPU\": 1}' to resume a GPU run on CPU "
                           "workers (None: the run's)")
+    res.add_argument("--pack", type=_pack, default=None,
+                     help="configs a worker trains at once as one fused model: 1..16 or auto (None: the run's)")
     res.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     res.set_defaults(func=_resume)
     da = sub.add_parser("dashboard", help="serve a live web dashboard of a run (framework.dashboard) until Ctrl-C",

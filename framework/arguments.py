@@ -16,9 +16,10 @@ from framework.storage import RunStorage, check_folder_name, run_name, unusable_
 
 
 def check_user_code(model_fn: Any, train_fn: Any, eval_fn: Any, input_fn: Any, extract: Any, step_fn: Any = None,
-                    eval_step: Any = None) -> None:
+                    eval_step: Any = None, pack: Any = 1) -> None:
     """The user's functions: `model_fn`; training by `step_fn` (the engine's loop, `framework.engine.steps`) or a
-    `train_fn` of the user's own, not both; evaluation by `eval_fn`, `eval_step` or, without either, `step_fn`."""
+    `train_fn` of the user's own, not both; evaluation by `eval_fn`, `eval_step` or, without either, `step_fn`;
+    packs (`pack` other than 1) fuse the engine's loop, so they need a `step_fn`."""
     if not callable(model_fn):
         raise TypeError(f"`model_fn` is {model_fn!r}, but must be callable")
     for arg, fn in (("train_fn", train_fn), ("eval_fn", eval_fn), ("step_fn", step_fn), ("eval_step", eval_step)):
@@ -35,6 +36,9 @@ def check_user_code(model_fn: Any, train_fn: Any, eval_fn: Any, input_fn: Any, e
     if eval_fn is None and eval_step is None and step_fn is None:
         raise TypeError("`eval_fn` is None, and there is no `eval_step` or `step_fn` to evaluate with: pass "
                         "eval_fn(model, data, config) -> dict")
+    if pack != 1 and step_fn is None:
+        raise ValueError(f"`pack` is {pack!r}, but packs train their configs as one fused model in the engine's "
+                         "loop, which a `train_fn` of your own keeps out of reach: pass step_fn=... or pack=1")
     if input_fn is not None and not callable(input_fn):
         raise TypeError(f"`input_fn` is {input_fn!r}, but must be callable or None")
     if extract is not None and not callable(extract):

@@ -25,14 +25,14 @@ RAY_RESOURCES = ("CPU", "GPU")
 RECORDED = (
     "seed", "metric", "mode", "scheduler", "executor", "num_workers", "worker_resources", "unit_timeout_s",
     "max_unit_retries", "max_worker_restarts", "max_workers", "freezing", "deterministic", "queue_depth",
-    "checkpoint", "data_on_device",
+    "checkpoint", "data_on_device", "pack",
 )
 #: the user functions a run records by name (`meta["functions"]`), in `ModelSelection.resume`'s order
 FUNCTIONS = ("model_fn", "train_fn", "eval_fn", "input_fn", "step_fn", "eval_step")
 #: the recorded options a resumed run may change (`from_meta(meta, **overrides)`); the rest define the run
 RESUMABLE = frozenset({
     "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "queue_depth", "checkpoint",
-    "worker_resources",
+    "worker_resources", "pack",
 })
 
 
@@ -114,6 +114,9 @@ class RunOptions:
             in host memory with each batch copied over as it is used; True: on the GPU; False: in host memory. On
             the GPU, batches need no host-to-device copy (a `train_fn`'s `.to(device)` is a no-op). No effect on
             CPU workers.
+        pack: configs a worker trains at once as one fused model (`framework.engine.packs`): 1 (default) one at a
+            time; k (2-16) packs of up to k configs of one architecture and batch size; `"auto"` sized per
+            architecture by measuring the run's own units (`framework.scheduling.packing`). Needs a `step_fn`.
         storage_path: the run's local directory, handed to the procedure's `bind` (`ModelSelection` sets it).
         holder_wait_s: how long units of a partition nobody holds wait for a worker before the run stops.
         barrier: keep the epoch barrier (None: as the procedure's `synchronous` says).
@@ -138,6 +141,7 @@ class RunOptions:
     queue_depth: int = 2
     checkpoint: str | float = "epoch"
     data_on_device: bool | None = None
+    pack: int | str = 1
     # the driver's own knobs (not recorded: a run directory, or what a simulation or replay needs)
     storage_path: str | None = None
     holder_wait_s: float = 300.0
@@ -194,6 +198,12 @@ class RunOptions:
             raise TypeError(f"`barrier` is {self.barrier!r}, but must be True, False or None")
         if not _is_int(self.queue_depth) or self.queue_depth < 1:
             raise ValueError(f"`queue_depth` is {self.queue_depth!r}, but must be an int >= 1")
+        from framework.scheduling.packing import check_pack
+
+        check_pack(self.pack)
+        if self.pack != 1 and self.freezing is not None:
+            raise ValueError(f"`pack` is {self.pack!r} and `freezing` is set: a pack cannot freeze its members' "
+                             "layers apart yet; use pack=1 with freezing, or no freezing")
         c = self.checkpoint
         if not (c in CHECKPOINT_POLICIES or (_is_number(c) and c > 0)):
             raise ValueError(f"`checkpoint` is {c!r}, but must be one of {list(CHECKPOINT_POLICIES)} or a "

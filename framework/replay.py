@@ -18,6 +18,7 @@ import shutil
 from collections import defaultdict
 from collections.abc import Callable
 
+import pandas as pd
 import torch
 
 from automl import ACTIVE, FAILED, PERSON, Decision, Procedure
@@ -129,12 +130,13 @@ def _created_by_a_person(events) -> dict[int, dict]:
 
 
 class LoggedOrder(Scheduler):
-    """Dispatches the logged units in the logged order, one at a time, on the replay's worker."""
+    """Dispatches the logged units in the logged order, one at a time, on the replay's worker; a logged pack
+    (`packs`: its first unit -> its configs) as the same pack, so its members train fused again, as they did."""
 
     name = "logged"
 
-    def __init__(self, order: list[Unit]) -> None:
-        self.order, self._next = order, 0
+    def __init__(self, order: list[Unit], packs: dict[Unit, tuple[int, ...]] | None = None) -> None:
+        self.order, self._next, self.packs = order, 0, packs or {}
 
     def select(self, state: DispatchState) -> list[Assignment]:
         if state.running:
@@ -143,7 +145,9 @@ class LoggedOrder(Scheduler):
             unit = self.order[self._next]
             if state.is_eligible(unit, REPLAY_WORKER):
                 self._next += 1
-                return [Assignment(unit, (REPLAY_WORKER,))]
+                members = tuple(c for c in self.packs.get(unit, ()) if c == unit.config_id or state.is_eligible(
+                    Unit(c, unit.epoch, unit.partition, unit.kind), REPLAY_WORKER))
+                return [Assignment(unit, (REPLAY_WORKER,), members)]
             if unit not in state.pending:  # its config is gone (units open before the scheduler is asked)
                 self._next += 1
                 continue
@@ -234,7 +238,7 @@ def _replay_dir(
     finally:
         src.close()
     grouped = done[done["group"].notna()]
-    if (grouped.groupby("group").worker.nunique() > 1).any():  # a gang (a pack ran on one worker, member by member)
+    if (grouped.groupby("group").worker.nunique() > 1).any():  # a gang (a pack ran on one worker: it replays)
         raise ValueError(f"the run in {storage_path!r} trained configs in data-parallel gangs (scheduler "
                          f"{meta.get('scheduler')!r}): replay runs units one at a time on one worker and cannot repeat "
                          "a gang's synchronous steps yet; resume and the run's checkpoints are not affected")
@@ -279,6 +283,11 @@ def _replay_dir(
     rows += [failed[failed.config_id == cid].iloc[-1] for cid in sorted(fails)]
     rows.sort(key=lambda r: r.seq)
     order = [Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind) for r in rows]
+    by_group: dict[float, list[Unit]] = {}  # a pack's units, in the logged order (its first: the pack's own unit)
+    for u, r in zip(order, rows, strict=True):
+        if not pd.isna(r.group):
+            by_group.setdefault(r.group, []).append(u)
+    packs = {us[0]: tuple(v.config_id for v in us) for us in by_group.values() if len(us) > 1}
     workers = {Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind): int(r.worker) for r in rows}
 
     if out_path is None:  # next to the run, never inside it: reading a run writes nothing into it
@@ -298,7 +307,7 @@ def _replay_dir(
             held, num_threads=int(meta.get("num_threads", 1)), device=device)
         procedure = LoggedDecisions(configs, synchronous=bool(meta.get("synchronous", True)),
                                     fails={f.config_id for f in faults} | cut, by_person=set(created))
-        scheduler = LoggedOrder(order)
+        scheduler = LoggedOrder(order, packs)
         rows_by_id = configs.set_index("config_id")
         for c in created.values():
             c.update(config=dict(rows_by_id.config[c["id"]]), parent=parent_id(rows_by_id.parent[c["id"]]),

@@ -36,6 +36,7 @@ from framework.options import EXECUTORS, FUNCTIONS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.run_record import inbox_commands, is_finished, load_run, record_run, reopen_run, writer_lock
 from framework.scheduling import Scheduler
+from framework.trainable import pack_key
 
 __all__ = ["EXECUTORS", "ModelSelection"]
 
@@ -68,9 +69,8 @@ class ModelSelection:
             once to the inputs of each partition it loads, under `torch.no_grad()`: `(x, y)` becomes `(extract(x),
             y)` (a tensor or a dict of tensors, batch first) for every unit there (Vista/Nautilus: features made near
             the data; events `features_materialized`). `framework.planner.transfer_on_engine` builds it.
-        faults: a `framework.engine.faults.FaultPlan`: faults injected at exact points (a worker killed, a unit
-            hung, a state object lost, the driver crashed after a given commit) and an observer of the run's
-            events, so tests and chaos experiments reach each recovery path on purpose (`crash_driver` SIGKILLs).
+        faults: a `framework.engine.faults.FaultPlan`: faults injected at exact points (a worker killed, a unit hung,
+            the driver crashed, ...) and an observer of events, so tests reach each recovery path on purpose.
         callbacks: `framework.Callback` instances called as the run goes on (`on_run_start`, `on_unit_end`,
             `on_epoch_end`, `on_decision`, `on_run_end`), e.g. `framework.TensorBoardCallback()` or
             `framework.MLflowCallback()`. `dashboard=True` serves the run's web page while it runs (or a dict of
@@ -96,6 +96,7 @@ class ModelSelection:
         queue_depth: units a worker holds at once (default 2; 1 is Cerebro's model).
         checkpoint: when config states reach the disk: `"epoch"` (default), `"unit"`, every N seconds, or `"off"`.
         data_on_device: where a GPU worker keeps its partitions (None: on the GPU when they fit).
+        pack: configs of one architecture a worker trains at once as one fused model (1, k <= 16, or "auto").
     """
 
     def __init__(
@@ -111,16 +112,16 @@ class ModelSelection:
         checkpoint: str | float = _D.checkpoint, data_on_device: bool | None = _D.data_on_device,
         callbacks: list[Callback] | None = None, name: str | None = None,
         procedure_args: Mapping[str, Any] | None = None, dashboard: bool | Mapping[str, Any] = False,
-        step_fn: Callable | None = None, eval_step: Callable | None = None,
+        step_fn: Callable | None = None, eval_step: Callable | None = None, pack: int | str = _D.pack,
     ) -> None:
-        check_user_code(model_fn, train_fn, eval_fn, input_fn, extract, step_fn, eval_step)
+        check_user_code(model_fn, train_fn, eval_fn, input_fn, extract, step_fn, eval_step, pack)
         check_dataset(dataset)
         options = RunOptions(
             seed=seed, metric=metric, mode=mode, scheduler=scheduler, executor=executor, num_workers=num_workers,
             worker_resources=worker_resources, unit_timeout_s=unit_timeout_s, max_unit_retries=max_unit_retries,
             max_worker_restarts=max_worker_restarts, max_workers=max_workers, freezing=freezing,
             deterministic=deterministic, queue_depth=queue_depth, checkpoint=checkpoint,
-            data_on_device=data_on_device, check_metric=True,
+            data_on_device=data_on_device, pack=pack, check_metric=True,
         ).resolve_workers(dataset.num_partitions).for_live_run()
         n = options.num_workers
         self.placement = dataset.placement(n) if executor == "mop" else {0: list(range(n))}
@@ -162,9 +163,8 @@ class ModelSelection:
         workers); every other option is the run's own (`RunOptions`' default where it recorded none). A URI
         `storage_path` is fetched into its local working copy first.
 
-        The run's catalog must verify under this machine's key; otherwise resume raises `UnverifiedRunError` naming
-        what failed, unless `trust_unverified=True` (it warns; what did not verify is never re-signed, and the
-        procedure's pickled state loads only if it verifies, so pass `procedure=`).
+        The run's catalog must verify under this machine's key, else resume raises `UnverifiedRunError` naming what
+        failed, unless `trust_unverified=True` (it warns; nothing unverified is re-signed or unpickled).
         """
         run = load_run(storage_path, procedure, extract, trust_unverified, overrides)
         self = cls(model_fn, train_fn, eval_fn, run.dataset, run.procedure, input_fn=input_fn, extract=extract,
@@ -212,7 +212,8 @@ class ModelSelection:
         mirror = [StorageMirror(self.storage)] if self.storage.uri is not None else []
         commands = Sources(self._commands, inbox_commands(catalog, self.storage_path))  # this process's, then others'
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
-                        options, self.faults, commands=commands, observers=[bar, *self.callbacks, *mirror])
+                        options, self.faults, commands=commands, observers=[bar, *self.callbacks, *mirror],
+                        pack_key=pack_key(self.model_fn))
         self._driver, run = driver, driver.run_state
         if self.progress:
             print(f"Run directory: {self.storage.describe()}", file=sys.stderr, flush=True)
@@ -272,8 +273,7 @@ class ModelSelection:
     def kill_worker_process(self, worker: int | None = None) -> int | None:
         """Chaos testing (thread-safe): SIGKILL a live worker's process (a random one when None). Returns its id,
         or None when no worker lives."""
-        live = self.live_workers()
-        if not live:
+        if not (live := self.live_workers()):
             return None
         w = random.choice(live) if worker is None else worker
         self._commands.put("kill_worker", worker=w)

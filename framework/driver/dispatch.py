@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, UnitTimeEstimate, make_scheduler
+from framework.scheduling.packing import Packer
 from framework.scheduling.units import TRAIN, UnitReport, unit_seed
 
 
@@ -29,7 +30,7 @@ class Flight:
 
     assignment: Assignment
     started: float  # when it was submitted, or when the unit ahead of it in its workers' queues ended
-    faults: tuple[str, ...] = ()
+    faults: tuple[tuple[Unit, str], ...] = ()  # (unit, action): a pack's are each member's
     queued: bool = False  # submitted behind another unit of one of its workers
     group: int | None = None  # the gang's or pack's id in the schedule log (its ticket); None: a unit of its own
 
@@ -60,11 +61,14 @@ class Dispatcher:
     `lose_worker`, ...), so the handlers never edit its fields."""
 
     def __init__(
-        self, scheduler: str | Scheduler, seed: int, estimate: UnitTimeEstimate | None = None, depth: int = 1
+        self, scheduler: str | Scheduler, seed: int, estimate: UnitTimeEstimate | None = None, depth: int = 1,
+        packer: Packer | None = None,
     ) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"`queue_depth` is {depth!r}, but must be an int >= 1")
         self.spec, self.seed, self.depth = scheduler, seed, depth
+        self.packer = packer  # grows the policy's assignments into packs (`framework.scheduling.packing`)
+        self.group_base = 0  # a gang's or pack's group in the log is its ticket plus this (a resumed run's: past the log's)
         self._estimate = estimate  # known unit times (a simulation); None: measured ones
         self.state: DispatchState | None = None
         self.scheduler: Scheduler | None = None
@@ -116,6 +120,8 @@ class Dispatcher:
             t0 = time.perf_counter()
             self.state.set_capacity(capacity)
             chosen = self.scheduler.select(self.state)
+            if self.packer is not None:
+                chosen = self.packer.extend(chosen, self.state)
             self.state.clear_changes()
             self.decision_s += time.perf_counter() - t0
             self.select_calls += 1
@@ -137,7 +143,7 @@ class Dispatcher:
 
     def fly(self, ticket: int, flight: Flight) -> None:
         if flight.assignment.plural:
-            flight.group = ticket
+            flight.group = self.group_base + ticket
         self.flights[ticket] = flight
         for w in flight.workers:
             self._queues.setdefault(w, []).append(ticket)

@@ -17,7 +17,7 @@ backend: commands from outside the loop come from a `framework.driver.commands.C
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from automl import ACTIVE, FAILED, Procedure
@@ -31,6 +31,7 @@ from framework.engine._base import Backend, StateLost, UnitDone, UnitFailed, Wor
 from framework.engine.faults import FaultPlan
 from framework.options import RunOptions
 from framework.scheduling import SeededOrderScheduler, Unit
+from framework.scheduling.packing import Packer
 
 HANDLERS = {
     UnitDone: units.on_unit_ended,
@@ -61,6 +62,7 @@ class Driver:
         faults: faults to inject and an observer of events.
         commands: where commands from outside the loop come from (default: an in-process `QueueCommands`).
         observers: `framework.Callback`s that watch the run (after the fault plan's observer, in this order).
+        pack_key: a config's pack key under `options.pack` (`framework.scheduling.packing`; None: never packs).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class Driver:
         estimate: Callable[[Unit, int], float] | None = None,
         commands: CommandSource | None = None,
         observers: Sequence[Callback] = (),
+        pack_key: Callable[[Mapping[str, Any]], Hashable | None] | None = None,
     ) -> None:
         options = options or RunOptions()
         self.commands = commands if commands is not None else QueueCommands()
@@ -87,7 +90,8 @@ class Driver:
         self.run_state = run = RunState(
             backend=backend, log=log, procedure=procedure, options=options, faults=faults,
             workers=WorkerTable(partitions, eval_partitions),
-            dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth), round=-1,
+            dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth, self._packer(options, pack_key)),
+            round=-1,
             synchronous=synchronous,
         )
         run.observers = CallbackList(on_error=run.event)
@@ -95,6 +99,14 @@ class Driver:
             run.observers.add(_PlanObserver(faults), propagate=True)
         for observer in observers:
             run.observers.add(observer)
+
+    def _packer(self, options: RunOptions, pack_key: Callable | None) -> Packer | None:
+        """What grows assignments into packs under `options.pack` (None at 1); a config's key is `pack_key(config)`
+        (default: its batch size; the worker checks the rest, and a pack that cannot fuse trains one by one)."""
+        if options.pack == 1:
+            return None
+        key = pack_key or (lambda config: config.get("batch_size"))
+        return Packer(options.pack, lambda cid: key(self.run_state.configs[cid].config))
 
     # ---- the loop -----------------------------------------------------------------------------------------------
     def start_workers(self) -> None:
@@ -128,6 +140,8 @@ class Driver:
                 run.configs.add(c)
             commit.open_epochs(run, run.configs.active())
         elif resume_from is not None:
+            groups = resume_from.units(status=None).group
+            run.dispatch.group_base = int(groups.max()) + 1 if groups.notna().any() else 0  # (tickets restart at 0)
             todo = commit.restore(run, resume_from)
             commit.open_epochs(run, run.configs.active(), todo)
         else:

@@ -22,17 +22,22 @@ def submit(run: RunState, a: Assignment) -> None:
     its workers hold already, if any)."""
     queued = run.dispatch.launch(a)
     members = [run.configs[cid] for cid in a.members]
-    injected = run.faults.on_dispatch(a.unit, a.worker) if run.faults.faults else []
-    for action in injected:
-        run.event("fault_injected", action=action, unit=str(a.unit), worker=a.worker)
-    worker_fault = next((f for f in injected if f not in DRIVER_ACTIONS), None)
+    # a pack's faults are each member's own (a gang's, its unit's); a worker's action is acted out by its member
+    hit = a.units if len(members) > 1 else (a.unit,)
+    injected = [run.faults.on_dispatch(u, a.worker) if run.faults.faults else [] for u in hit]
+    for u, actions in zip(hit, injected, strict=True):
+        for action in actions:
+            run.event("fault_injected", action=action, unit=str(u), worker=a.worker)
+    acts = [next((f for f in actions if f not in DRIVER_ACTIONS), None) for actions in injected]
     if len(members) == 1 and len(a.workers) == 1:
-        task = UnitTask(a.unit, members[0].config, run.options.seed, fault=worker_fault)
+        task = UnitTask(a.unit, members[0].config, run.options.seed, fault=acts[0])
     else:
-        task = UnitTask(a.unit, members[0].config, run.options.seed, fault=worker_fault, members=a.members,
-                        configs=tuple(c.config for c in members), workers=a.workers, partitions=a.partitions)
+        task = UnitTask(a.unit, members[0].config, run.options.seed, fault=acts[0], members=a.members,
+                        configs=tuple(c.config for c in members), workers=a.workers, partitions=a.partitions,
+                        faults=tuple(acts) if len(acts) > 1 and any(acts) else ())
     ticket = run.backend.submit(a.workers, task, tuple(c.state for c in members))
-    driver_faults = tuple(f for f in injected if f in DRIVER_ACTIONS)
+    driver_faults = tuple((u, f) for u, actions in zip(hit, injected, strict=True) for f in actions
+                          if f in DRIVER_ACTIONS)
     run.dispatch.fly(ticket, Flight(a, run.backend.now(), driver_faults, queued))
 
 
@@ -42,14 +47,36 @@ def on_unit_ended(run: RunState, ev: UnitDone | UnitFailed) -> None:
     if f is None:
         return  # its worker was declared lost meanwhile: the unit was re-queued
     a = f.assignment
+    if run.dispatch.packer is not None and len(a.workers) == 1:
+        observe_pack(run, a, ev.reports, ev.time - f.started)
     if len(a.members) == 1 and len(a.workers) > 1 and any(r.error is not None for r in ev.reports):
         unit_failed(run, f, a.units, ev.reports)  # a gang trains one state: it fails, and is retried, as one
         return
+    afters: list | None = [] if len(a.members) > 1 else None
     for unit, report, state in zip(a.units, ev.reports, ev.states, strict=True):
         if report.error is None:
-            unit_done(run, f, unit, report, state)
+            unit_done(run, f, unit, report, state, afters)
         else:
             unit_failed(run, f, (unit,), (report,))
+    # a pack's rows (and its injected crashes) come before any of its checkpoints: an injected crash never leaves
+    # some members of a fused pass checkpointed and the others to re-run (a replay then re-fuses what ran)
+    run.deferred.extend(afters or ())
+
+
+def observe_pack(run: RunState, a: Assignment, reports: tuple[UnitReport, ...], seconds: float) -> None:
+    """What the packer learns from an assignment of one worker that held it `seconds` (on the backend's clock): its
+    time per example (for `pack="auto"`), its states' size (the memory cap), and whether a pack fused (one that did
+    not refuses its key, said once)."""
+    packer, ok = run.dispatch.packer, [r for r in reports if r.error is None]
+    if not ok:
+        return
+    first = ok[0]
+    refused = len(packer.refused)
+    packer.observe(a, seconds, first.num_examples, max(r.state_bytes for r in ok), first.note)
+    if len(packer.refused) > refused:
+        run.event("pack_not_fused", configs=list(a.members), why=first.note)
+        run.write(f"configs {list(a.members)} trained one after another, {first.note}; configs like them train "
+                  "alone from now on")
 
 
 def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: str) -> None:
@@ -57,11 +84,15 @@ def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: 
         run.log.add_unit(round_, row, status)
 
 
-def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: Any) -> None:
+def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: Any, afters: list | None = None
+              ) -> None:
+    """A member's unit is done: its config takes the state and the report; its log row, then its checkpoint, are
+    deferred until the next units are on their way (a pack's checkpoints go to `afters`, after all its rows)."""
     c = run.configs[unit.config_id]
     run.dispatch.complete(unit)
-    if len(f.assignment.workers) == 1:
-        run.dispatch.record(unit, report.worker, report.end - report.start)
+    a = f.assignment
+    if len(a.workers) == 1:  # (a pack's members share its time)
+        run.dispatch.record(unit, report.worker, (report.end - report.start) / len(a.members))
     elif unit == f.assignment.units[0]:
         run.dispatch.record_gang(f.assignment, report.end - report.start)
         if report.comm_s:
@@ -75,19 +106,24 @@ def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: 
         if run.synchronous:  # a decision sees every config at an epoch end, where its latest state is the epoch's:
             c.epoch_state = None  # no older state is kept alive (for a clone) meanwhile
         c.visited.setdefault(unit.epoch, []).append(unit.partition)
-    round_, units, faults = run.round, c.units, f.faults
+    round_, units = run.round, c.units
+    faults = [action for u, action in f.faults if u == unit or len(f.assignment.members) == 1]
 
-    def record() -> None:
-        # the log row first, then the checkpoint: a checkpoint never holds a unit the log does not know
+    def record() -> None:  # the log row first, then the checkpoint: a checkpoint never holds a unit the log does not know
         log_unit(run, round_, f, report, "done")
+
+    def crash() -> None:
         if "crash_driver" in faults:
             run.crash()
+
+    def save() -> None:
         if unit.kind == TRAIN and "skip_checkpoint" not in faults and checkpoint_due(run, c, unit, units):
             checkpoint(run, c, unit.epoch, units, handle, f.worker)
 
     run.observers.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
                        report.end - report.start, dict(report.metrics))
-    run.deferred.append(record)  # done once the next units are on their way
+    run.deferred += [record, crash]  # done once the next units are on their way
+    (afters if afters is not None else run.deferred).append(save)
     if c.status == STOPPED:  # a person stopped it while this unit ran
         leave_stopped(run, c)
         return

@@ -6,8 +6,12 @@ evaluates with the worker's functions (the user's `train_fn`/`eval_fn`, or the e
 `step_fn`), checks the metrics, and packs the new state with its visit record. Failures in user code come back as
 `UnitReport.error`; a lost state or a broken gang propagates (not the user's fault: the driver re-runs the unit).
 
-A pack (`task.members` holds several configs) runs here one member after another, each exactly as it would run on
-its own (same seeds, same state, same report): the runner a fused pack replaces.
+A pack (`task.members` holds several configs) trains as one fused model when it can (`_run_fused`,
+`framework.engine.packs.FusedPack`): every member built from its own state and seeded as alone, each reading its
+rows in its own unit seed's order, all stepped at once, each ending with the weights it would reach alone (up to
+float rounding) and its own report; a member whose loss goes non-finite fails alone. A pack that cannot fuse
+(`PackError`: different architectures, a `train_fn`, an LR scheduler, ...; or an error of the fused pass itself),
+and every pack's evaluation, runs one member after another, each exactly as it would run on its own.
 """
 
 from __future__ import annotations
@@ -27,14 +31,16 @@ import torch
 
 from framework.data import data_len, shard_data
 from framework.engine.gang import GangBrokenError
+from framework.engine.packs import FusedPack, PackError
 from framework.engine.state import ModelState, PackedState, pack_state, state_nbytes, unpack_state
+from framework.engine.steps import batch_size_of
 from framework.scheduling.units import TRAIN, Unit, UnitReport, UnitTask, unit_seed
 from framework.trainable import Trainable, accepted_kwargs
 
 if TYPE_CHECKING:
     from framework.engine.worker import Worker
 
-__all__ = ["run_members", "run_unit", "seed_everything"]
+__all__ = ["member_tasks", "run_members", "run_unit", "seed_everything"]
 
 
 def seed_everything(s: int) -> None:
@@ -46,22 +52,99 @@ def seed_everything(s: int) -> None:
 def run_members(
     worker: Worker, task: UnitTask, states: Sequence[PackedState | ModelState | None]
 ) -> tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]]:
-    """Run every member of `task` (`task.members`, in order; one state each) on `worker`, one after another:
-    (new states, reports), one of each per member. A member whose user code fails does not stop the others."""
+    """Run every member of `task` (`task.members`, in order; one state each) on `worker`: fused when they can be (see
+    the module docstring), else one after another. (new states, reports), one of each per member. A member whose
+    user code fails does not stop the others."""
     if len(task.members) <= 1:
         state, report = run_unit(worker, task, states[0])
         return (state,), (report,)
     if len(task.workers) > 1:
         raise NotImplementedError(f"a pack of {len(task.members)} configs on a gang of workers {task.workers} has no "
                                   "runner yet: a pack runs on one worker")
-    configs = task.configs or (task.config,) * len(task.members)
-    out = [run_unit(worker, UnitTask(Unit(cid, task.unit.epoch, task.unit.partition, task.unit.kind), config,
-                                     task.seed, task.fault if i == 0 else None), state)
-           for i, (cid, config, state) in enumerate(zip(task.members, configs, states, strict=True))]
+    members = member_tasks(task)
+    note = None
+    if task.unit.kind == TRAIN:
+        fused, note = _run_fused(worker, members, states)
+        if fused is not None:
+            return fused
+    out = [run_unit(worker, t, s) for t, s in zip(members, states, strict=True)]
     start, end = out[0][1].start, out[-1][1].end
     for _, report in out:  # the pack held its worker as one: every member's row spans it (as a gang's rows do)
-        report.start, report.end = start, end
+        report.start, report.end, report.note = start, end, note
     return tuple(s for s, _ in out), tuple(r for _, r in out)
+
+
+def member_tasks(task: UnitTask) -> list[UnitTask]:
+    """A pack's task as one task per member, each with its own injected fault (if any)."""
+    configs = task.configs or (task.config,) * len(task.members)
+    faults = task.faults or (task.fault, *[None] * (len(task.members) - 1))
+    return [UnitTask(Unit(cid, task.unit.epoch, task.unit.partition, task.unit.kind), config, task.seed, fault)
+            for cid, config, fault in zip(task.members, configs, faults, strict=True)]
+
+
+def _run_fused(worker: Worker, members: list[UnitTask], states: Sequence[PackedState | ModelState | None]
+               ) -> tuple[tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]] | None, str | None]:
+    """Train a pack's members as one `FusedPack`: (their states and reports, None), or (None, why not) when they
+    cannot be fused (the caller then runs them one after another, from their untouched states)."""
+    if worker.step_fn is None or worker.freezing is not None:
+        return None, "not fused: packs fuse a `step_fn` without layer freezing"
+    start = time.time()
+    reports = [UnitReport(unit=t.unit, worker=worker.worker_id, start=start, end=start) for t in members]
+    built: dict[int, tuple[Trainable, ModelState | None]] = {}
+    for i, (t, state) in enumerate(zip(members, states, strict=True)):
+        try:
+            if t.fault is not None:
+                worker.act_out(t.fault, t.unit)
+            state = unpack_state(state, worker.device if worker.device.type == "cuda" else None, copy_model=False)
+            built[i] = (_build(worker, t, state), _unit_part(state))
+        except worker.LOST_STATE_ERRORS:
+            raise
+        except Exception:  # this member's user code (or its injected fault) failed: the others go on
+            reports[i].error = traceback.format_exc()
+    live = sorted(built)
+    data = worker.data[("train", members[0].unit.partition)]
+    n = data_len(data)
+    if len(live) < 2 or any(batch_size_of(members[i].config) > n for i in live):
+        return None, None  # (alone, each member reports its own error)
+    why = next((f"config {members[i].unit.config_id} has an LR scheduler or a GradScaler" for i in live
+                if built[i][0].lr_scheduler is not None or (built[i][0].grad_scaler is not None
+                                                           and built[i][0].grad_scaler.is_enabled())), None)
+    if why is not None:
+        return None, f"not fused: {why}, which a pack does not stack yet"
+    orders = []
+    for i in live:  # each member's rows in the order its own unit seed draws, as when it trains alone
+        u = members[i].unit
+        seed_everything(unit_seed(members[i].seed, u.config_id, u.epoch, u.partition, 1, 0, 1))
+        orders.append(torch.randperm(n))
+    for i in live:
+        built[i][0].model.train()
+    try:
+        pack = FusedPack([built[i][0].model for i in live], [built[i][0].optimizer for i in live])
+        results = pack.train(worker.step_fn, data, [members[i].config for i in live], orders,
+                             accepted_kwargs(worker.step_fn, {"epoch": members[0].unit.epoch, "freezing": None}))
+        pack.write_back()
+    except PackError as e:
+        return None, f"not fused: {e}"
+    except Exception as e:  # the fused pass itself failed: alone, each member's own error (if any) is its own
+        return None, f"not fused: the fused pass raised {type(e).__name__}: {e}"
+    new_states: list[PackedState | None] = [None] * len(members)
+    for i, metrics in zip(live, results, strict=True):
+        trainable, state = built[i]
+        try:
+            new_states[i] = _finish(worker, members[i], trainable, state, metrics, None, reports[i], data)
+        except Exception:
+            reports[i].error = traceback.format_exc()
+    end = time.time()
+    for r in reports:
+        r.start, r.end = start, end
+    return (tuple(new_states), tuple(reports)), None
+
+
+def _unit_part(state: ModelState | None) -> ModelState | None:
+    """What a unit still reads of a config's state once its model holds the weights."""
+    if state is None:
+        return None
+    return {"visited": state.get("visited") or {}, "freezing": state.get("freezing")}
 
 
 def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | None
@@ -82,8 +165,7 @@ def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | N
             worker.act_out(task.fault, unit)
         state = unpack_state(state, worker.device if worker.device.type == "cuda" else None, copy_model=False)
         trainable = _build(worker, task, state)
-        if state is not None:  # the model holds the weights now: keep only what the unit still reads
-            state = {"visited": state.get("visited") or {}, "freezing": state.get("freezing")}
+        state = _unit_part(state)  # the model holds the weights now: keep only what the unit still reads
         data = shard_data(worker.data[("train" if unit.kind == TRAIN else "valid", unit.partition)], *share)
         seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN),
                                   *share))
@@ -94,21 +176,8 @@ def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | N
             with torch.no_grad():
                 metrics = worker.eval_fn(trainable.model, data, task.config,
                                          **accepted_kwargs(worker.eval_fn, {"epoch": unit.epoch}))
-        metrics = check_metrics(metrics, worker.fn_names[unit.kind])
-        new_state = None
-        if unit.kind == TRAIN:
-            # The visit record travels inside the state, so a config proves which partitions it absorbed.
-            visited = {e: list(ps) for e, ps in (state or {}).get("visited", {}).items()}
-            visited.setdefault(unit.epoch, []).extend(u.partition for u in task.units)  # (a gang's: all)
-            # (tensors stay where they are: `pack_state` copies them into the hop's buffer once)
-            new_state = {"model": trainable.model.state_dict(), **trainable.state_dict(), "visited": visited}
-            if worker.freezing is not None:
-                new_state["freezing"] = freezing_state
-                worker.split_frozen(unit.config_id, trainable.model, new_state)
-        report.num_examples = metrics.pop("num_examples") if "num_examples" in metrics else data_len(data)
-        report.metrics = metrics
-        new_state = pack_state(new_state) if rank == 0 else None  # (a gang's members hold the same weights)
-        report.state_bytes = state_nbytes(new_state)
+        new_state = _finish(worker, task, trainable, state, metrics, freezing_state if unit.kind == TRAIN else None,
+                            report, data, rank, task.units)
     except (GangBrokenError, *worker.LOST_STATE_ERRORS):
         raise  # the config's state could not be fetched, or its gang broke: not the user's fault
     except Exception:  # user code failed: report it against the config, keep the worker alive
@@ -118,6 +187,30 @@ def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | N
                 gang.finish(trainable.optimizer)
     report.end = time.time()
     return new_state, report
+
+
+def _finish(worker: Worker, task: UnitTask, trainable: Trainable, state: ModelState | None, metrics: Any,
+            freezing_state: Any, report: UnitReport, data: Any, rank: int = 0, units: Sequence[Unit] = ()
+            ) -> PackedState | None:
+    """A unit's metrics checked into `report` and its new state (with its visit record) packed: None for an
+    evaluation, and for a gang's members but its first. `units`: what the state absorbed (default: the unit)."""
+    unit = task.unit
+    metrics = check_metrics(metrics, worker.fn_names[unit.kind])
+    new_state = None
+    if unit.kind == TRAIN:
+        # The visit record travels inside the state, so a config proves which partitions it absorbed.
+        visited = {e: list(ps) for e, ps in (state or {}).get("visited", {}).items()}
+        visited.setdefault(unit.epoch, []).extend(u.partition for u in (units or (unit,)))  # (a gang's: all)
+        # (tensors stay where they are: `pack_state` copies them into the hop's buffer once)
+        new_state = {"model": trainable.model.state_dict(), **trainable.state_dict(), "visited": visited}
+        if worker.freezing is not None:
+            new_state["freezing"] = freezing_state
+            worker.split_frozen(unit.config_id, trainable.model, new_state)
+    report.num_examples = metrics.pop("num_examples") if "num_examples" in metrics else data_len(data)
+    report.metrics = metrics
+    new_state = pack_state(new_state) if rank == 0 else None  # (a gang's members hold the same weights)
+    report.state_bytes = state_nbytes(new_state)
+    return new_state
 
 
 def _train(worker: Worker, task: UnitTask, unit: Unit, trainable: Trainable, data: Any, state: ModelState | None,

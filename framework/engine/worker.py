@@ -73,6 +73,7 @@ class Worker(GangMember, FrozenLayers):
         steps = StepLoop(step_fn, eval_step) if step_fn is not None or eval_step is not None else None
         self.model_fn, self.input_fn = model_fn, input_fn
         self.train_fn = train_fn if train_fn is not None else steps.train if step_fn is not None else None
+        self.step_fn = step_fn if train_fn is None else None  # (what a fused pack runs: `runner.run_members`)
         self.eval_fn = eval_fn if eval_fn is not None else steps.evaluate if steps is not None else None
         if self.train_fn is None or self.eval_fn is None:
             raise TypeError("a worker needs `train_fn` or `step_fn`, and `eval_fn`, `eval_step` or `step_fn`")
@@ -187,7 +188,7 @@ class Worker(GangMember, FrozenLayers):
 
     def run_members(self, task: UnitTask, states: Sequence[PackedState | ModelState | None]
                     ) -> tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]]:
-        """Run every member of an assignment (a pack: one after another); one state and one report per member."""
+        """Run every member of an assignment (a pack: fused, or one after another); a state and a report per member."""
         return run_members(self, task, states)
 
     #: errors that mean a state object is gone (set by the Ray subclass); they propagate to the driver

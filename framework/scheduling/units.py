@@ -137,6 +137,7 @@ class UnitTask:
     configs: tuple[dict[str, Any], ...] = ()  # their configs (default: `config`)
     workers: tuple[int, ...] = ()  # the gang (default: the worker it is sent to)
     partitions: tuple[int, ...] = ()  # the partition each worker of the gang trains (default: the unit's)
+    faults: tuple[str | None, ...] = ()  # a pack's faults, one per member (default: `fault`, the first member's)
 
     @property
     def units(self) -> tuple[Unit, ...]:
@@ -158,6 +159,7 @@ class UnitReport:
     error: str | None = None  # traceback of a failure in user code
     group: int | None = None
     comm_s: float = 0.0  # seconds a gang's step spent in its all-reduces (the least of its members'; 0: no gang)
+    note: str | None = None  # a pack's members ran one after another: why they were not fused (not logged)
 
 
 def unit_seed(seed: int, *parts: int) -> int:

@@ -1,8 +1,7 @@
 """The step-level contract (`ModelSelection(step_fn=...)`, `framework.engine.steps`) on the session's real Ray cluster
 (that a step trains to the weights of the equivalent hand loop is `tests/framework/engine/test_steps.py`): a
 data-parallel gang of step loops takes the
-steps of one worker on the global batches (no `gang_size` in user code); packs run member by member on a Ray worker,
-each member as if alone; and a step run resumes after a driver crash, replays bit for bit, freezes layers and runs
+steps of one worker on the global batches (no `gang_size` in user code); and a step run resumes after a driver crash, replays bit for bit, freezes layers and runs
 ASHA. Real Ray, real torch, no mocks; tiny data (the whole file is a handful of short runs).
 
 `python -m tests.integration.test_step_contract STORAGE` is the driver the resume test starts in a subprocess and
@@ -10,7 +9,6 @@ crashes on purpose (`Fault("crash_driver", ...)` SIGKILLs its own process)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -33,7 +31,7 @@ from framework.examples import (
     digits_arrays,
     mlp_model_fn,
 )
-from framework.scheduling import TRAIN, Assignment, DispatchState, Scheduler, Unit, UnitTask
+from framework.scheduling import TRAIN, Unit, UnitTask
 from framework.scheduling.units import unit_seed
 from simulators import validate_schedule
 from tests.integration.test_fault_tolerance import (
@@ -142,80 +140,7 @@ def test_a_data_parallel_step_run_counts_every_row_of_every_partition_once(ray_c
     assert_complete(result)
 
 
-# ---- 3. packs on the Ray backend ----------------------------------------------------------------------------------
-class _Packs(Scheduler):
-    """On each idle worker, every free config with a unit at the same (epoch, partition, kind) there, as one pack
-    (the largest such group; one config alone when it is the only one)."""
-
-    name = "packs"
-
-    def select(self, state: DispatchState) -> list[Assignment]:
-        out: list[Assignment] = []
-        taken: set[int] = set()
-        for w in state.idle_workers():
-            groups: dict[tuple, list[Unit]] = {}
-            for u in state.eligible(w):  # sorted: the pack is the same run to run
-                if u.config_id not in taken:
-                    groups.setdefault((u.epoch, u.partition, u.kind), []).append(u)
-            if not groups:
-                continue
-            units = max(groups.values(), key=len)
-            pack = Assignment(units[0], (w,), tuple(u.config_id for u in units))
-            if state.can_start(pack):
-                out.append(pack)
-                taken.update(pack.members)
-        return out
-
-
-def test_packs_run_member_by_member_on_ray_each_config_as_if_trained_alone(ray_cluster, digits, tmp_path,
-                                                                          assert_complete):
-    ds = _dataset(digits, rows=300, partitions=2)
-    space = {"hidden": [16], "lr": [0.05, 0.1, 0.2], "batch_size": [32]}
-    sel = _step_select(ds, tmp_path / "packs", space=space, scheduler=_Packs(), seed=4, queue_depth=1)
-    result = sel.run()
-    assert (result.status.status == "completed").all() and sorted(result.configs) == [0, 1, 2]
-    s = result.schedule
-    # one row per member: 3 configs x 2 epochs x (2 train + 2 eval units), every one of them in a pack of all three
-    # (the configs stay in step: they start and end every unit together) on one worker
-    assert len(s) == 3 * 2 * 4 and s.group.notna().all()
-    for _, rows in s.groupby("group"):
-        assert sorted(rows.config_id) == [0, 1, 2]
-        assert rows[["worker", "epoch", "partition", "kind"]].nunique().tolist() == [1, 1, 1, 1]
-    assert s.group.nunique() == 2 * 4
-    # a pack held its worker as one run: its members' rows span it (as the simulator's packs and a gang's rows do)
-    assert (s.groupby("group")[["start", "end"]].nunique() == 1).all().all()
-    _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, availability=sel.placement)
-    assert_complete(result)
-
-    # each config's units, re-run alone in its logged order on one in-process worker with the run's seed, give its
-    # logged metrics and its final weights bit for bit
-    worker = Worker(0, mlp_model_fn, step_fn=classifier_step_fn)
-    worker.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)})
-    done = _units_log(result).query("status == 'done'").sort_values("seq")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(int(result.meta.get("num_threads", 1)))  # the run's workers' threads: bit-identical sums
-    try:
-        for cid, config in result.configs.items():
-            state = None
-            for row in done[done.config_id == cid].itertuples():
-                task = UnitTask(Unit(cid, int(row.epoch), int(row.partition), row.kind), config, seed=4)
-                new_state, report = worker.run(task, state)
-                assert report.error is None, report.error
-                assert report.metrics == json.loads(row.metrics), (cid, row.epoch, row.partition, row.kind)
-                assert report.num_examples == row.num_examples
-                state = new_state if row.kind == TRAIN else state
-            alone = unpack_state(state)
-            packed = result.load_state(cid)
-            assert alone["visited"] == packed["visited"]
-            _assert_same_weights(alone["model"], packed["model"], f"config {cid} (packed vs alone)")
-    finally:
-        torch.set_num_threads(threads)
-    replayed = framework.replay(result.storage_path)  # a pack run replays unit by unit (only gang runs are refused)
-    for cid in result.configs:
-        _assert_same_weights(replayed.load_state(cid)["model"], result.load_state(cid)["model"], f"replay of {cid}")
-
-
-# ---- 4. resume, replay, freezing, ASHA ----------------------------------------------------------------------------
+# ---- 3. resume, replay, freezing, ASHA (packs: tests/integration/test_packs.py) ------------------------------------
 RESUME_SPACE = {"hidden": [16], "lr": [0.05, 0.1], "batch_size": [32]}
 
 

@@ -1,0 +1,148 @@
+"""Packing (`framework.scheduling.packing`): any policy's assignments grown into packs of configs of one key at one
+(epoch, partition, kind) on one worker; `"auto"` sizes them by the per-config time it measures; and the driver
+loop on the in-process backend runs packed configs to the end, each unit once, with one row per member."""
+
+from __future__ import annotations
+
+import pytest
+
+import automl
+from framework.driver import Driver, MemoryRunLog
+from framework.engine.local import LocalBackend
+from framework.examples import classifier_step_fn, mlp_model_fn
+from framework.options import RunOptions
+from framework.scheduling import EVAL, TRAIN, Assignment, DispatchState, Unit
+from framework.scheduling.packing import GAIN, SAMPLES, Packer, PackSizer, check_pack
+from framework.trainable import pack_key
+from tests.framework.driver.test_driver import P, _assert_complete, _entries
+
+
+def _state(configs: int, partitions: int = 2) -> DispatchState:
+    units = [Unit(c, 0, p, TRAIN) for c in range(configs) for p in range(partitions)]
+    return DispatchState(units, {p: [p] for p in range(partitions)})
+
+
+def test_a_policys_assignments_grow_into_packs_of_one_key_with_configs_the_policy_left():
+    state = _state(7)
+    keys = {0: "a", 1: "a", 2: "b", 3: "a", 4: None, 5: "a", 6: "b"}
+    packer = Packer(3, keys.get)
+    chosen = [Assignment(Unit(0, 0, 0, TRAIN), (0,)), Assignment(Unit(3, 0, 1, TRAIN), (1,))]
+    # config 0's pack takes the free configs of key "a" that the policy did not choose (1 and 5), in id order
+    assert packer.extend(chosen, state) == [Assignment(Unit(0, 0, 0, TRAIN), (0,), (0, 1, 5)),
+                                            Assignment(Unit(3, 0, 1, TRAIN), (1,))]
+    # a config the policy chose stays where the policy put it; a key of None never packs
+    chosen = [Assignment(Unit(2, 0, 0, TRAIN), (0,)), Assignment(Unit(6, 0, 1, TRAIN), (1,))]
+    assert packer.extend(chosen, state) == chosen
+    assert packer.extend([Assignment(Unit(4, 0, 0, TRAIN), (0,))], state) == [Assignment(Unit(4, 0, 0, TRAIN), (0,))]
+    grown = packer.extend(chosen[:1], state)
+    assert grown == [Assignment(Unit(2, 0, 0, TRAIN), (0,), (2, 6))]
+    state.start(grown[0])  # what the packer formed, the dispatch state accepts
+    assert state.busy_configs == {2, 6}
+
+
+def test_packs_keep_to_one_epoch_partition_and_kind_and_leave_gangs_alone():
+    units = [Unit(0, 0, 0, TRAIN), Unit(1, 1, 0, TRAIN), Unit(2, 0, 0, EVAL), Unit(3, 0, 1, TRAIN),
+             Unit(4, 0, 0, TRAIN)]
+    state = DispatchState(units, {0: [0, 1], 1: [0, 1]})
+    packer = Packer(8, lambda c: "k")
+    assert packer.extend([Assignment(Unit(0, 0, 0, TRAIN), (0,))], state)[0].members == (0, 4)
+    gang = Assignment(Unit(3, 0, 1, TRAIN), (0, 1), partitions=(1, 1))
+    assert packer.extend([gang], state) == [gang]
+
+
+def test_auto_doubles_while_the_per_config_time_falls_and_keeps_the_fastest_size():
+    sizer = PackSizer()
+    speed = {1: 1.0, 2: 0.6, 4: 0.4, 8: 0.38, 16: 0.2}  # per-config seconds per row: 8 is not worth its doubling
+    asked = []
+    while True:
+        k = sizer.size("m")
+        asked.append(k)
+        if len(asked) > 20 or asked[-SAMPLES * 5:].count(k) > SAMPLES * 2:
+            break
+        sizer.observe("m", k, speed[k] * k * 100, 100)
+    assert asked[0] == 1 and asked[-1] == 4  # 8 measured 0.95x of 4 (> GAIN): it stops there, at the fastest
+    assert 0.38 > GAIN * 0.4
+
+
+@pytest.mark.parametrize("slower", [1.0, 1.3, 3.0])
+def test_auto_settles_on_one_where_packing_does_not_pay(slower):
+    sizer = PackSizer()
+    for _ in range(SAMPLES):
+        sizer.observe("m", 1, 1.0, 10)
+    for _ in range(SAMPLES):
+        sizer.observe("m", 2, 2 * slower, 10)  # per config: `slower` times one alone
+    assert sizer.size("m") == 1
+
+
+def test_pack_sizes_are_checked_and_capped_by_state_memory():
+    for bad in (0, 17, 2.0, True, "8", None):
+        with pytest.raises(ValueError, match="`pack` is"):
+            check_pack(bad)
+    packer = Packer(16, lambda c: "k", max_bytes=1000)
+    assert packer.target("k") == 16
+    packer.state_bytes["k"] = 300
+    assert packer.target("k") == 3
+    with pytest.raises(ValueError, match="`pack` is 'auto' and `freezing` is set"):
+        RunOptions(pack=3).replace(pack="auto", freezing={})
+
+
+def test_the_pack_key_is_the_architecture_optimizer_and_batch_size_built_on_the_meta_device():
+    key = pack_key(mlp_model_fn)
+    base = {"hidden": 16, "batch_size": 32, "lr": 0.1}
+    assert key(base) == key({**base, "lr": 0.5, "weight_decay": 1e-3})  # optimizer-only changes pack together
+    assert key(base) != key({**base, "hidden": 32}) != key({**base, "optimizer": "adam"})
+    assert key(base) != key({**base, "batch_size": 16})
+    assert pack_key(lambda config: 1 / 0)(base) is None  # what cannot be built on the meta device trains alone
+
+
+class _FusedClock(LocalBackend):
+    """The in-process backend on a logical clock where a pack of k takes `k ** exponent` units' time."""
+
+    def __init__(self, exponent: float, **kw) -> None:
+        super().__init__(**kw)
+        self.exponent = exponent
+
+    def _execute(self, workers, ticket, task, state):
+        out = super()._execute(workers, ticket, task, state)
+        if out is None:
+            return None
+        k = max(1, len(task.members))  # (a unit of its own has no members listed)
+        return 1.0 * k ** self.exponent, out[1]
+
+
+def _packed_run(pack, exponent: float = 0.5, configs: int = 6, epochs: int = 2):
+    space = {"lr": [0.01 * (i + 1) for i in range(configs)], "in_features": [8], "hidden": [8], "classes": [3],
+             "batch_size": [16]}
+    backend = _FusedClock(exponent, fns={"model_fn": mlp_model_fn, "step_fn": classifier_step_fn},
+                          entries=_entries(), num_threads=1)
+    log = MemoryRunLog()
+    driver = Driver(backend, automl.GridSearch(space, epochs=epochs), log, {w: [w] for w in range(P)},
+                    list(range(P)), RunOptions(queue_depth=1, pack=pack), pack_key=pack_key(mlp_model_fn))
+    driver.run()
+    return driver, log
+
+
+def test_a_packed_run_trains_every_config_to_the_end_each_unit_once_one_row_per_member():
+    driver, log = _packed_run(3)
+    _assert_complete(driver, log)
+    s = log.schedule()
+    sizes = s.groupby("group").config_id.count()
+    assert sizes.max() == 3 and s.group.notna().mean() > 0.5  # (the policy spreads some configs over the workers)
+    assert (s.groupby("group")[["worker", "epoch", "partition", "kind"]].nunique() == 1).all().all()
+
+
+def test_auto_grows_packs_where_they_pay_and_stays_alone_where_they_do_not():
+    driver, log = _packed_run("auto", exponent=0.3, configs=8, epochs=3)
+    _assert_complete(driver, log)
+    sizes = log.schedule().query("kind == 'train'").groupby("group").config_id.count()
+    assert sizes.max() >= 4
+    driver, log = _packed_run("auto", exponent=1.2, configs=8, epochs=3)
+    _assert_complete(driver, log)
+    s = log.schedule().query("kind == 'train'")
+    assert s.group.isna().mean() > 0.7  # after the probe of 2, every pack is one config alone
+    assert s.group.notna().sum() <= SAMPLES * 2 * 2 + 4
+
+
+def test_the_packer_leaves_a_policys_units_unchanged_when_pack_is_one():
+    assert Driver(LocalBackend(), automl.GridSearch({"lr": [0.1]}, epochs=1), MemoryRunLog(), {0: [0]}, [0],
+                  RunOptions()).run_state.dispatch.packer is None
