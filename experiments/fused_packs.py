@@ -27,7 +27,7 @@ Models (small on purpose: what model selection is full of, bound by per-step ove
     python experiments/fused_packs.py --device cuda --packs 1 2 4 8 16
 
 The MLP and the CNN take the fused path; the transformer (`nn.MultiheadAttention`) the generic one. This measures the
-mechanism only: packs are not yet formed by the engine's schedulers (issue 35).
+mechanism only; `experiments/packed_grid.py` measures whole runs with `ModelSelection(pack=...)`.
 """
 
 from __future__ import annotations

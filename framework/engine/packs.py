@@ -57,7 +57,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from framework.data import data_len
 from framework.engine.fused_modules import fuse
-from framework.engine.steps import batch_size_of, device_of, split_output, take
+from framework.engine.steps import batch_size_of, device_of, split_output, take, to_device
 
 __all__ = ["FusedPack", "PackError", "StackedOptimizer", "signature"]
 
@@ -374,10 +374,12 @@ class FusedPack:
 
         log, params = [], list(self.params.values())
         lazy_load_decompositions()  # (vmap's batching rules written in Python, e.g. nll_loss's)
+        held, device = device_of(data), next(iter(self.params.values())).device  # (data in host memory: moved)
         for j, ids in enumerate(torch.stack(list(orders)).to(device_of(data)).split(size, dim=1)):
             for p in params:
                 p.grad = None
-            losses, values = _vmap(member, self.k, _rows(data, ids))
+            rows = _rows(data, ids)
+            losses, values = _vmap(member, self.k, rows if held == device else to_device(rows, device))
             if j == 0:
                 _check_reads(reads, configs)
                 config[0] = configs[0]

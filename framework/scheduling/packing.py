@@ -19,7 +19,6 @@ Pure Python, like the rest of `framework.scheduling`: the simulators and the eng
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -72,7 +71,7 @@ class PackSizer:
             runs = seen.get(s, [])
             if len(runs) < SAMPLES:
                 return s
-            t = statistics.median(runs)
+            t = min(runs)  # (a unit's time only grows by interference, and a size's first unit pays its warm-up)
             if best is not None and t > GAIN * best[1]:
                 return best[0]  # no longer paying: the fastest measured
             if best is None or t < best[1]:
