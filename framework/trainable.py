@@ -89,7 +89,8 @@ class Trainable:
 
 def pack_key(model_fn: Callable) -> Callable[[Mapping[str, Any]], Hashable | None]:
     """`key(config)`: what configs of one pack share (`ModelSelection(pack=...)`): the architecture `model_fn`
-    builds (parameter and buffer names, shapes and dtypes), the optimizer's class and the batch size. The model is
+    builds (parameter and buffer names, shapes and dtypes, and the modules' repr: an activation or a dropout rate),
+    the optimizer's class and the batch size. The model is
     built on PyTorch's meta device (no memory, no weights); None, a config that trains alone, where that fails or it
     has an LR scheduler or a GradScaler (not stacked yet) or no optimizer."""
 
@@ -102,8 +103,8 @@ def pack_key(model_fn: Callable) -> Callable[[Mapping[str, Any]], Hashable | Non
         if built.optimizer is None or built.lr_scheduler is not None or built.grad_scaler is not None:
             return None
         tensors = (*built.model.named_parameters(), *built.model.named_buffers())
-        return (tuple((n, tuple(t.shape), str(t.dtype)) for n, t in tensors), type(built.optimizer).__name__,
-                repr(config.get("batch_size")))
+        return (tuple((n, tuple(t.shape), str(t.dtype)) for n, t in tensors), repr(built.model),
+                type(built.optimizer).__name__, repr(config.get("batch_size")))
 
     return key
 

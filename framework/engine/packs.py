@@ -14,25 +14,29 @@ draws aside).
 
 The model `step_fn` calls takes one of two paths (`FusedPack.path`):
 
-* fused: the call leaves vmap. Its inputs, batched over the members, are unwrapped to the physical (k, B, ...)
-  tensors and folded to (k*B, ...); a copy of the model whose parameterized leaves are fused modules over the
-  stacked tensors (`framework.engine.fused_modules`: Linear, Conv1d/2d, BatchNorm1d/2d with per-member running
-  statistics, LayerNorm, Embedding) runs the model's own forward on them in a few large kernels, and the outputs
-  are re-wrapped as batched. Autograd flows through the unwrapping. A forward that mixes rows (x.mean(0)) would
-  fold wrongly, so on the first step of each pass the fused output is checked against every member's own model on
-  its own rows (eval mode, no gradients); on a mismatch the pass goes generic.
-* generic: `functional_call` of the architecture with the member's slice of the stacked tensors, under vmap (any
-  model vmap takes: MultiheadAttention, parameters used in a forward, other buffers).
+* fused: the call leaves vmap. Its batched inputs are unwrapped to the physical (k, B, ...) tensors and folded to
+  (k*B, ...); a copy of the model whose parameterized leaves are fused modules over the stacked tensors
+  (`framework.engine.fused_modules`: Linear, Conv1d/2d, BatchNorm1d/2d with per-member running statistics,
+  LayerNorm, Embedding) runs the model's own forward on them in a few large kernels (dropout draws per member), and
+  the outputs are re-wrapped as batched; autograd flows through. A forward that mixes rows (x.mean(0)) would fold
+  wrongly, so the first step of each pass checks the fused outputs against every member's own model on its own rows
+  (eval mode, no gradients; k + 1 forwards); on a mismatch the pass goes generic.
+* generic: `functional_call` of the architecture on the member's slice of the stacked tensors, under vmap (any model
+  vmap takes: MultiheadAttention, parameters used in a forward, other buffers; on a CPU with attention's math kernel,
+  for which vmap has a batching rule).
 
-Why: a pack step on small models is bound by per-op overhead, and vmap's per-op batching rules cost as much as
-the arithmetic. On one CPU thread, batch 32, pack 8, against the 8 trained one at a time (`StepLoop`), the fused
-path gives 3.6x the samples/s per config for a width-32 MLP and 3.1x at width 128 (the generic path: 2.5x and 1.6x),
-and 3.9x for a small CNN (generic 1.9x); a transformer layer takes the generic path (1.3x). See
-experiments/fused_packs.py.
+Why: a small model's step is bound by per-op overhead, which vmap's batching rules multiply. Measured on 2 shared
+CPU cores, one torch thread, batch 32, pack 8, against the 8 configs trained one at a time (`StepLoop`), samples/s
+per config (experiments/fused_packs.py; runs vary by ~20%): width-32 MLP, fused 2.9-3.3x (generic 2.3-2.7x, the
+previous all-vmap pack with its per-tensor optimizer 1.8-2.0x); width-128 MLP 2.4-2.6x (generic 1.6-2.2x, previous
+1.4-1.8x; what remains is GEMM and the user's loss under vmap: cross-entropy's vmap rule is a Python
+decomposition); the CNN 1.5x (grouped convolutions are compute-bound here); the transformer layer, generic, 1.9-2.3x
+(previous 1.7x). `torch.compile` of the fused forward (2 s to compile) or of the vmapped step (4 s, graph breaks at
+functorch's boundaries) was no faster, so it is not used.
 
 The pack exists for one pass: it is built from the members' states and written back into them, so states, hops,
-checkpoints and the schedule stay per config, and a member stopped, cloned or added changes only the next pack.
-A member whose loss goes NaN or inf disturbs no other (every kernel and update is per member).
+checkpoints and the schedule stay per config, and a member stopped, cloned or added changes only the next pack. A
+member whose loss goes NaN or inf disturbs no other (every kernel and update is per member).
 
 What cannot be packed raises `PackError` naming it (the runner then trains the members one after another):
 members that differ in `signature` (parameter and buffer names, shapes, dtypes, devices; the modules' repr; the
@@ -161,15 +165,13 @@ class StackedOptimizer:
         self.b1c, self.b2 = self._value("", lambda h: 1 - h["betas"][0]), self._value("", lambda h: h["betas"][1])
         self.b2c, self.eps = self._value("", lambda h: 1 - h["betas"][1]), self._value("eps")
         as64 = {"dtype": torch.float64, "device": like.device}
-        self.lr64 = torch.tensor([float(h["lr"]) for h in self.hp], **as64)
-        self.b1_64 = torch.tensor([float(h["betas"][0]) for h in self.hp], **as64)
-        self.b2_64 = torch.tensor([float(h["betas"][1]) for h in self.hp], **as64)
+        self.lr64, self.b1_64, self.b2_64 = (torch.tensor([float(f(h)) for h in self.hp], **as64) for f in (
+            lambda h: h["lr"], lambda h: h["betas"][0], lambda h: h["betas"][1]))
         self.steps = torch.tensor([[float(s.get("step", 0.0)) for s in row] for row in states], **as64)  # (P, k)
         self.uniform = bool((self.steps == self.steps[0]).all())  # (every parameter at the same step counts)
-        self.exp_avg = [_stack([s.get("exp_avg", torch.zeros_like(p[0])) for s in row], p)
-                        for row, p in zip(states, self.params, strict=True)]
-        self.exp_avg_sq = [_stack([s.get("exp_avg_sq", torch.zeros_like(p[0])) for s in row], p)
-                           for row, p in zip(states, self.params, strict=True)]
+        self.exp_avg, self.exp_avg_sq = ([_stack([s.get(key, torch.zeros_like(p[0])) for s in row], p)
+                                          for row, p in zip(states, self.params, strict=True)]
+                                         for key in ("exp_avg", "exp_avg_sq"))
         self.shapes = [(k, *([1] * (p.dim() - 1))) for p in self.params]
 
     @torch.no_grad()
@@ -189,13 +191,8 @@ class StackedOptimizer:
         differs from `c` only for fresh buffers under dampening), else `c`."""
         if self.c0 is self.c or all(j in self.stepped for j in idx):
             return self._pick(self.c, idx)
-        if not any(j in self.stepped for j in idx):
-            return self._pick(self.c0, idx)
-
-        def at(v: float | list, j: int) -> torch.Tensor:
-            p = self.params[j]
-            return v[j] if isinstance(v, list) else torch.tensor(v, dtype=p.dtype, device=p.device)
-        return [at(self.c if j in self.stepped else self.c0, j) for j in idx]
+        values = [(self.c if j in self.stepped else self.c0, j) for j in idx]
+        return [v[j] if isinstance(v, list) else _per_member([v], self.params[j]) for v, j in values]
 
     def _sgd(self, idx: list[int], ps: list[torch.Tensor], gs: list[torch.Tensor]) -> None:
         if self.wd is not None:
@@ -375,7 +372,7 @@ class FusedPack:
         log, params = [], list(self.params.values())
         lazy_load_decompositions()  # (vmap's batching rules written in Python, e.g. nll_loss's)
         held, device = device_of(data), next(iter(self.params.values())).device  # (data in host memory: moved)
-        for j, ids in enumerate(torch.stack(list(orders)).to(device_of(data)).split(size, dim=1)):
+        for j, ids in enumerate(torch.stack(list(orders)).to(held).split(size, dim=1)):
             for p in params:
                 p.grad = None
             rows = _rows(data, ids)
@@ -418,9 +415,8 @@ def _metric(key: str, value: Any) -> torch.Tensor:
     if torch.is_tensor(value) and value.numel() != 1:
         raise TypeError(f"step_fn returned metric {key!r} as a tensor of shape {tuple(value.shape)}, but a metric "
                         "must be one number (the batch's mean)")
-    if torch.is_tensor(value) and value.dim() == 0 and value.dtype == torch.float32:
-        return value
-    return torch.as_tensor(value, dtype=torch.float32).reshape(())
+    scalar = torch.is_tensor(value) and value.dim() == 0 and value.dtype == torch.float32
+    return value if scalar else torch.as_tensor(value, dtype=torch.float32).reshape(())
 
 
 def _check_reads(reads: _Reads, configs: Sequence[Mapping[str, Any]]) -> None:
@@ -432,16 +428,12 @@ def _check_reads(reads: _Reads, configs: Sequence[Mapping[str, Any]]) -> None:
 
 def _means(log: list[tuple[tuple[str, ...], torch.Tensor, int]], k: int, n: int) -> list[dict[str, float]]:
     """Per member, the example-weighted means of its steps' values (one sync for the pass)."""
-    groups: dict[tuple[str, ...], tuple[list[torch.Tensor], list[int]]] = {}
-    for keys, values, rows in log:
-        group = groups.setdefault(keys, ([], []))
-        group[0].append(values)
-        group[1].append(rows)
     out: list[dict[str, float]] = [{} for _ in range(k)]
-    for keys, (values, rows) in groups.items():
-        stacked = torch.stack(values).double()  # (steps, k, len(keys))
-        weights = torch.tensor(rows, dtype=torch.float64, device=stacked.device).view(-1, 1, 1)
-        for i, sums in enumerate((stacked * weights).sum(0).tolist()):
+    for keys in dict.fromkeys(keys for keys, _, _ in log):  # (the same keys every step, as a rule)
+        steps = [(values, rows) for ks, values, rows in log if ks == keys]
+        stacked = torch.stack([values for values, _ in steps]).double()  # (steps, k, len(keys))
+        weights = torch.tensor([rows for _, rows in steps], dtype=torch.float64, device=stacked.device)
+        for i, sums in enumerate((stacked * weights.view(-1, 1, 1)).sum(0).tolist()):
             for key, s in zip(keys, sums, strict=True):
                 out[i][key] = out[i].get(key, 0.0) + s
     return [{**{key: s / n for key, s in o.items()}, "num_examples": n} for o in out]

@@ -94,6 +94,14 @@ def test_the_pack_key_is_the_architecture_optimizer_and_batch_size_built_on_the_
     assert key(base) != key({**base, "batch_size": 16})
     assert pack_key(lambda config: 1 / 0)(base) is None  # what cannot be built on the meta device trains alone
 
+    def dropout_fn(config):  # same shapes, another forward: never one pack
+        import torch
+
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(config["p"]))
+        return net, torch.optim.SGD(net.parameters(), lr=0.1)
+
+    assert pack_key(dropout_fn)({"p": 0.1}) != pack_key(dropout_fn)({"p": 0.5})
+
 
 class _FusedClock(LocalBackend):
     """The in-process backend on a logical clock where a pack of k takes `k ** exponent` units' time."""
