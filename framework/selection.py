@@ -30,13 +30,13 @@ from framework.driver.commands import QueueCommands, Sources
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
+from framework.engine.packs import pack_key
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.observers import ProgressBar, StorageMirror, print_summary
 from framework.options import EXECUTORS, FUNCTIONS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.run_record import inbox_commands, is_finished, load_run, record_run, reopen_run, writer_lock
 from framework.scheduling import Scheduler
-from framework.trainable import pack_key
 
 __all__ = ["EXECUTORS", "ModelSelection"]
 

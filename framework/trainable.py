@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,28 +85,6 @@ class Trainable:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if self.grad_scaler is not None and state.get("grad_scaler"):  # a disabled scaler saves {}
             self.grad_scaler.load_state_dict(state["grad_scaler"])
-
-
-def pack_key(model_fn: Callable) -> Callable[[Mapping[str, Any]], Hashable | None]:
-    """`key(config)`: what configs of one pack share (`ModelSelection(pack=...)`): the architecture `model_fn`
-    builds (parameter and buffer names, shapes and dtypes, and the modules' repr: an activation or a dropout rate),
-    the optimizer's class and the batch size. The model is
-    built on PyTorch's meta device (no memory, no weights); None, a config that trains alone, where that fails or it
-    has an LR scheduler or a GradScaler (not stacked yet) or no optimizer."""
-
-    def key(config: Mapping[str, Any]) -> Hashable | None:
-        try:
-            with torch.device("meta"):
-                built = Trainable.of(model_fn(dict(config)))
-        except Exception:  # e.g. a model_fn that loads weights from a file: the worker builds it for real
-            return None
-        if built.optimizer is None or built.lr_scheduler is not None or built.grad_scaler is not None:
-            return None
-        tensors = (*built.model.named_parameters(), *built.model.named_buffers())
-        return (tuple((n, tuple(t.shape), str(t.dtype)) for n, t in tensors), repr(built.model),
-                type(built.optimizer).__name__, repr(config.get("batch_size")))
-
-    return key
 
 
 def function_ref(fn: Callable | None) -> str | None:

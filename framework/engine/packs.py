@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -62,8 +62,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from framework.data import data_len
 from framework.engine.fused_modules import fuse
 from framework.engine.steps import batch_size_of, device_of, split_output, take, to_device
+from framework.trainable import Trainable
 
-__all__ = ["FusedPack", "PackError", "StackedOptimizer", "signature"]
+__all__ = ["pack_key", "FusedPack", "PackError", "StackedOptimizer", "signature"]
 
 _FLAGS = ("maximize", "amsgrad", "nesterov", "decoupled_weight_decay")
 
@@ -80,6 +81,25 @@ def signature(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple
                     for n, t in (*model.named_parameters(), *model.named_buffers()))
     flags = tuple(tuple(bool(g.get(f, False)) for f in _FLAGS) for g in optimizer.param_groups)
     return tensors, repr(model), type(optimizer), flags
+
+
+def pack_key(model_fn: Callable) -> Callable[[Mapping[str, Any]], Hashable | None]:
+    """`key(config)`: what configs of one pack share (`ModelSelection(pack=...)`, the driver's packer): the
+    `signature` of what `model_fn` builds, and the batch size. The model is built on PyTorch's meta device (no
+    memory, no weights); None, a config that trains alone, where that fails or it has an LR scheduler or a
+    GradScaler (not stacked yet) or no optimizer."""
+
+    def key(config: Mapping[str, Any]) -> Hashable | None:
+        try:
+            with torch.device("meta"):
+                built = Trainable.of(model_fn(dict(config)))
+        except Exception:  # e.g. a model_fn that loads weights from a file: the worker builds it for real
+            return None
+        if built.optimizer is None or built.lr_scheduler is not None or built.grad_scaler is not None:
+            return None
+        return signature(built.model, built.optimizer), repr(config.get("batch_size"))
+
+    return key
 
 
 def _stack(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

@@ -93,10 +93,7 @@ def _run_fused(worker: Worker, members: list[UnitTask], states: Sequence[PackedS
     built: dict[int, tuple[Trainable, ModelState | None]] = {}
     for i, (t, state) in enumerate(zip(members, states, strict=True)):
         try:
-            if t.fault is not None:
-                worker.act_out(t.fault, t.unit)
-            state = unpack_state(state, worker.device if worker.device.type == "cuda" else None, copy_model=False)
-            built[i] = (_build(worker, t, state), _unit_part(state))
+            built[i] = _prepare(worker, t, t.unit, state)
         except worker.LOST_STATE_ERRORS:
             raise
         except Exception:  # this member's user code (or its injected fault) failed: the others go on
@@ -113,8 +110,7 @@ def _run_fused(worker: Worker, members: list[UnitTask], states: Sequence[PackedS
         return None, f"not fused: {why}, which a pack does not stack yet"
     orders = []
     for i in live:  # each member's rows in the order its own unit seed draws, as when it trains alone
-        u = members[i].unit
-        seed_everything(unit_seed(members[i].seed, u.config_id, u.epoch, u.partition, 1, 0, 1))
+        _seed_unit(members[i].seed, members[i].unit)
         orders.append(torch.randperm(n))
     for i in live:
         built[i][0].model.train()
@@ -140,11 +136,22 @@ def _run_fused(worker: Worker, members: list[UnitTask], states: Sequence[PackedS
     return (tuple(new_states), tuple(reports)), None
 
 
-def _unit_part(state: ModelState | None) -> ModelState | None:
-    """What a unit still reads of a config's state once its model holds the weights."""
-    if state is None:
-        return None
-    return {"visited": state.get("visited") or {}, "freezing": state.get("freezing")}
+def _prepare(worker: Worker, task: UnitTask, unit: Unit, state: PackedState | ModelState | None, act: bool = True
+             ) -> tuple[Trainable, ModelState | None]:
+    """A unit's start: its injected fault acted out (when `act`), the config's `Trainable` built from its state,
+    and what the unit still reads of that state once the model holds the weights (visits and freezing)."""
+    if task.fault is not None and act:
+        worker.act_out(task.fault, unit)
+    state = unpack_state(state, worker.device if worker.device.type == "cuda" else None, copy_model=False)
+    trainable = _build(worker, task, state)
+    return trainable, None if state is None else {"visited": state.get("visited") or {},
+                                                  "freezing": state.get("freezing")}
+
+
+def _seed_unit(seed: int, unit: Unit, share: tuple[int, int] = (0, 1)) -> None:
+    """Seed a unit from (run seed, config, epoch, partition, kind, its share of the partition): alone or in a pack,
+    a unit draws the same row order."""
+    seed_everything(unit_seed(seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN), *share))
 
 
 def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | None
@@ -161,14 +168,9 @@ def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | N
     start = time.time()
     report = UnitReport(unit=unit, worker=worker.worker_id, start=start, end=start)
     try:
-        if task.fault is not None and rank == 0:  # (a gang's fault is its first member's)
-            worker.act_out(task.fault, unit)
-        state = unpack_state(state, worker.device if worker.device.type == "cuda" else None, copy_model=False)
-        trainable = _build(worker, task, state)
-        state = _unit_part(state)  # the model holds the weights now: keep only what the unit still reads
+        trainable, state = _prepare(worker, task, unit, state, act=rank == 0)  # (a gang's fault: its first member's)
         data = shard_data(worker.data[("train" if unit.kind == TRAIN else "valid", unit.partition)], *share)
-        seed_everything(unit_seed(task.seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN),
-                                  *share))
+        _seed_unit(task.seed, unit, share)
         if unit.kind == TRAIN:
             metrics, freezing_state, report.comm_s = _train(worker, task, unit, trainable, data, state, gang)
         else:

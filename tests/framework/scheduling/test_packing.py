@@ -9,11 +9,11 @@ import pytest
 import automl
 from framework.driver import Driver, MemoryRunLog
 from framework.engine.local import LocalBackend
+from framework.engine.packs import pack_key
 from framework.examples import classifier_step_fn, mlp_model_fn
 from framework.options import RunOptions
 from framework.scheduling import EVAL, TRAIN, Assignment, DispatchState, Unit
 from framework.scheduling.packing import GAIN, SAMPLES, Packer, PackSizer, check_pack
-from framework.trainable import pack_key
 from tests.framework.driver.test_driver import P, _assert_complete, _entries
 
 
