@@ -380,7 +380,9 @@ def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tm
     assert resumed.storage_path == moved and not os.path.exists(partial)
     assert _events(resumed, "resumed")[-1]["partial_checkpoints_removed"] == 1
     [rebuilt] = _events(resumed, "checkpoint_rebuilt")
-    assert rebuilt["config_id"] == 3 and rebuilt["rerun"] == 1 and "corrupt" in rebuilt["damage"]
+    assert rebuilt["config_id"] == 3 and "corrupt" in rebuilt["damage"] and rebuilt["units"] == 2
+    # queued writes of one config coalesce, so the state it starts from is the unit before it or none (under load)
+    assert rebuilt["rerun"] == 2 - rebuilt["from_units"] >= 1
     [plan] = _events(resumed, "resume_plan")
     assert (plan["round"], plan["lost_units"], plan["rerun"]) == (1, 0, 16)  # epoch 1 of configs 0-3: 4 units each
     assert not _events(resumed, "resume_gap") and (resumed.status.status == "completed").all()

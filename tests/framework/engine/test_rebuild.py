@@ -76,11 +76,14 @@ def _events(catalog, kind: str) -> list:
 
 def test_a_corrupt_newest_checkpoint_is_rebuilt_bit_for_bit_and_the_config_goes_on(crashed):
     catalog, ckpt = crashed()
-    _, units, path, digest = catalog.checkpoints(1)[0]
+    [(_, units, path, digest), *older] = catalog.checkpoints(1)
+    # the store coalesces queued writes of one config, so under load the previous unit's file may never exist
+    before = older[0][1] if older else 0
     original = _flip(path)
     lines = []
     [outcome] = rebuild_checkpoints(catalog, {**FNS, "input_fn": None}, _entries(), seed=SEED, write=lines.append)
-    assert outcome["rebuilt"] and outcome["config_id"] == 1 and outcome["units"] == units and outcome["rerun"] == 1
+    assert outcome["rebuilt"] and outcome["config_id"] == 1 and outcome["units"] == units
+    assert (outcome["from_units"], outcome["rerun"]) == (before, units - before) and units - before >= 1
     with open(path, "rb") as f:
         assert f.read() == original  # the very bytes the run wrote
     assert "config 1: rebuilt its newest checkpoint" in lines[0] and len(_events(catalog, "checkpoint_rebuilt")) == 1
