@@ -166,9 +166,17 @@ class Procedure(abc.ABC):
         depends on results or time (ASHA). Only a hint: nothing relies on it being exact."""
         return None
 
-    #: Set by the engine when a run takes the procedure: a procedure holds the state of one run (its configs, its
+    #: Set by `claim` when a run takes the procedure: a procedure holds the state of one run (its configs, its
     #: rungs, its study), so another run of the same object is refused (a resume continues the run it belongs to).
     _engine_started: bool = False
+
+    def claim(self) -> None:
+        """Called by the engine once, when a new run takes the procedure (before its first `step`; a resume of the
+        run does not call it). Raises `ValueError` when a run took it before: the procedure holds that run's state."""
+        if self._engine_started:
+            raise ValueError(f"`procedure` ({type(self).__name__}) has already run: it holds the state of that run; "
+                             "pass a new one (or resume that run)")
+        self._engine_started = True
 
     #: The run's storage directory (Optuna studies live there) and the engine's concurrency hint, set by `bind`.
     storage_path: str | None = None

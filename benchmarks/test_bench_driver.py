@@ -1,7 +1,8 @@
 """The driver loop's rate on the simulated backend (pytest-benchmark): unit events handled per second of wall time,
 the figure `experiments/driver_scale.py` prints at full size (HyperBand over 980 configs and 256 workers). Here a
-smaller HyperBand with failures (196 configs, 256 workers) and one epoch of `heterogeneous(64, 32)`; the rate and
-the makespan / lower bound go to `extra_info`, nothing is asserted about time."""
+smaller HyperBand with failures (196 configs, 256 workers), one epoch of `heterogeneous(64, 32)`, and a completion's
+cost at queue depth 2 over depth 1 (`driver_scale.py --depth-cost`); the rate, the makespan / lower bound and the
+ratio go to `extra_info`, nothing is asserted about time."""
 
 from __future__ import annotations
 
@@ -38,3 +39,12 @@ def test_bench_driver_heterogeneous_64x32(benchmark):
     r = benchmark.pedantic(lambda: simulate(w, "randomized", seed=0), rounds=3, iterations=1)
     benchmark.extra_info["events_per_s"] = r.events_per_s
     assert len(r.schedule) == 64 * 32
+
+
+def test_bench_driver_depth2_over_depth1_1024_workers(benchmark):
+    """A completion's driver cost at queue depth 2 over depth 1 (3,000 configs on 1,024 workers, both depths in the
+    one measurement, `driver_scale.depth_cost`): the idle workers are indexed per capacity, so the ratio stays near
+    1 however many workers there are (target <= 1.3)."""
+    ratio = benchmark.pedantic(lambda: driver_scale.depth_cost(repeats=1), rounds=1, iterations=1)
+    benchmark.extra_info["depth2_over_depth1"] = ratio
+    assert ratio > 0

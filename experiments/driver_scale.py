@@ -12,6 +12,12 @@ each; unit times from `simulators.heterogeneous` (one row per config); HyperBand
 iterations=20) = 980 configs; 16 workers fail at given times and come back 30 simulated seconds later. Needs no
 Ray: `python experiments/driver_scale.py [--workers 256 --iterations 20 --seed 0]`.
 
+`--depth-cost` instead prints what a completion costs the driver at queue depth 2 against depth 1, measured side
+by side in one run: one epoch of 3,000 configs on 1,024 workers (8 training partitions held by 128 workers each,
+one validation partition held by all), each depth run `--repeats` times alternately, the least CPU time of each
+kept. The target is a ratio <= 1.3: the idle workers at each capacity are indexed incrementally, so no dispatch
+walks every worker.
+
 `--deterministic-cost` instead prints what `ModelSelection(deterministic=True)` costs in makespan: the seeded visit
 order (`SeededOrderScheduler`) against the default randomized dispatch, side by side on the same simulated
 workloads (2 epochs, unit times with lognormal noise sigma 0.2, 5 seeds each).
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,6 +79,25 @@ def lower_bound(result, wl: Workload) -> float:
     return max(fastest.sum() / wl.n_workers, chains.max())
 
 
+def depth_cost(workers: int = 1024, configs: int = 3000, repeats: int = 3, seed: int = 0) -> float:
+    """Prints ms of driver CPU per completion at queue depth 1 and 2 (best of `repeats` each, run alternately, so
+    both see the same machine) and their ratio; returns the ratio."""
+    wl = workload(workers, configs, replicas=workers // 8, seed=seed)
+    best: dict[int, float] = {1: math.inf, 2: math.inf}
+    units = 0
+    for _ in range(repeats):
+        for depth in (1, 2):
+            t0 = time.process_time()
+            r = simulate(wl, "randomized", seed=seed, queue_depth=depth)
+            best[depth] = min(best[depth], (time.process_time() - t0) / len(r.schedule))
+            units = len(r.schedule)
+    ratio = best[2] / best[1]
+    print(f"{configs:,} configs on {workers:,} workers, one epoch ({units:,} units), best of {repeats}: "
+          f"{1000 * best[1]:.3f} ms per completion at queue depth 1, {1000 * best[2]:.3f} ms at depth 2, "
+          f"ratio {ratio:.2f} (target <= 1.3)")
+    return ratio
+
+
 def deterministic_cost(seeds: int = 5) -> None:
     """Makespan / lower bound of the randomized and the seeded dispatch on the same workloads."""
     print(f"{'workload':14s} {'|S|':>4s} {'p':>3s}  randomized  deterministic  cost")
@@ -100,9 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seeds the configs, the unit times and the policy")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print the N functions with the most own time in the HyperBand run (cProfile; slower)")
+    ap.add_argument("--depth-cost", action="store_true",
+                    help="print a completion's cost at queue depth 2 against depth 1 instead (module docstring)")
+    ap.add_argument("--repeats", type=int, default=3, help="--depth-cost: runs of each depth (the best counts)")
     ap.add_argument("--deterministic-cost", action="store_true",
                     help="print the makespan cost of deterministic=True instead (see the module docstring)")
     a = ap.parse_args(argv)
+    if a.depth_cost:
+        depth_cost(repeats=a.repeats, seed=a.seed)
+        return 0
     if a.deterministic_cost:
         deterministic_cost()
         return 0

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 # for the planner, OR-Tools, pandas and Optuna at start-up.
 _EXPORTS = {
     "Callback": "framework.callbacks",
-    "MLflowCallback": "framework.callbacks",
-    "TensorBoardCallback": "framework.callbacks",
+    "MLflowCallback": "framework.trackers",
+    "TensorBoardCallback": "framework.trackers",
     "PartitionedDataset": "framework.data",
     "connect": "framework.steering",
     "RunHandle": "framework.steering",
@@ -32,7 +32,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from framework.callbacks import Callback, MLflowCallback, TensorBoardCallback
+    from framework.callbacks import Callback
     from framework.data import PartitionedDataset
     from framework.options import EXECUTORS, RunOptions
     from framework.planner.engine import EngineTransfer, transfer_on_engine
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from framework.result import Result
     from framework.selection import ModelSelection
     from framework.steering import RunHandle, connect
+    from framework.trackers import MLflowCallback, TensorBoardCallback
     from framework.trainable import Trainable
 
 

@@ -456,6 +456,61 @@ def _config_parsers(sub, fmt) -> None:
         p.set_defaults(func=_config_command)
 
 
+def _registry_parsers(sub, fmt) -> None:
+    """A subcommand for each command a person may send (`framework.driver.commands.COMMANDS`) that has no hand-written
+    one above: its required arguments positional, the others options (a bool as --NAME / --no-NAME), each read as the
+    registry's type says; the driver checks them by the entry's rules."""
+    from framework.driver.commands import COMMANDS
+
+    readers = {"int": int, "ints": _ints_arg, "json": _json_arg}
+    for c in COMMANDS.values():
+        name = c.cli or c.name.replace("_", "-")
+        if not c.outside or name in sub.choices:
+            continue
+        p = sub.add_parser(name, help=c.doc, formatter_class=fmt, description=f"{c.doc} (the `{c.name}` command). "
+                           "Prints what the run's driver did with it (exit code 1 when it rejected it).")
+        p.add_argument("run", help="run directory of a running run")
+        for a in c.args:
+            option = "--" + a.name.replace("_", "-")
+            if a.type == "bool":
+                p.add_argument(option, dest=f"arg_{a.name}", action=argparse.BooleanOptionalAction, default=None,
+                               help=a.rule)
+            elif a.required:
+                p.add_argument(f"arg_{a.name}", metavar=a.name.upper(), type=readers[a.type], help=a.rule)
+            else:
+                p.add_argument(option, dest=f"arg_{a.name}", type=readers[a.type], default=None, help=a.rule)
+        p.add_argument("--timeout", type=_seconds, default=60.0, help=_ANSWER_WAIT)
+        p.set_defaults(func=_registry_command, registry_command=c.name)
+
+
+def _registry_command(args: argparse.Namespace) -> int:
+    """A command made from the registry (`_registry_parsers`): the arguments given, sent to the running run."""
+    from framework.steering import connect
+
+    given = {k[len("arg_"):]: v for k, v in vars(args).items() if k.startswith("arg_") and v is not None}
+    return _report([connect(args.run, source="cli").send(args.registry_command, timeout=args.timeout, **given)])
+
+
+def _ints_arg(text: str) -> list[int]:
+    """A list of ints, comma-separated: 0,1,2."""
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints (e.g. 0,1)") from None
+
+
+def _json_arg(text: str) -> object:
+    """A JSON value (0.01, true, [1, 2], {"lr": 0.01})."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON (e.g. 0.01, true, '{{\"lr\": 0.01}}')") from None
+    _check_text(value, "the value", text)
+    return value
+
+
 def _pack(text: str) -> int | str:
     """`--pack`: an int 1..16 or "auto" (`framework.scheduling.packing.check_pack`)."""
     from framework.scheduling.packing import check_pack
@@ -611,6 +666,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     da.add_argument("--token", default=None, help="the token every request must carry (None: none on localhost, "
                                                   "else a new random one)")
     da.set_defaults(func=_dashboard)
+    _registry_parsers(sub, fmt)  # last: a hand-written subcommand of the same name wins
     return parser
 
 

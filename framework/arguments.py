@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from automl import Procedure
+from framework.callbacks import Callback
 from framework.data import PartitionedDataset, encode_entry
 from framework.engine.faults import FaultPlan
 from framework.result import CATALOG_FILE
@@ -99,3 +100,24 @@ def new_run_storage(storage_path: str | None, name: str | None, procedure: Proce
         )
     return storage
 
+
+def check_callbacks(callbacks: Any, dashboard: Any = False) -> list[Callback]:
+    """`ModelSelection(callbacks=..., dashboard=...)`: the `callbacks` (a list of `framework.Callback`s), then the
+    dashboard's: `dashboard` is False (none), True (127.0.0.1, a free port), or a dict of
+    `framework.dashboard.serve`'s `host`, `port` and `token`: a `framework.dashboard.DashboardCallback`."""
+    if callbacks is None:
+        callbacks = []
+    if not isinstance(callbacks, (list, tuple)):
+        raise TypeError(f"`callbacks` is {callbacks!r}, but must be a list of framework.Callback instances")
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"`callbacks` holds {cb!r}, but every entry must be a framework.Callback instance")
+    callbacks = list(callbacks)
+    if dashboard is False or dashboard is None:
+        return callbacks
+    if not (dashboard is True or isinstance(dashboard, dict) and set(dashboard) <= {"host", "port", "token"}):
+        raise ValueError(f"`dashboard` is {dashboard!r}, but must be True, False or a dict with keys among 'host', "
+                         "'port' and 'token'")
+    from framework.dashboard import DashboardCallback  # (aiohttp is imported only by those who serve a page)
+
+    return [*callbacks, DashboardCallback(**({} if dashboard is True else dashboard))]

@@ -34,6 +34,11 @@ RESUMABLE = frozenset({
     "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "queue_depth", "checkpoint",
     "worker_resources", "pack",
 })
+#: the `queue_depth` of simulations, offline runs and replays (not `RunOptions.queue_depth`, the engine's): Cerebro's
+#: model, a worker gets its next unit only when it has finished the last, which the simulators' recorded schedules and
+#: a replay's recorded order (one unit at a time on one worker) assume; a simulation of the engine's default passes
+#: `queue_depth=RunOptions.queue_depth`
+SERIAL_QUEUE_DEPTH = 1
 
 
 def _is_int(v: Any) -> bool:

@@ -31,7 +31,7 @@ from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
 from framework.engine.signing import SignatureError
-from framework.options import RunOptions
+from framework.options import SERIAL_QUEUE_DEPTH, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
 from framework.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
@@ -314,7 +314,7 @@ def _replay_dir(
                      first_round=int(rows_by_id.first_round[c["id"]]))
         commands = LoggedCommands(list(created.values()), order, scheduler)
         options = RunOptions(seed=int(meta["seed"]), metric=meta["metric"], mode=meta["mode"],
-                             scheduler=scheduler, max_worker_restarts=0, queue_depth=1)
+                             scheduler=scheduler, max_worker_restarts=0, queue_depth=SERIAL_QUEUE_DEPTH)
         driver = Driver(backend, procedure, _ReplayLog(dst, ckpt, workers), {REPLAY_WORKER: sorted(held)},
                         sorted(held), options, FaultPlan(faults), commands=commands)
         commands.run = driver.run_state

@@ -22,8 +22,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from automl import Procedure
-from framework.arguments import check_dataset, check_faults, check_user_code, new_run_storage, resolve_procedure
-from framework.callbacks import Callback, RunInfo, check_callbacks, dashboard_callbacks
+from framework.arguments import (
+    check_callbacks,
+    check_dataset,
+    check_faults,
+    check_user_code,
+    new_run_storage,
+    resolve_procedure,
+)
+from framework.callbacks import Callback, RunInfo
 from framework.data import PartitionedDataset
 from framework.driver import Driver, SQLiteRunLog
 from framework.driver.commands import QueueCommands, Sources
@@ -71,10 +78,9 @@ class ModelSelection:
             the data; events `features_materialized`). `framework.planner.transfer_on_engine` builds it.
         faults: a `framework.engine.faults.FaultPlan`: faults injected at exact points (a worker killed, a unit hung,
             the driver crashed, ...) and an observer of events, so tests reach each recovery path on purpose.
-        callbacks: `framework.Callback` instances called as the run goes on (`on_run_start`, `on_unit_end`,
-            `on_epoch_end`, `on_decision`, `on_run_end`), e.g. `framework.TensorBoardCallback()` or
-            `framework.MLflowCallback()`. `dashboard=True` serves the run's web page while it runs (or a dict of
-            `framework.dashboard.serve`'s host, port, token); its URL goes to stderr.
+        callbacks: `framework.Callback`s called as the run goes on (e.g. `framework.TensorBoardCallback()`).
+            `dashboard=True` serves the run's web page (or a dict of `framework.dashboard.serve`'s host, port,
+            token); its URL goes to stderr.
         step_fn: `step_fn(model, batch, config) -> loss | (loss, metrics) | {"loss": ...}`: one step on a batch of
             `config["batch_size"]` rows, the engine's loop around it.
         eval_step: `eval_step(model, batch, config) -> dict` of a batch's means (batches of `eval_batch_size`).
@@ -130,13 +136,11 @@ class ModelSelection:
         self.dataset, self.extract, self.progress = dataset, extract, progress
         self.procedure = resolve_procedure(procedure, procedure_args)
         self.faults = check_faults(faults)
-        self.callbacks = check_callbacks(callbacks) + dashboard_callbacks(dashboard)
+        self.callbacks = check_callbacks(callbacks, dashboard)
         self.storage = new_run_storage(storage_path, name, self.procedure)
         self.options: RunOptions = options.replace(storage_path=self.storage.local)
-        self._resuming = False
         self._driver: Driver | None = None
-        self._commands = QueueCommands()  # read by the driver loop between events (also those given before `run`)
-        self._cache_dir: str | None = None  # the run's folder for activation caches (see `_backend`)
+        self._resuming, self._commands, self._cache_dir = False, QueueCommands(), None  # (commands: the loop's)
 
     def __getattr__(self, name: str) -> Any:
         """The run's options read as attributes: `sel.queue_depth` is `sel.options.queue_depth`."""
@@ -158,14 +162,11 @@ class ModelSelection:
         Pass the same user functions (`step_fn`/`eval_step` as keywords). The procedure's state, the configs, their
         latest checkpoints and the schedule log come from the directory; `procedure` overrides the stored procedure
         state (it must pickle-verify). Units in flight at the crash, or whose checkpoint had not reached the disk, run
-        again (their lost attempts logged `lost`). A run made with `extract=` needs the same `extract`. `overrides`
-        may change the options in `framework.options.RESUMABLE` (e.g. `worker_resources`, to resume a GPU run on CPU
-        workers); every other option is the run's own (`RunOptions`' default where it recorded none). A URI
-        `storage_path` is fetched into its local working copy first.
-
-        The run's catalog must verify under this machine's key, else resume raises `UnverifiedRunError` naming what
-        failed, unless `trust_unverified=True` (it warns; nothing unverified is re-signed or unpickled).
-        """
+        again (logged `lost`). A run made with `extract=` needs the same `extract`. `overrides` may change the options
+        in `framework.options.RESUMABLE` (e.g. `worker_resources`: a GPU run resumed on CPU workers); the others are
+        the run's own (`RunOptions`' default where it recorded none). A URI `storage_path` is fetched first. The run's
+        catalog must verify under this machine's key, else resume raises `UnverifiedRunError` naming what failed,
+        unless `trust_unverified=True` (it warns; nothing unverified is re-signed or unpickled)."""
         run = load_run(storage_path, procedure, extract, trust_unverified, overrides)
         self = cls(model_fn, train_fn, eval_fn, run.dataset, run.procedure, input_fn=input_fn, extract=extract,
                    progress=progress, faults=faults, callbacks=callbacks, step_fn=step_fn, eval_step=eval_step,
@@ -281,9 +282,8 @@ class ModelSelection:
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     def _backend(self) -> RayBackend:
-        """Workers as Ray actors; the full-data baselines see one "partition" 0 that is all the data. Activation
-        caches (layer freezing with `cache=True`) go under a temporary folder of the run's own, `modelhopper-cache-*`,
-        which `run` removes when it ends: the caches of workers that were killed (and could not remove theirs) too."""
+        """Workers as Ray actors (the full-data baselines see one "partition" 0: all the data). Activation caches
+        (freezing with `cache=True`) go under the run's own `modelhopper-cache-*` folder, which `run` removes."""
         freezing = self.options.freezing
         cache = isinstance(freezing, Mapping) and bool(freezing.get("cache"))
         self._cache_dir = tempfile.mkdtemp(prefix="modelhopper-cache-") if cache else None

@@ -57,8 +57,8 @@ class RunHandle:
             catalog.close()
 
     def status(self) -> dict[str, Any]:
-        """The run's state (`framework.runs.run_status`): status, configs, progress, best config, driver."""
-        from framework.runs import run_status
+        """The run's state (`framework.run_status.run_status`): status, configs, progress, best config, driver."""
+        from framework.run_status import run_status
 
         return run_status(self.path)
 

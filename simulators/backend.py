@@ -28,6 +28,7 @@ from framework.engine._base import (
     WorkerOffered,
 )
 from framework.engine.clock import ClockBackend
+from framework.engine.faults import DIE, HANG, LOSE_STATE, RAISE, STRETCH, Fault
 from framework.scheduling import TRAIN, Unit
 from framework.scheduling.units import UnitReport, UnitTask
 from simulators.workload import Workload
@@ -155,6 +156,7 @@ class SimulatedBackend(ClockBackend):
         self.rng = np.random.default_rng(seed)
         self.lose_state = set(lose_state)
         self._n_train = len(workload.train_partitions)
+        self._noisy = self.noise.sigma > 0 or self.noise.straggler_prob > 0  # else every factor is 1, drawing nothing
         self._metrics: dict[tuple[int, int], tuple[dict[str, float], dict[str, float]] | str] = {}
         for e in sorted(events, key=lambda e: e.time):
             if not 0 <= e.worker < workload.n_workers:
@@ -168,13 +170,17 @@ class SimulatedBackend(ClockBackend):
     def _new_worker(self, worker: int) -> Any:
         return worker
 
-    def _load(self, worker: int, parts: frozenset[int], fault: str | None) -> tuple[float, Event]:
-        if fault is not None:
+    def _load(self, worker: int, parts: frozenset[int], fault: Fault | None) -> tuple[float, Event]:
+        if fault is not None and fault.spec.effect == DIE:
             self.workers.pop(worker, None)
             return 0.0, WorkerLost(0.0, worker, "died while loading", loading=True)
         return 0.0, WorkerJoined(0.0, worker, parts, {"data_bytes": 0})
 
     def _execute(self, workers: tuple[int, ...], ticket: int, task: UnitTask, state: Any) -> tuple[float, Event] | None:
+        if (task.fault is None and len(workers) == 1 and len(task.members) <= 1 and not task.partitions
+                and not (self.lose_state and (task.unit.config_id, task.unit.epoch, task.unit.partition)
+                         in self.lose_state)):
+            return self._execute_one(workers[0], ticket, task, state)
         units = task.units
         worker = workers[0]
         if len(units) == 1 and len(workers) == 1:
@@ -184,13 +190,18 @@ class SimulatedBackend(ClockBackend):
         factor = self.noise.factor(self.rng)
         seconds *= factor
         unit = task.unit
-        if task.fault == "hang":  # the simulated health check sees it when the unit should have ended
+        # an injected fault's effect (`framework.engine.faults.FaultKind.effect`), acted out on the simulated clock
+        effect = task.fault.spec.effect if task.fault is not None else None
+        if effect == HANG:  # the simulated health check sees it when the unit should have ended
             self.workers.pop(worker, None)
             return seconds, WorkerLost(0.0, worker, f"hung: {unit} (injected)", started=(ticket,))
-        if task.fault == "kill_worker":
+        if effect == DIE:
             self.workers.pop(worker, None)
             return 0.0, WorkerLost(0.0, worker, "died (injected kill)", started=(ticket,))
-        if task.fault == "lose_state" or (unit.config_id, unit.epoch, unit.partition) in self.lose_state:
+        if effect == STRETCH:
+            seconds += task.fault.seconds
+        fail = effect == RAISE
+        if effect == LOSE_STATE or (unit.config_id, unit.epoch, unit.partition) in self.lose_state:
             self.lose_state.discard((unit.config_id, unit.epoch, unit.partition))
             return 0.0, StateLost(0.0, ticket, worker, LookupError(f"the state object of {unit} is lost"))
         group = ticket if len(units) > 1 or len(workers) > 1 else None
@@ -198,14 +209,14 @@ class SimulatedBackend(ClockBackend):
         if task.partitions and len(task.members) <= 1:  # a gang over several partitions: one state absorbs them all
             for u in units:
                 w = workers[task.partitions.index(u.partition)]
-                report, new = self._member(u, task.config, state, w, group, task.fault == "raise")
+                report, new = self._member(u, task.config, state, w, group, fail)
                 state = new if new is not None else state
                 reports.append(report)
                 new_states.append(new)
         else:
             states = state if len(units) > 1 else (state,)
             for u, config, s in zip(units, task.configs or (task.config,), states):
-                report, new = self._member(u, config, s, worker, group, task.fault == "raise")
+                report, new = self._member(u, config, s, worker, group, fail)
                 reports.append(report)
                 new_states.append(new)
         if len(workers) > 1:  # what the gang's all-reduces took (a live worker measures it)
@@ -216,12 +227,24 @@ class SimulatedBackend(ClockBackend):
             return seconds, UnitFailed(0.0, ticket, worker, tuple(reports))
         return seconds, UnitDone(0.0, ticket, worker, tuple(reports), tuple(new_states))
 
+    def _execute_one(self, worker: int, ticket: int, task: UnitTask, state: Any) -> tuple[float, Event]:
+        """What `_execute` does for the most common assignment, in one step: a unit of its own on one worker, with
+        no fault to act out (the same clock, draws and reports as the general path)."""
+        unit = task.unit
+        seconds = self.workload.duration(unit, worker)
+        if self._noisy:
+            seconds *= self.noise.factor(self.rng)
+        report, new = self._member(unit, task.config, state, worker, None, False)
+        if report.error is not None:
+            return seconds, UnitFailed(0.0, ticket, worker, (report,))
+        return seconds, UnitDone(0.0, ticket, worker, (report,), (new,))
+
     def _member(self, unit: Unit, config: dict, state: Any, worker: int, group: int | None,
                 fail: bool) -> tuple[UnitReport, Any]:
         """One member's report and new state (None for eval units and failures)."""
         state = state or {"visited": {}, "trained": 0}
         report = UnitReport(unit, worker, 0.0, 0.0, num_examples=1, group=group)
-        weights_epoch = state["trained"] // max(self._n_train, 1)
+        weights_epoch = state["trained"] // (self._n_train or 1)
         if unit.kind != TRAIN:
             weights_epoch -= 1  # evaluated after the epoch's training units
         metrics = self._objective(config, unit.config_id, weights_epoch)

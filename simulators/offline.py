@@ -27,7 +27,7 @@ from automl._base import ACTIVE, ConfigState, Decision, Procedure
 from framework.callbacks import Callback
 from framework.driver import Driver, MemoryRunLog
 from framework.driver.configs import ConfigRecord
-from framework.options import RunOptions
+from framework.options import SERIAL_QUEUE_DEPTH, RunOptions
 from simulators.backend import SimulatedBackend
 from simulators.workload import Workload
 
@@ -113,13 +113,13 @@ class OfflineEngine:
         backend = SimulatedBackend(workload, objective=lambda config, epoch: self.objective(config, epoch))
         options = RunOptions(metric=self.metric, mode=self.mode, storage_path=self.storage_path, barrier=True,
                              max_worker_restarts=0, reassign_partitions=False, num_workers=self.num_workers or 0,
-                             queue_depth=1)
+                             queue_depth=SERIAL_QUEUE_DEPTH)
         self.log = MemoryRunLog()
         driver = Driver(backend, self.procedure, self.log, {0: [0, 1]}, [0], options, eval_partitions=[1],
                         observers=[_Watch(self)])
         self._driver = driver
         if records is not None:
-            driver.run_state.round = self.run.rounds  # the round the restored run is in
+            driver.run_state.start_at_round(self.run.rounds)  # the round the restored run is in
         driver.start(records)
         self._sync()
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from automl import FixedEpochsProcedure, Procedure
 from framework.driver import Driver, MemoryRunLog
-from framework.options import RunOptions
+from framework.options import SERIAL_QUEUE_DEPTH, RunOptions
 from framework.scheduling import Scheduler, Unit, make_scheduler
 from simulators.backend import FAIL, JOIN, RETURN, CostModel, Noise, Objective, SimulatedBackend, WorkerEvent
 from simulators.workload import Workload
@@ -73,7 +73,8 @@ class Simulator:
         noise: unit-time noise and stragglers; policies only see the estimates (`workload.duration`).
         seed: seeds the noise and, for a scheduler given by name, the policy.
         queue_depth: units a worker holds at once (the engine's `queue_depth`): a unit queued behind another starts
-            when it ends, and its config is reserved meanwhile.
+            when it ends, and its config is reserved meanwhile. Default `framework.options.SERIAL_QUEUE_DEPTH` (1,
+            Cerebro's model); the engine's default is `RunOptions.queue_depth`.
         cost: how long gang and pack units take (`simulators.backend.CostModel`).
     """
 
@@ -84,8 +85,8 @@ class Simulator:
         epochs: int = 1,
         events: list[WorkerEvent] | tuple[WorkerEvent, ...] = (),
         noise: Noise | None = None,
-        seed: int = 0,
-        queue_depth: int = 1,
+        seed: int = RunOptions.seed,
+        queue_depth: int = SERIAL_QUEUE_DEPTH,
         cost: CostModel | None = None,
     ) -> None:
         if epochs < 1:
@@ -114,14 +115,14 @@ def simulate_selection(
     workload: Workload,
     objective: Objective | None = None,
     *,
-    scheduler: Scheduler | str = "randomized",
+    scheduler: Scheduler | str = RunOptions.scheduler,
     events: list[WorkerEvent] | tuple[WorkerEvent, ...] = (),
     noise: Noise | None = None,
-    seed: int = 0,
-    metric: str = "valid_loss",
-    mode: str = "min",
-    max_worker_restarts: int = 0,
-    queue_depth: int = 1,
+    seed: int = RunOptions.seed,
+    metric: str = RunOptions.metric,
+    mode: str = RunOptions.mode,
+    max_worker_restarts: int = 0,  # a failed simulated worker stays away until its scheduled return
+    queue_depth: int = SERIAL_QUEUE_DEPTH,
     cost: CostModel | None = None,
 ) -> SimulationResult:
     """A whole model selection (`procedure` deciding, the driver recovering from `events`) on a simulated clock.

@@ -8,13 +8,15 @@ the JSON endpoints below about once a second; each request reads the run's files
 so the dashboard serves a running run, a crashed one and a finished one alike, from any process of the machine:
 
     GET  /                 the page
-    GET  /api/status       `framework.runs.run_status(run)`
+    GET  /api/status       `framework.run_status.run_status(run)`
     GET  /api/leaderboard  every config, best first: config_id, status, epochs, value (of the run's metric), config;
                            and what of the run does not verify: `unverified` (lines, the first `TRUST_LIMIT`),
                            `unverified_count`, `suspect_configs` (the configs those lines name): the page shows them
     GET  /api/curves       each config's value of the run's metric per epoch
     GET  /api/schedule     the last `SCHEDULE_LIMIT` units done: config_id, epoch, partition, worker, kind, start, end
     GET  /api/events       the last `EVENTS_LIMIT` events (failures, workers, commands; not each round's commit)
+    GET  /api/commands     the commands a person may send (`framework.driver.commands.COMMANDS`: name, what it does,
+                           its arguments with their types and rules), from which the page builds its buttons and forms
     POST /api/command      {"name": ..., "args": {...}}: sent through `framework.connect(run, source="dashboard")`;
                            200 with the driver's outcome (applied true or false), 409 when the run is not running,
                            504 when the driver did not answer in time, 400 for a body of another shape
@@ -58,7 +60,7 @@ from typing import Any
 from aiohttp import web
 
 from framework.callbacks import Callback, RunInfo
-from framework.driver.commands import OUTSIDE_COMMANDS
+from framework.driver.commands import COMMANDS, OUTSIDE_COMMANDS
 from framework.engine.catalog import SQLiteCatalog, UnverifiedRunWarning, configs_named
 from framework.engine.inbox import InboxError
 from framework.engine.signing import key_path
@@ -298,7 +300,7 @@ def _app(board: Dashboard) -> web.Application:
 
     app.router.add_get("/", index)
     for name, read in (("status", _status), ("leaderboard", _leaderboard), ("curves", _curves),
-                       ("schedule", _schedule), ("events", _events)):
+                       ("schedule", _schedule), ("events", _events), ("commands", _commands)):
         app.router.add_get(f"/api/{name}", reader(read))
     app.router.add_post("/api/command", command)
     return app
@@ -396,8 +398,13 @@ def _plain(value: Any) -> Any:
 
 
 # ---- reading the run (each on a thread of the read pool; every catalog read-only) -------------------------------
+def _commands(run: str) -> dict[str, Any]:
+    """The commands the page offers: every one a person may send from outside the run, as its registry entry says."""
+    return {"commands": [c.describe() for c in COMMANDS.values() if c.outside]}
+
+
 def _status(run: str) -> dict[str, Any]:
-    from framework.runs import run_status
+    from framework.run_status import run_status
 
     return run_status(run)
 

@@ -3,7 +3,9 @@
 
 Handlers are functions `handle(run, event)` in their own modules (`units`, `recovery`, `control`, `commit`);
 they import this module and never each other's loop, so the loop (`framework.driver.loop`) is the only place
-that knows them all.
+that knows them all. They read `RunState`'s fields freely but change them only through its named operations
+(`defer`, `mark_ended`, `pause`, `open_round`, ...); its parts (the config table, the dispatcher, the worker table)
+change through their own methods (`tests/framework/driver/test_state_owners.py` keeps it so).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 from automl import Procedure
 from framework.callbacks import CallbackList
-from framework.driver.configs import ConfigTable
+from framework.driver._base import RunLog
+from framework.driver.configs import ConfigRecord, ConfigTable
 from framework.driver.dispatch import Dispatcher
 from framework.driver.workers import WorkerTable
 from framework.engine._base import Backend
@@ -28,7 +31,7 @@ from framework.options import RunOptions
 @dataclass
 class RunState:
     backend: Backend
-    log: Any  # framework.driver.log.SQLiteRunLog or MemoryRunLog
+    log: RunLog  # the contract: framework.driver._base (kept by framework.driver.log's SQLiteRunLog, MemoryRunLog)
     procedure: Procedure
     options: RunOptions
     faults: FaultPlan
@@ -50,8 +53,12 @@ class RunState:
     _cpu_mark: float = field(default_factory=time.process_time)
     cpu_units: list[int] = field(default_factory=list)  # epochs of the units done since the last mark
     metric_seen: bool = False  # a report of the metric's kind (train or eval) held the metric
-    # the one observer channel: progress bar, leaderboard, trackers, the mirror, the fault plan's observer
-    observers: CallbackList = field(default_factory=CallbackList)
+    # the one observer channel: progress bar, leaderboard, trackers, the mirror, the fault plan's observer (what
+    # one of them raises is logged as the run's event)
+    observers: CallbackList = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.observers = CallbackList(on_error=self.event)
 
     def event(self, kind: str, **detail: Any) -> None:
         """Log an event (the run's record of what happened) and show it to the observers."""
@@ -66,6 +73,80 @@ class RunState:
         for fn in self.deferred:
             fn()
         self.deferred.clear()
+
+    def checkpoint(self, c: ConfigRecord, epoch: int, units: int, handle: Any, worker: int | None) -> None:
+        """Queue config `c`'s state behind `handle` (made on `worker`) after `units` training units (in `epoch`)."""
+        c.checkpointed_at(units, self.backend.now())
+        self.log.checkpoint(c.id, epoch, units, self.backend, handle, worker)
+
+    def checkpoint_final(self, c: ConfigRecord) -> None:
+        """A config that stopped keeps its final state on disk, whatever the policy (what `Result.load_model`
+        loads)."""
+        if c.state is not None and c.checkpointed[0] != c.units:
+            self.checkpoint(c, max(c.epoch - 1, 0), c.units, c.state, None)
+
+    # ---- named operations: the only places its fields change ---------------------------------------------------
+    def defer(self, *fns: Callable[[], None]) -> None:
+        """Call `fns`, in order, at the next `run_deferred` (once the next units are on their way)."""
+        self.deferred.extend(fns)
+
+    def mark_ended(self, config_id: int) -> None:
+        """The config's epoch ended (or, without a barrier, it failed): the next `settle` decides about it."""
+        self.ended.append(config_id)
+
+    def pop_ended(self) -> int:
+        """The config that ended first of those not decided about yet (taken off the list)."""
+        return self.ended.pop(0)
+
+    def take_ended(self) -> list[int]:
+        """Every config that ended since the last decision, in order (the list starts empty again)."""
+        ended = list(self.ended)
+        self.ended.clear()
+        return ended
+
+    def open_round(self) -> None:
+        """A round is open: units of it are dispatched (or done); a barrier closes it once none is left."""
+        self.round_open = True
+
+    def close_round(self) -> None:
+        """The barrier was reached: the round's epochs close and the procedure decides."""
+        self.round_open = False
+
+    def round_committed(self) -> None:
+        """The round's decision is committed: the next round begins."""
+        self.round += 1
+
+    def start_at_round(self, round_: int) -> None:
+        """A resumed run goes on at `round_` (the round after the last one it committed)."""
+        self.round = round_
+
+    def pause(self) -> None:
+        """A person paused the run: nothing new is dispatched until `unpause`."""
+        self.paused = True
+
+    def unpause(self) -> None:
+        """A person unpaused the run: units are dispatched again."""
+        self.paused = False
+
+    def config_stopped_by_person(self) -> None:
+        """A person stopped a config: its slot is free, but no epoch ended to tell the procedure so."""
+        self.stops_untold = True
+
+    def procedure_asked(self) -> None:
+        """The procedure is asked to decide: it sees every stop so far."""
+        self.stops_untold = False
+
+    def told_workers(self, n: int) -> None:
+        """The procedure was told that `n` workers live (at `bind`, then at each change)."""
+        self.live_workers = n
+
+    def metric_found(self) -> None:
+        """A report of the metric's kind held the metric: the check is done."""
+        self.metric_seen = True
+
+    def charge_unit(self, epoch: int) -> None:
+        """A unit of `epoch` completed: it shares the driver's CPU time at the next `account_cpu`."""
+        self.cpu_units.append(epoch)
 
     def start_cpu_clock(self) -> None:
         """Units are charged for the driver's CPU from now on (start-up is not a unit's cost)."""

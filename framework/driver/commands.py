@@ -19,6 +19,7 @@ cloned or resumed is the person's (`automl.PERSON`): see `automl._base` for what
 from __future__ import annotations
 
 import abc
+import dataclasses
 import itertools
 import math
 import queue
@@ -31,7 +32,7 @@ from typing import Any
 
 from automl import ACTIVE, PERSON, STOPPED
 from framework.cli import printable
-from framework.driver import commit, units
+from framework.driver import commit
 from framework.driver._state import RunState
 from framework.driver.configs import BY_PERSON, ConfigRecord
 from framework.driver.control import add_workers, drain_worker, worker_request
@@ -277,7 +278,7 @@ def _pause(run: RunState, args: Mapping[str, Any]) -> str:
         raise CommandRejected("a run on a simulated clock cannot wait for a person: it has no time to pause in")
     if run.paused:
         raise CommandRejected("the run is paused already")
-    run.paused = True
+    run.pause()
     running = len(run.dispatch.flights)
     return f"paused: nothing new is dispatched; {running} running unit(s) finish"
 
@@ -285,7 +286,7 @@ def _pause(run: RunState, args: Mapping[str, Any]) -> str:
 def _unpause(run: RunState, args: Mapping[str, Any]) -> str:
     if not run.paused:
         raise CommandRejected("the run is not paused")
-    run.paused = False
+    run.unpause()
     return "dispatching again"
 
 
@@ -341,18 +342,16 @@ def _stop_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     c = _config_arg(run, args)
     if c.status != ACTIVE:
         raise CommandRejected(f"config {c.id} is {c.outcome or c.status}: only an active config can be stopped")
-    c.outcome = BY_PERSON
     if c.open == 0 and c.id in run.ended:  # its epoch ended and waits for the round's barrier: it stops there
-        c.stopping = True  # (recorded as active with the outcome "stopped": a resume keeps the stop)
+        c.stop_by_person_at_barrier()
         return Effect(f"config {c.id} stops: its epoch {c.epoch} has ended and closes with the round",
                       statuses=[c])
     run.dispatch.drop_config(c.id)  # its units not started are gone; those running finish
     state = run.dispatch.state
-    c.open = sum(u.config_id == c.id for u in state.running) if state is not None else 0
-    c.status, c.stopping = STOPPED, False
-    run.stops_untold = True
+    c.stop_by_person(sum(u.config_id == c.id for u in state.running) if state is not None else 0)
+    run.config_stopped_by_person()
     if c.open == 0:  # after the checkpoint of its last unit, whose log row may still be deferred
-        run.deferred.append(lambda: units.checkpoint_final(run, c))
+        run.defer(lambda: run.checkpoint_final(c))
     done = sorted(c.visited.get(c.epoch, ()))
     return Effect(f"config {c.id} stopped in epoch {c.epoch} ({len(done)} of {len(run.workers.partitions)} "
                   f"partitions trained, {c.open} unit(s) running finish)", statuses=[c])
@@ -370,15 +369,15 @@ def _resume_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     c = _config_arg(run, args)
     if c.status == ACTIVE and c.stopping and c.outcome == BY_PERSON:  # stopped at a barrier it has not reached
         budget = _budget(run, args, len(c.history), f"config {c.id}")
-        c.stopping, c.outcome, c.owner, c.budget = False, None, PERSON, budget
+        c.resume(budget, PERSON)  # (it is active: the stop is cancelled)
         return Effect(f"config {c.id} trains on to {budget} epochs (its stop had not taken effect)", statuses=[c])
     if c.status != STOPPED:
         raise CommandRejected(f"config {c.id} is {c.status}: only a stopped config can be resumed")
     budget = _budget(run, args, len(c.history), f"config {c.id}")
     _latest(run, c)
-    run.configs.resume(c, budget, PERSON)
+    c.resume(budget, PERSON)
     commit.open_epochs(run, [c])
-    run.round_open = True
+    run.open_round()
     return Effect(f"config {c.id} trains again, from epoch {c.epoch} to {budget} epochs", statuses=[c])
 
 
@@ -392,7 +391,7 @@ def _add_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     config = _config_dict(args.get("config"), "config")
     c = _new_config(run, config, _budget(run, args, 0, "the config"))
     commit.open_epochs(run, [c])
-    run.round_open = True
+    run.open_round()
     return Effect(f"config {c.id} added: {config}, {c.budget} epochs", new=[c])
 
 
@@ -412,11 +411,11 @@ def _clone_config(run: RunState, args: Mapping[str, Any]) -> Effect:
             raise CommandRejected(f"config {src.id} has not trained yet: clone it cold (warm=False)")
     c = _new_config(run, {**src.config, **overrides}, budget, parent=src.id if warm else None)
     if warm:  # its own epochs count from 0: it inherits weights, not visits; on disk before its row commits
-        c.state = c.epoch_state = run.backend.put({**run.backend.get(handle), "visited": {}})
-        units.checkpoint(run, c, 0, 0, c.state, None)
+        c.start_from(run.backend.put({**run.backend.get(handle), "visited": {}}))
+        run.checkpoint(c, 0, 0, c.state, None)
         run.log.flush()
     commit.open_epochs(run, [c])
-    run.round_open = True
+    run.open_round()
     start = f"from config {src.id}'s weights after {units_in} training units" if warm else "from model_fn"
     return Effect(f"config {c.id} cloned from config {src.id} with {overrides}, {start}, {budget} epochs", new=[c],
                   detail={"source_units": units_in} if warm else {})
@@ -430,23 +429,134 @@ def _extend(run: RunState, args: Mapping[str, Any]) -> Effect:
     return Effect(f"{type(run.procedure).__name__}: {outcome}", procedure=True)
 
 
-#: name -> handler(run, args) -> outcome (or the `Effect` of a command that changed configs or the procedure); a
-#: handler raises `CommandRejected` with the reason
-COMMANDS: dict[str, Callable[[RunState, Mapping[str, Any]], str | Effect]] = {
-    "add_workers": _add,
-    "drain_worker": _drain,
-    "kill_worker": _kill,
-    "pause": _pause,
-    "unpause": _unpause,
-    "stop_config": _stop_config,
-    "resume_config": _resume_config,
-    "add_config": _add_config,
-    "clone_config": _clone_config,
-    "extend": _extend,
-}
+def _checkpoint_config(run: RunState, args: Mapping[str, Any]) -> str:
+    c = _config_arg(run, args)
+    if c.state is None:
+        raise CommandRejected(f"config {c.id} holds no weights in the driver: it has not trained yet, or its latest "
+                              "weights are on disk already")
+    if c.checkpointed[0] == c.units:
+        raise CommandRejected(f"config {c.id}'s weights after {c.units} training units are on disk already")
+    epoch = max((e for e, parts in c.visited.items() if parts), default=0)  # the epoch of its latest unit
+    run.checkpoint(c, epoch, c.units, c.state, None)
+    run.log.flush()
+    return f"config {c.id}'s weights after {c.units} training units (epoch {epoch}) written"
+
+
+# ---- the registry ----------------------------------------------------------------------------------------------
+#: what a command's argument is, as a form or the command line reads it: an int, a list of ints, True/False, or any
+#: JSON value (a dict of hyper-parameters)
+ARG_TYPES = ("int", "ints", "bool", "json")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a command: its `name`, `type` (one of `ARG_TYPES`), what it must be (`rule`: what a
+    rejection says when a `required` one is missing, and the help of its form field and command-line option), and
+    the `default` its handler takes when it is not given (None: the handler's own choice, e.g. the procedure's)."""
+
+    name: str
+    type: str
+    rule: str
+    required: bool = False
+    default: Any = None
+
+    def __post_init__(self) -> None:
+        if self.type not in ARG_TYPES:
+            raise ValueError(f"`type` is {self.type!r}, but must be one of {list(ARG_TYPES)}")
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """One command (an entry of `COMMANDS`): everything every layer reads of it. `handler(run, args)` applies it
+    (returns its outcome, or the `Effect` of a command that changed configs or the procedure; raises
+    `CommandRejected` with the reason), after `check` has made sure the required `args` are there and no other is;
+    `outside`: whether a person may send it from outside the run's process (the inbox: `framework.connect`, the
+    CLI, the dashboard); `target`: "config" for a command about one config (its `config_id`: the dashboard puts its
+    button on each config's row, enabled while the config's status is one of `statuses`), else "run"; `label`: its
+    button (default: the name); `cli`: its subcommand of `python -m framework` (default: the name, dashed; one made
+    from this entry unless a hand-written one of that name exists).
+
+    Adding a command is one entry in `COMMANDS` plus its handler: the driver applies it, the dashboard shows it (its
+    forms come from `describe`, served as `/api/commands`), the command line offers it."""
+
+    name: str
+    handler: Callable[[RunState, Mapping[str, Any]], str | Effect]
+    doc: str
+    args: tuple[Arg, ...] = ()
+    outside: bool = True
+    target: str = "run"
+    label: str | None = None
+    cli: str | None = None
+    statuses: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.target not in ("run", "config"):
+            raise ValueError(f"`target` is {self.target!r}, but must be 'run' or 'config'")
+        if self.target == "config" and "config_id" not in {a.name for a in self.args}:
+            raise ValueError(f"command {self.name!r} is about a config, so it must take a `config_id`")
+
+    def check(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments the handler takes: `args` with the defaults of those not given. Raises `CommandRejected`
+        when a required one is missing (or None) or one is not this command's."""
+        if not isinstance(args, Mapping):
+            raise CommandRejected(f"`args` is {args!r}, but must be a mapping of argument name -> value")
+        for a in self.args:
+            if a.required and args.get(a.name) is None:
+                raise CommandRejected(f"`{a.name}` is {args.get(a.name)!r}, but must be {a.rule}")
+        names = [a.name for a in self.args]
+        unknown = sorted(str(k) for k in args if k not in names)
+        if unknown:
+            raise CommandRejected(f"{self.name!r} takes no argument {unknown[0]!r}; it takes {names}")
+        return {**{a.name: a.default for a in self.args if a.default is not None}, **args}
+
+    def describe(self) -> dict[str, Any]:
+        """The entry as JSON (what `/api/commands` serves and the dashboard builds its forms from)."""
+        return {"name": self.name, "doc": self.doc, "target": self.target, "label": self.label or self.name,
+                "statuses": list(self.statuses), "args": [dataclasses.asdict(a) for a in self.args]}
+
+
+_WORKER = "a worker id (an int)"
+_CONFIG_ID = Arg("config_id", "int", "a config id (an int)", required=True)
+_EPOCHS = Arg("epochs", "int", "an int >= 1, the epochs it trains in all (default: the procedure's per-config budget)")
+
+#: every command, by name: the one definition the driver, the inbox, the dashboard and the command line read
+COMMANDS: dict[str, CommandSpec] = {c.name: c for c in (
+    CommandSpec("add_workers", _add, "start more workers (each loads `partitions`, default: those with the fewest "
+                "holders)", (Arg("count", "int", "an int >= 1, how many workers to start", default=1),
+                             Arg("partitions", "ints", "a non-empty list of the run's partitions"),
+                             Arg("worker", "int", "the id of the one worker to start (an int >= 0)")),
+                label="add workers", cli="workers"),
+    CommandSpec("drain_worker", _drain, "the worker takes no new units, finishes the one it runs, then leaves",
+                (Arg("worker", "int", _WORKER, required=True),), label="drain", cli="workers"),
+    CommandSpec("kill_worker", _kill, "kill a worker (default: a random live one): chaos testing, for the driver's "
+                "own process only (`ModelSelection.kill_worker_process`)", (Arg("worker", "int", _WORKER),),
+                outside=False),
+    CommandSpec("pause", _pause, "pause the run: units running finish, nothing new starts, workers stay"),
+    CommandSpec("unpause", _unpause, "continue a paused run where it paused"),
+    CommandSpec("stop_config", _stop_config, "stop the config now: its units not started are dropped, those running "
+                "finish; it keeps its weights and metrics", (_CONFIG_ID,), target="config", label="stop",
+                cli="stop", statuses=(ACTIVE,)),
+    CommandSpec("resume_config", _resume_config, "train a stopped config again from its latest weights (the "
+                "person's from then on)", (_CONFIG_ID, _EPOCHS), target="config", label="resume",
+                cli="resume-config", statuses=(STOPPED,)),
+    CommandSpec("add_config", _add_config, "add a config the procedure did not ask for; it trains from model_fn",
+                (Arg("config", "json", "a dict of hyper-parameter name -> value", required=True), _EPOCHS),
+                label="add config", cli="add"),
+    CommandSpec("clone_config", _clone_config, "a new config: this one's hyper-parameters with `overrides`, from its "
+                "latest weights (`warm`) or from model_fn", (
+                    _CONFIG_ID, Arg("overrides", "json", "a dict of hyper-parameter name -> value", default={}),
+                    Arg("warm", "bool", "True (start from the config's weights) or False (from model_fn)",
+                        default=True), _EPOCHS), target="config", label="clone", cli="clone"),
+    CommandSpec("extend", _extend, "grow the procedure's budget, as far as it allows: `epochs` more per config, "
+                "`samples` more configs", (Arg("epochs", "int", "an int >= 1, epochs more per config"),
+                                           Arg("samples", "int", "an int >= 1, configs more"))),
+    CommandSpec("checkpoint_config", _checkpoint_config, "write the config's latest weights to disk now, whatever "
+                "the run's checkpoint policy (`Result.load_model` loads them)", (_CONFIG_ID,), target="config",
+                label="checkpoint", statuses=(ACTIVE, STOPPED)),
+)}
 #: the commands a person may send from outside the run's process (the inbox: `framework.connect`, the CLI, the
-#: dashboard); `kill_worker` is chaos testing's, for the driver's own process only (`ModelSelection.kill_worker_process`)
-OUTSIDE_COMMANDS = frozenset(COMMANDS) - {"kill_worker"}
+#: dashboard)
+OUTSIDE_COMMANDS = frozenset(name for name, c in COMMANDS.items() if c.outside)
 
 
 def _shown(value: Any, limit: int = 120) -> str:
@@ -464,16 +574,16 @@ def apply(run: RunState, command: Command) -> bool:
         run.event("inbox", **command.args)
         run.write(_shown(command.line, 600))
         return False
-    handler = COMMANDS.get(command.name)
+    spec = COMMANDS.get(command.name)
     try:
         if command.problem is not None:
             raise CommandRejected(f"the request cannot be trusted: {command.problem}")
-        if handler is None:
+        if spec is None:
             raise CommandRejected(f"unknown command {command.name!r}; known: {sorted(COMMANDS)}")
-        if command.source.startswith(INBOX_SOURCE) and command.name not in OUTSIDE_COMMANDS:
+        if command.source.startswith(INBOX_SOURCE) and not spec.outside:
             raise CommandRejected(f"{command.name!r} cannot be sent from outside the run: it is for the driver's own "
                                   f"process (chaos testing); from outside: {sorted(OUTSIDE_COMMANDS)}")
-        effect, applied = handler(run, command.args), True
+        effect, applied = spec.handler(run, spec.check(command.args)), True
     except CommandRejected as e:
         effect, applied = str(e), False
         run.write(f"command {_shown(command.name, 64)} {_shown(dict(command.args))} rejected: {_shown(str(e), 400)}")

@@ -14,8 +14,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from automl import ACTIVE, FAILED, PERSON, STOPPED
-from framework.driver import units
+from automl import ACTIVE, FAILED
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
 from framework.driver.control import grow_into_free_resources
@@ -23,7 +22,7 @@ from framework.engine.catalog import parent_id
 from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import resume_units
 from framework.scheduling import EVAL, TRAIN, Unit
-from framework.scheduling.units import UnitReport, epoch_metrics
+from framework.scheduling.units import UnitReport
 
 
 def epoch_units(run: RunState, c: ConfigRecord) -> list[Unit]:
@@ -47,21 +46,10 @@ def open_epochs(run: RunState, configs: list[ConfigRecord], units: list[Unit] | 
     if state is not None:
         state.dropped.difference_update(c.id for c in configs)  # a unit in flight that must run again, runs again
     for c in configs:
-        c.open = per_config.get(c.id, 0)
-        if c.open == 0:  # nothing left to run (a resume after its last unit): it ends at once
-            run.ended.append(c.id)
+        if c.open_epoch(per_config.get(c.id, 0)):  # nothing left to run (a resume after its last unit): it ends at once
+            run.mark_ended(c.id)
     run.dispatch.open(units, run.workers.availability(), wave=run.round)
     run.observers.call("on_units_opened", len(units))
-
-
-def close_epoch(c: ConfigRecord) -> None:
-    """The config finished an epoch: its metrics join the history; a pending stop takes effect."""
-    c.history.append(epoch_metrics(c.reports))
-    c.reports, c.epoch_state, c.open = [], c.state, 0
-    if c.stopping:
-        c.status, c.stopping = STOPPED, False
-    elif c.owner == PERSON and c.budget is not None and len(c.history) >= c.budget:  # a person's config, done
-        c.status, c.outcome = STOPPED, "completed"
 
 
 def settle(run: RunState) -> bool:
@@ -69,22 +57,22 @@ def settle(run: RunState) -> bool:
     if run.synchronous:
         if not run.round_open or run.dispatch.flights or not run.dispatch.idle:
             return False
-        ended = [run.configs[cid] for cid in run.ended if run.configs[cid].status == ACTIVE]
-        run.ended.clear()
+        ended = [run.configs[cid] for cid in run.take_ended() if run.configs[cid].status == ACTIVE]
         for c in ended:
-            close_epoch(c)
-        run.round_open = False
+            c.close_epoch()
+        run.close_round()
         run.observers.call("on_round_end", run.round)
         decide(run, ended)
         open_epochs(run, run.configs.active())
-        run.round_open = bool(run.configs.active())
+        if run.configs.active():
+            run.open_round()
         return True
     committed = False
     while run.ended:
-        c = run.configs[run.ended.pop(0)]
+        c = run.configs[run.pop_ended()]
         ended = []
         if c.status == ACTIVE and c.open == 0:
-            close_epoch(c)
+            c.close_epoch()
             ended.append(c)
         elif c.status != FAILED:
             continue
@@ -112,7 +100,7 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     units the caller opens besides those that ended: the new ones, then those it resumed."""
     run.run_deferred()  # every unit of the epochs that ended is logged (and its checkpoint queued) first
     t0 = time.perf_counter()
-    run.stops_untold = False
+    run.procedure_asked()
     decision = run.procedure.step(run.configs.views())
     new = run.configs.apply(decision, type(run.procedure).__name__)
     ended_ids = {c.id for c in ended}  # (one of those the decision resumes opens with them)
@@ -128,11 +116,11 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
         src = run.configs[c.parent]
         handle = src.epoch_state if src.epoch_state is not None else src.state
         if handle is not None:  # the clone's own epochs start at 0: it inherits weights, not visits
-            c.state = c.epoch_state = run.backend.put({**run.backend.get(handle), "visited": {}})
-            units.checkpoint(run, c, 0, 0, c.state, None)
+            c.start_from(run.backend.put({**run.backend.get(handle), "visited": {}}))
+            run.checkpoint(c, 0, 0, c.state, None)
     for c in ended:
         if c.status != ACTIVE:
-            units.checkpoint_final(run, c)
+            run.checkpoint_final(c)
     t1 = time.perf_counter()
     run.log.flush()  # every state the commit counts on (epoch ends, a clone's start) is on disk first
     t2 = time.perf_counter()
@@ -152,7 +140,7 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     run.observers.call("on_decision", run.round, decision)
     if run.faults.crash_after_commit(run.round):
         run.crash()
-    run.round += 1
+    run.round_committed()
     grow_into_free_resources(run)
     return new + [c for c in resumed if c.status == ACTIVE]
 
@@ -165,19 +153,18 @@ def latest_state(run: RunState, c: ConfigRecord) -> Any:
     if c.state is not None:
         return c.state
     try:
-        state, _, c.units = run.log.load_latest(c.id)
+        state, _, trained = run.log.load_latest(c.id)
     except CorruptCheckpointError:
         if c.history or c.parent is not None:
             raise
         return None
-    c.visited = {int(e): list(ps) for e, ps in state.get("visited", {}).items()}
+    visited = {int(e): list(ps) for e, ps in state.get("visited", {}).items()}
     logged = run.log.done_units(c.id, c.epoch)
-    kept, lost, _ = resume_units(c.id, c.epoch, run.workers.partitions, c.visited.get(c.epoch, []),
+    kept, lost, _ = resume_units(c.id, c.epoch, run.workers.partitions, visited.get(c.epoch, []),
                                  [(seq, r.unit) for seq, r in logged])
     reports = dict(logged)
-    c.reports = [reports[seq] for seq in kept]
     run.log.mark_seqs(lost, "lost")
-    c.state = c.epoch_state = run.backend.put(state)
+    c.reload(run.backend.put(state), trained, visited, [reports[seq] for seq in kept])
     return c.state
 
 
@@ -212,7 +199,7 @@ def _cannot_resume(run: RunState, c: ConfigRecord, why: str, **gap) -> None:
     `recovery.fail_config`: nothing is dispatched yet, and the procedure sees the failure in the configs' views at
     its next step."""
     why = f"cannot resume: {why}"
-    c.status = FAILED
+    c.fail()
     run.log.fail_config(c.id, why)
     run.event("resume_gap", config_id=c.id, **gap)
     run.write(f"config {c.id} failed: {why}")
@@ -225,7 +212,7 @@ def restore(run: RunState, catalog) -> list[Unit]:
     everything else logged for that epoch was lost with the crash (marked `lost`), and the rest runs.
     """
     last, _, _ = catalog.last_round()
-    run.round = last + 1
+    run.start_at_round(last + 1)
     configs, epochs = catalog.configs(), catalog.epochs()
     history: dict[int, list[dict]] = defaultdict(list)
     for row in epochs.sort_values(["config_id", "epoch"]).to_dict("records"):
@@ -239,48 +226,48 @@ def restore(run: RunState, catalog) -> list[Unit]:
         if d.get("applied") and d.get("name") in ("pause", "unpause"):
             paused = d["name"] == "pause"
     if paused and run.backend.wall_clock:  # a person paused it: it stays paused until they unpause it
-        run.paused = True
+        run.pause()
         run.write("the run was paused when it stopped and stays paused: unpause it (`modelhopper unpause RUN` or "
                   "framework.connect(RUN).unpause())")
     todo: list[Unit] = []
     lost_seqs: list[int] = []
     for row in configs.itertuples():
-        parent = parent_id(row.parent)
-        c = ConfigRecord(int(row.config_id), row.config, parent=parent, status=row.status,
-                         history=history.get(int(row.config_id), []), outcome=row.outcome or None)
-        if c.id in steered:
-            c.origin, c.owner, c.budget = (steered[c.id][k] for k in ("origin", "owner", "budget"))
-        if c.status == ACTIVE and c.outcome == "stopped":  # a person stopped it as its epoch waited for the barrier
-            c.stopping = True
+        cid, parent, status, outcome = int(row.config_id), parent_id(row.parent), row.status, row.outcome or None
+        finished = history.get(cid, [])
+        c = ConfigRecord(
+            cid, row.config, parent=parent, status=status, history=finished, outcome=outcome,
+            # a person stopped it as its epoch waited for the barrier
+            stopping=status == ACTIVE and outcome == "stopped",
+            # it ended before the crash: its committed epochs were checked when they ended
+            visited={e: list(run.workers.partitions) for e in range(len(finished))} if status != ACTIVE else {},
+            **({k: steered[cid][k] for k in ("origin", "owner", "budget")} if cid in steered else {}))
         run.configs.add(c)
-        if c.status != ACTIVE:  # it ended before the crash: its committed epochs were checked when they ended
-            c.visited = {e: list(run.workers.partitions) for e in range(len(c.history))}
+        if c.status != ACTIVE:
             continue
         try:
-            state, _, c.units = run.log.load_latest(c.id)
+            state, _, trained = run.log.load_latest(c.id)
             visited = {int(e): list(ps) for e, ps in state["visited"].items()}
             gap = first_gap(visited, len(c.history), run.workers.partitions)
             if gap is not None:  # an older checkpoint than the commits count on (the latest was corrupt or missing)
-                _cannot_resume(run, c, f"its newest readable checkpoint ({c.units} units) lacks partitions {gap[1]} of "
+                _cannot_resume(run, c, f"its newest readable checkpoint ({trained} units) lacks partitions {gap[1]} of "
                                f"epoch {gap[0]}, which the run committed; re-running them would change committed "
-                               "metrics", epoch=gap[0], missing=gap[1], units=c.units)
+                               "metrics", epoch=gap[0], missing=gap[1], units=trained)
                 continue
-            c.state = c.epoch_state = run.backend.put(state)
-            c.visited = visited
+            handle = run.backend.put(state)
         except CorruptCheckpointError as e:
             if c.history or parent is not None:  # it had trained weights: they cannot be recovered
                 _cannot_resume(run, c, str(e), readable=False)
                 continue
-            c.state, c.units, c.visited = None, 0, {}  # not trained past its first epoch: start afresh
+            handle, trained, visited = None, 0, {}  # not trained past its first epoch: start afresh
         mine = done[(done.config_id == c.id) & (done.epoch == c.epoch)]
         rows = {int(r.seq): r for r in mine.itertuples()}
         kept, lost, run_units = resume_units(
-            c.id, c.epoch, run.workers.partitions, c.visited.get(c.epoch, []),
+            c.id, c.epoch, run.workers.partitions, visited.get(c.epoch, []),
             [(seq, Unit(c.id, int(r.epoch), int(r.partition), r.kind)) for seq, r in rows.items()])
-        for r in (rows[seq] for seq in kept):
-            c.reports.append(UnitReport(Unit(c.id, int(r.epoch), int(r.partition), r.kind), int(r.worker), r.start,
-                                        r.end, json.loads(r.metrics) if r.metrics else {}, int(r.num_examples),
-                                        int(r.state_bytes)))
+        c.reload(handle, trained, visited, [
+            UnitReport(Unit(c.id, int(r.epoch), int(r.partition), r.kind), int(r.worker), r.start, r.end,
+                       json.loads(r.metrics) if r.metrics else {}, int(r.num_examples), int(r.state_bytes))
+            for r in (rows[seq] for seq in kept)])
         lost_seqs += lost
         todo += run_units
     run.log.mark_seqs(lost_seqs, "lost")

@@ -11,6 +11,11 @@ Rules (the same for the engine, the simulator, replay and offline runs):
 - `resume` of a STOPPED config makes it ACTIVE again (the caller opens its units); of anything else is an error.
 - A config a person steers (`owner == PERSON`: added, cloned or resumed by a command) is not the procedure's: its
   `stop` is ignored; the config stops at its own `budget` of epochs (or when a person stops it).
+
+A `ConfigRecord` owns its state: every change of it is one of its methods, named after the transition (open an epoch,
+absorb a unit, close the epoch, stop, resume, fail, start from a clone's weights, reload or rewind to a checkpoint).
+Handlers, commands and recovery call them and never assign its fields (`tests/framework/driver/test_state_owners.py`
+keeps it so).
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from automl import ACTIVE, FAILED, PERSON, PROCEDURE, STOPPED, ConfigState, Decision
-from framework.scheduling.units import UnitReport
+from framework.scheduling import TRAIN, Unit
+from framework.scheduling.units import UnitReport, epoch_metrics
+
+#: the `outcome` of a config a person stopped (a procedure's stops say "completed" or "pruned")
+BY_PERSON = "stopped"
 
 
 @dataclass
@@ -55,9 +64,115 @@ class ConfigRecord:
         return ConfigState(self.id, dict(self.config), len(self.history), tuple(self.history), self.status, self.parent,
                            self.origin, self.owner)
 
+    # ---- transitions: the only places its fields change --------------------------------------------------------
+    def open_epoch(self, units: int) -> bool:
+        """Its next epoch (or the rest of one it was cut in) opens with `units` to complete, those still running
+        included. True when none is left: the epoch ends at once."""
+        self.open = units
+        return units == 0
 
-#: the `outcome` of a config a person stopped (a procedure's stops say "completed" or "pruned")
-BY_PERSON = "stopped"
+    def absorb(self, unit: Unit, report: UnitReport, handle: Any, barrier: bool) -> None:
+        """A unit of its epoch is done: the report joins the epoch's; a training unit's state (`handle`) becomes its
+        latest and its partition is visited. Under a `barrier` no older state is kept alive for a clone (a decision
+        sees every config at an epoch end, where its latest state is the epoch's)."""
+        self.reports.append(report)
+        if unit.kind == TRAIN:
+            self.state, self.units = handle, self.units + 1
+            if barrier:
+                self.epoch_state = None
+            self.visited.setdefault(unit.epoch, []).append(unit.partition)
+
+    def complete_unit(self) -> bool:
+        """One unit of its open epoch completed; True when that was the last (the epoch has ended)."""
+        self.open -= 1
+        return self.open == 0
+
+    def release_unit(self) -> bool:
+        """A unit of a config a person stopped ended (with a result or without): one fewer runs, never below none.
+        True when none runs."""
+        self.open = max(self.open - 1, 0)
+        return self.open == 0
+
+    def close_epoch(self) -> None:
+        """It finished an epoch: its metrics join the history and its latest state becomes the epoch's (what a clone
+        copies); a pending stop takes effect, and a person's config that reached its `budget` stops, completed."""
+        self.history.append(epoch_metrics(self.reports))
+        self.reports, self.epoch_state, self.open = [], self.state, 0
+        if self.stopping:
+            self.status, self.stopping = STOPPED, False
+        elif self.owner == PERSON and self.budget is not None and len(self.history) >= self.budget:
+            self.status, self.outcome = STOPPED, "completed"
+
+    def stop(self, outcome: str) -> None:
+        """The procedure stops it (`outcome`: "completed" or "pruned"): at once between epochs, else when its open
+        epoch ends (an epoch is never cut short)."""
+        self.outcome = outcome
+        if self.open:
+            self.stopping = True
+        else:
+            self.status = STOPPED
+
+    def stop_by_person(self, running: int) -> None:
+        """A person stops it now: nothing more of it starts; its `running` units finish (`release_unit`)."""
+        self.outcome, self.open = BY_PERSON, running
+        self.status, self.stopping = STOPPED, False
+
+    def stop_by_person_at_barrier(self) -> None:
+        """A person stops it after its epoch ended, while the epoch waits for the round's barrier: it stops when the
+        epoch closes (active until then, with the outcome "stopped": a resume of the run keeps the stop)."""
+        self.outcome, self.stopping = BY_PERSON, True
+
+    def resume(self, budget: int | None = None, owner: str = PROCEDURE) -> None:
+        """It trains again (the caller opens its units), or a stop that has not taken effect is cancelled: by the
+        procedure's decision, or a person's (`owner` PERSON, who steers it from now on, for `budget` epochs)."""
+        self.status, self.outcome, self.stopping = ACTIVE, None, False
+        if owner == PERSON:
+            self.owner, self.budget = PERSON, budget
+
+    def fail(self) -> None:
+        """It fails for good: nothing of it is open or stops any more."""
+        self.status, self.stopping, self.open = FAILED, False, 0
+
+    def count_failure(self) -> int:
+        """Its user code failed once more; returns its failures so far."""
+        self.failures += 1
+        return self.failures
+
+    def start_from(self, handle: Any) -> None:
+        """A clone starts from `handle` (its source's weights with an empty visit record): its latest state and the
+        one its first epoch starts from."""
+        self.state = self.epoch_state = handle
+
+    def reload(self, handle: Any, units: int, visited: dict[int, list[int]], reports: list[UnitReport]) -> None:
+        """Its newest checkpoint (`handle`, after `units` training units, with its visit record) is read back
+        where the driver held no state of it (it stopped before this process resumed the run, or the run resumes);
+        `reports`: the units of its unfinished epoch that checkpoint holds."""
+        self.state = self.epoch_state = handle
+        self.units, self.visited, self.reports = units, visited, reports
+
+    def rewind(self, handle: Any, units: int, visited: dict[int, list[int]], reopened: int,
+               gone: list[UnitReport], on_disk: bool) -> None:
+        """Its latest state was lost: it goes back to `handle` (a checkpoint after `units` training units that
+        visited `visited`, or its starting point); the reports of units that state lacks (`gone`) leave its epoch
+        and `reopened` units of the epoch are open again. `on_disk`: `handle` is its newest checkpoint (else it has
+        none on disk)."""
+        self.open += reopened
+        self.reports = [r for r in self.reports if r not in gone]
+        self.state, self.units, self.visited = handle, units, visited
+        self.checkpointed = (units if on_disk else -1, self.checkpointed[1])
+
+    def drop_state(self) -> None:
+        """Its state object was lost while it was stopped: the driver holds none (a resume reloads its newest
+        checkpoint)."""
+        self.state = self.epoch_state = None
+
+    def start_checkpoint_clock(self, now: float) -> None:
+        """The seconds between its checkpoints count from `now` (its first training unit)."""
+        self.checkpointed = (self.checkpointed[0], now)
+
+    def checkpointed_at(self, units: int, now: float) -> None:
+        """Its state after `units` training units was queued for the disk at `now`."""
+        self.checkpointed = (units, now)
 
 
 class DecisionError(RuntimeError, ValueError):
@@ -113,27 +228,12 @@ class ConfigTable:
             c = self.configs[cid]
             if c.status != ACTIVE or c.owner == PERSON:
                 continue
-            c.outcome = "pruned" if cid in pruned else "completed"
-            if c.open:
-                c.stopping = True
-            else:
-                c.status = STOPPED
+            c.stop("pruned" if cid in pruned else "completed")
         for cid in decision.resume:
-            self.resume(self.configs[cid])
+            self.configs[cid].resume()
         new = []
         for source, cfg in [(None, cfg) for cfg in decision.add] + list(decision.clone):
             c = ConfigRecord(len(self.configs), dict(cfg), parent=source)
             self.configs[c.id] = c
             new.append(c)
         return new
-
-    def resume(self, c: ConfigRecord, budget: int | None = None, owner: str = PROCEDURE) -> None:
-        """A STOPPED config trains again (the caller opens its units): by the procedure's decision, or a person's
-        (`owner` PERSON, with its `budget` of epochs)."""
-        c.status, c.outcome, c.stopping = ACTIVE, None, False
-        if owner == PERSON:
-            c.owner, c.budget = PERSON, budget
-
-    def fail(self, config_id: int) -> None:
-        c = self.configs[config_id]
-        c.status, c.stopping, c.open = FAILED, False, 0

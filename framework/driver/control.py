@@ -16,8 +16,8 @@ def start_worker(run: RunState, worker: int, partitions: Iterable[int]) -> None:
     """Start (or restart) `worker` with `partitions`; it joins when the backend reports `WorkerJoined`."""
     parts = sorted(partitions)
     injected = run.faults.on_load(worker)
-    for action in injected:
-        run.event("fault_injected", action=action, worker=worker)
+    for f in injected:
+        run.event("fault_injected", action=f.action, worker=worker)
     run.workers.start(worker, parts)
     run.backend.start_worker(worker, parts, fault=injected[0] if injected else None)
 
@@ -41,7 +41,7 @@ def count_workers(run: RunState) -> None:
     """Tell the procedure the live worker count whenever it changes (its concurrency follows the pool)."""
     n = len(run.workers.holds)
     if run.live_workers is not None and n != run.live_workers:  # None: the procedure is not bound yet
-        run.live_workers = n
+        run.told_workers(n)
         run.procedure.workers_changed(n)
         run.event("workers_changed", num_workers=n)
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from framework.options import RunOptions
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, UnitTimeEstimate, make_scheduler
 from framework.scheduling.packing import Packer
 from framework.scheduling.units import TRAIN, UnitReport, unit_seed
@@ -61,7 +62,8 @@ class Dispatcher:
     `lose_worker`, ...), so the handlers never edit its fields."""
 
     def __init__(
-        self, scheduler: str | Scheduler, seed: int, estimate: UnitTimeEstimate | None = None, depth: int = 1,
+        self, scheduler: str | Scheduler, seed: int, estimate: UnitTimeEstimate | None = None,
+        depth: int = RunOptions.queue_depth,
         packer: Packer | None = None,
     ) -> None:
         if not isinstance(depth, int) or depth < 1:
@@ -75,7 +77,6 @@ class Dispatcher:
         self.waves = 0
         self.flights: dict[int, Flight] = {}  # ticket -> flight, in submission order (read-only outside)
         self._queues: dict[int, list[int]] = {}  # worker -> its tickets in flight, in submission order
-        self.durations: dict[tuple[int, str, int], float] = {}  # (config, kind, worker) -> last measured seconds
         self._per_config: dict[tuple[int, str], dict[int, float]] = {}  # (config, kind) -> worker -> seconds
         self._per_kind: dict[str, tuple[float, int]] = {}  # kind -> (sum of measured seconds, count)
         self.longest = 0.0
@@ -134,10 +135,7 @@ class Dispatcher:
         """Start `a` on the dispatch state (its units leave the queue); returns whether it queues behind another
         unit of one of its workers. The caller submits it to the backend and records the ticket (`fly`)."""
         state = self.state
-        queued = False
-        for w in a.workers:
-            if state.load(w):
-                queued = True
+        queued = any(state.load(w) for w in a.workers) if len(a.workers) > 1 else state.load(a.workers[0]) > 0
         state.start(a)
         return queued
 
@@ -225,7 +223,6 @@ class Dispatcher:
 
     def record(self, unit: Unit, worker: int, seconds: float) -> None:
         """A unit's measured duration (what `estimate` and the hang limit are made of)."""
-        self.durations[(unit.config_id, unit.kind, worker)] = seconds
         self._per_config.setdefault((unit.config_id, unit.kind), {})[worker] = seconds
         if unit.kind == TRAIN:
             self._unit_by_size[(unit.config_id, 1)] = seconds

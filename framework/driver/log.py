@@ -2,7 +2,8 @@
 
 `SQLiteRunLog` is a run directory (the catalog `run.db` and the checkpoint store): it survives a crash and is what
 resume, replay and `Result` read. `MemoryRunLog` keeps the same records in lists, for simulations and offline runs
-that want a thousand unit events per millisecond and no files; its checkpoints are the states themselves.
+that want a thousand unit events per millisecond and no files; its checkpoints are the states themselves. Both keep
+the run-log contract, `framework.driver._base.RunLog` (what is atomic, who writes, what a checkpoint promises).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from automl import ACTIVE, FAILED, Procedure
-from framework.callbacks import Callback, CallbackList
+from framework.callbacks import Callback
 from framework.driver import commands, commit, control, recovery, units
 from framework.driver._state import RunState
 from framework.driver.commands import CommandSource, QueueCommands
@@ -94,7 +94,6 @@ class Driver:
             round=-1,
             synchronous=synchronous,
         )
-        run.observers = CallbackList(on_error=run.event)
         if faults.on_event is not None:
             run.observers.add(_PlanObserver(faults), propagate=True)
         for observer in observers:
@@ -133,7 +132,7 @@ class Driver:
         n = n or None  # None: unknown (no worker yet: a simulation whose workers all join later)
         extra = {"num_workers": n} if "num_workers" in inspect.signature(bind).parameters else {}
         bind(run.options.metric, run.options.mode, run.options.storage_path, **extra)
-        run.live_workers = len(self.placement)
+        run.told_workers(len(self.placement))
         control.count_workers(run)  # fewer may have started
         if isinstance(resume_from, list):
             for c in resume_from:
@@ -145,13 +144,13 @@ class Driver:
             todo = commit.restore(run, resume_from)
             commit.open_epochs(run, run.configs.active(), todo)
         else:
-            if run.procedure._engine_started:
-                raise ValueError(f"`procedure` ({type(run.procedure).__name__}) has already run: it holds the state "
-                                 "of that run; pass a new one (or resume that run)")
-            run.procedure._engine_started = True
+            run.procedure.claim()
             commit.decide(run, [])
             commit.open_epochs(run, run.configs.active())
-        run.round_open = bool(run.configs.active())
+        if run.configs.active():
+            run.open_round()
+        else:
+            run.close_round()
         self._started = True
 
     def run(self, resume_from: Any = None, max_commits: int | None = None) -> bool:

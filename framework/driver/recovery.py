@@ -75,11 +75,8 @@ def leave_stopped(run: RunState, c: ConfigRecord) -> None:
     """A unit of a config a person stopped while it ran has ended (done, or without a result: its user code
     failed, its worker or its state was lost): nothing runs it again; once none of its units runs, its final state
     is kept (none, when it was lost: a resume reloads the newest checkpoint)."""
-    from framework.driver.units import checkpoint_final
-
-    c.open = max(c.open - 1, 0)
-    if c.open == 0:
-        run.deferred.append(lambda: checkpoint_final(run, c))
+    if c.release_unit():
+        run.defer(lambda: run.checkpoint_final(c))
 
 
 def check_hung(run: RunState) -> None:
@@ -92,13 +89,13 @@ def check_hung(run: RunState) -> None:
 def fail_config(run: RunState, c: ConfigRecord, why: str, event: dict | None = None) -> None:
     """The config fails for good (its other units are dropped); the rest of the run carries on."""
     run.dispatch.drop_config(c.id)
-    run.configs.fail(c.id)
+    c.fail()
     run.log.fail_config(c.id, why)
     run.event("config_failed", config_id=c.id, **(event or {"why": why}))
     if event is None:
         run.write(f"config {c.id} failed: {why}")
     if not run.synchronous:
-        run.ended.append(c.id)  # the procedure hears of it at once and may fill its slot
+        run.mark_ended(c.id)  # the procedure hears of it at once and may fill its slot
 
 
 def on_state_lost(run: RunState, ev: StateLost) -> None:
@@ -111,7 +108,7 @@ def on_state_lost(run: RunState, ev: StateLost) -> None:
     if c.status == STOPPED:  # a person stopped it: it keeps its newest checkpoint, which a resume reloads
         for unit in f.assignment.units:
             run.dispatch.requeue(unit)  # (its config is dropped: the unit leaves)
-        c.state = c.epoch_state = None
+        c.drop_state()
         leave_stopped(run, c)
         return
     run.run_deferred()  # every completed unit is logged and its checkpoint queued before we look at the disk
@@ -148,12 +145,9 @@ def on_state_lost(run: RunState, ev: StateLost) -> None:
     for r in gone:
         if r.unit.kind != TRAIN:
             run.dispatch.reopen(r.unit)
-    c.open += len(redo) + sum(r.unit.kind != TRAIN for r in gone)
-    c.reports = [r for r in c.reports if r not in gone]
     run.log.mark_lost([r.unit for r in gone])
-    c.state = run.backend.put(ckpt) if ckpt is not None else None
-    c.units, c.visited = units, visited
-    c.checkpointed = (units if no_checkpoint is None else -1, c.checkpointed[1])  # what the disk holds now
+    c.rewind(run.backend.put(ckpt) if ckpt is not None else None, units, visited,
+             reopened=len(redo) + sum(r.unit.kind != TRAIN for r in gone), gone=gone, on_disk=no_checkpoint is None)
     source = "checkpoint" if no_checkpoint is None else "model_fn" if c.parent is None else "clone_start"
     run.event("state_restored", config_id=c.id, units=units, rerun=redo, source=source)
     origin = {"checkpoint": f"its checkpoint after {units} units", "model_fn": "model_fn (no checkpoint is usable)",

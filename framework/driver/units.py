@@ -11,7 +11,7 @@ from framework.driver.control import end_flight
 from framework.driver.dispatch import Flight
 from framework.driver.recovery import fail_config, leave_stopped
 from framework.engine._base import UnitDone, UnitFailed
-from framework.engine.faults import DRIVER_ACTIONS
+from framework.engine.faults import CRASH_DRIVER, DRIVER, SKIP_CHECKPOINT
 from framework.engine.recovery import should_retry
 from framework.scheduling import TRAIN, Assignment, Unit
 from framework.scheduling.units import UnitReport, UnitTask
@@ -21,14 +21,19 @@ def submit(run: RunState, a: Assignment) -> None:
     """Start `a` on the dispatcher and send it to the backend with its members' latest states (behind the units
     its workers hold already, if any)."""
     queued = run.dispatch.launch(a)
+    if not run.faults.faults and len(a.members) == 1 and len(a.workers) == 1:  # the common case: nothing to inject
+        c = run.configs[a.unit.config_id]
+        ticket = run.backend.submit(a.workers, UnitTask(a.unit, c.config, run.options.seed), (c.state,))
+        run.dispatch.fly(ticket, Flight(a, run.backend.now(), (), queued))
+        return
     members = [run.configs[cid] for cid in a.members]
-    # a pack's faults are each member's own (a gang's, its unit's); a worker's action is acted out by its member
+    # a pack's faults are each member's own (a gang's, its unit's); a worker's fault is acted out by its member
     hit = a.units if len(members) > 1 else (a.unit,)
     injected = [run.faults.on_dispatch(u, a.worker) if run.faults.faults else [] for u in hit]
-    for u, actions in zip(hit, injected, strict=True):
-        for action in actions:
-            run.event("fault_injected", action=action, unit=str(u), worker=a.worker)
-    acts = [next((f for f in actions if f not in DRIVER_ACTIONS), None) for actions in injected]
+    for u, fired in zip(hit, injected, strict=True):
+        for f in fired:
+            run.event("fault_injected", action=f.action, unit=str(u), worker=a.worker)
+    acts = [next((f for f in fired if f.spec.where != DRIVER), None) for fired in injected]
     if len(members) == 1 and len(a.workers) == 1:
         task = UnitTask(a.unit, members[0].config, run.options.seed, fault=acts[0])
     else:
@@ -36,8 +41,8 @@ def submit(run: RunState, a: Assignment) -> None:
                         configs=tuple(c.config for c in members), workers=a.workers, partitions=a.partitions,
                         faults=tuple(acts) if len(acts) > 1 and any(acts) else ())
     ticket = run.backend.submit(a.workers, task, tuple(c.state for c in members))
-    driver_faults = tuple((u, f) for u, actions in zip(hit, injected, strict=True) for f in actions
-                          if f in DRIVER_ACTIONS)
+    driver_faults = tuple((u, f.spec.effect) for u, fired in zip(hit, injected, strict=True) for f in fired
+                          if f.spec.where == DRIVER)
     run.dispatch.fly(ticket, Flight(a, run.backend.now(), driver_faults, queued))
 
 
@@ -60,7 +65,8 @@ def on_unit_ended(run: RunState, ev: UnitDone | UnitFailed) -> None:
             unit_failed(run, f, (unit,), (report,))
     # a pack's rows (and its injected crashes) come before any of its checkpoints: an injected crash never leaves
     # some members of a fused pass checkpointed and the others to re-run (a replay then re-fuses what ran)
-    run.deferred.extend(afters or ())
+    if afters:
+        run.defer(*afters)
 
 
 def observe_pack(run: RunState, a: Assignment, reports: tuple[UnitReport, ...], seconds: float) -> None:
@@ -97,39 +103,36 @@ def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: 
         run.dispatch.record_gang(f.assignment, report.end - report.start)
         if report.comm_s:
             run.dispatch.record_comm(f.assignment, report.comm_s)
-    c.reports.append(report)
-    run.cpu_units.append(unit.epoch)
+    c.absorb(unit, report, handle, barrier=run.synchronous)
+    run.charge_unit(unit.epoch)
     if run.options.check_metric and not run.metric_seen:
         check_metric(run, unit, report)
-    if unit.kind == TRAIN:
-        c.state, c.units = handle, c.units + 1
-        if run.synchronous:  # a decision sees every config at an epoch end, where its latest state is the epoch's:
-            c.epoch_state = None  # no older state is kept alive (for a clone) meanwhile
-        c.visited.setdefault(unit.epoch, []).append(unit.partition)
     round_, units = run.round, c.units
-    faults = [action for u, action in f.faults if u == unit or len(f.assignment.members) == 1]
+    effects = [effect for u, effect in f.faults if u == unit or len(f.assignment.members) == 1]  # the driver's
 
     def record() -> None:  # the log row first, then the checkpoint: a checkpoint never holds a unit the log does not know
         log_unit(run, round_, f, report, "done")
 
     def crash() -> None:
-        if "crash_driver" in faults:
+        if CRASH_DRIVER in effects:
             run.crash()
 
     def save() -> None:
-        if unit.kind == TRAIN and "skip_checkpoint" not in faults and checkpoint_due(run, c, unit, units):
-            checkpoint(run, c, unit.epoch, units, handle, f.worker)
+        if unit.kind == TRAIN and SKIP_CHECKPOINT not in effects and checkpoint_due(run, c, unit, units):
+            run.checkpoint(c, unit.epoch, units, handle, f.worker)
 
     run.observers.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
                        report.end - report.start, dict(report.metrics))
-    run.deferred += [record, crash]  # done once the next units are on their way
-    (afters if afters is not None else run.deferred).append(save)
+    if afters is None:  # done once the next units are on their way
+        run.defer(record, crash, save)
+    else:
+        run.defer(record, crash)
+        afters.append(save)
     if c.status == STOPPED:  # a person stopped it while this unit ran
         leave_stopped(run, c)
         return
-    c.open -= 1
-    if c.open == 0:
-        run.ended.append(c.id)
+    if c.complete_unit():
+        run.mark_ended(c.id)
 
 
 class MetricNotReportedError(ValueError):
@@ -149,13 +152,13 @@ def check_metric(run: RunState, unit: Unit, report: Any) -> None:
         raise MetricNotReportedError(
             f"`metric` is {metric!r}, but {fn} returned no {name!r} (config {unit.config_id}, {unit.kind} unit of "
             f"epoch {unit.epoch}); {fn} reported {reported or 'nothing'}: use one of these or return {name!r}")
-    run.metric_seen = True
+    run.metric_found()
 
 
 def checkpoint_due(run: RunState, c: ConfigRecord, unit: Unit, units: int) -> bool:
     """Whether the state after this training unit goes to disk (`RunOptions.checkpoint`): every unit, the last
     unit of each epoch, the last unit of each epoch and any unit N seconds after the config's last checkpoint, or
-    none (then only a config's final state is written, when it stops: `checkpoint_final`)."""
+    none (then only a config's final state is written, when it stops: `RunState.checkpoint_final`)."""
     policy = run.options.checkpoint
     if policy == "unit":
         return True
@@ -166,19 +169,8 @@ def checkpoint_due(run: RunState, c: ConfigRecord, unit: Unit, units: int) -> bo
         return epoch_end
     now = run.backend.now()
     if c.checkpointed[1] is None:
-        c.checkpointed = (c.checkpointed[0], now)  # the first N seconds count from the config's first unit
+        c.start_checkpoint_clock(now)  # the first N seconds count from the config's first unit
     return epoch_end or now - c.checkpointed[1] >= float(policy)
-
-
-def checkpoint(run: RunState, c: ConfigRecord, epoch: int, units: int, handle: Any, worker: int | None) -> None:
-    c.checkpointed = (units, run.backend.now())
-    run.log.checkpoint(c.id, epoch, units, run.backend, handle, worker)
-
-
-def checkpoint_final(run: RunState, c: ConfigRecord) -> None:
-    """A config that stopped keeps its final state on disk, whatever the policy (what `Result.load_model` loads)."""
-    if c.state is not None and c.checkpointed[0] != c.units:
-        checkpoint(run, c, max(c.epoch - 1, 0), c.units, c.state, None)
 
 
 def unit_failed(run: RunState, f: Flight, units: tuple[Unit, ...], reports: tuple[UnitReport, ...]) -> None:
@@ -194,8 +186,7 @@ def unit_failed(run: RunState, f: Flight, units: tuple[Unit, ...], reports: tupl
             run.dispatch.requeue(u)  # (its config is dropped: the unit leaves)
             leave_stopped(run, c)
         return
-    c.failures += 1
-    if should_retry(c.failures, run.options.max_unit_retries):
+    if should_retry(c.count_failure(), run.options.max_unit_retries):
         for u in units:
             run.dispatch.requeue(u)
         run.event("unit_retry", config_id=c.id, unit=str(unit), attempt=c.failures)

@@ -128,9 +128,10 @@ class Backend(abc.ABC):
 
     # ---- workers ------------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def start_worker(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> None:
+    def start_worker(self, worker: int, partitions: Iterable[int], fault: Any = None) -> None:
         """Start (or restart) `worker` and have it load `partitions`; `WorkerJoined` or `WorkerLost(loading=True)`
-        follows. `fault`: an injected fault it acts out while loading (`framework.engine.faults.LOAD_ACTIONS`)."""
+        follows. `fault`: an injected fault it acts out while loading (a `framework.engine.faults.Fault` of a kind
+        carried out on a load; None: none)."""
 
     @abc.abstractmethod
     def stop_worker(self, worker: int) -> None:

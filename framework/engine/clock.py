@@ -22,6 +22,7 @@ from typing import Any
 
 from framework.engine._base import Backend, Event, WorkerLost
 from framework.engine.checkpoint import write_later
+from framework.engine.faults import Fault
 from framework.scheduling.units import UnitTask
 
 
@@ -53,7 +54,7 @@ class ClockBackend(Backend):
         """The object kept in `self.workers[worker]` when `worker` starts."""
 
     @abc.abstractmethod
-    def _load(self, worker: int, parts: frozenset[int], fault: str | None) -> tuple[float, Event]:
+    def _load(self, worker: int, parts: frozenset[int], fault: Fault | None) -> tuple[float, Event]:
         """Load `parts` on `worker`: (seconds it took, the event). A worker that dies is removed from `workers`."""
 
     @abc.abstractmethod
@@ -62,7 +63,7 @@ class ClockBackend(Backend):
         event), or None when it never reports (hung). A worker that dies is removed from `workers`."""
 
     # ---- the contract ---------------------------------------------------------------------------------------------
-    def start_worker(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> None:
+    def start_worker(self, worker: int, partitions: Iterable[int], fault: Fault | None = None) -> None:
         if worker not in self.workers:
             self.workers[worker] = self._new_worker(worker)
         self._free_at.pop(worker, None)

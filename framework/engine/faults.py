@@ -8,19 +8,69 @@ path on every machine, loaded or not. Pure Python: no Ray, no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from framework.scheduling import KINDS, Unit
 
-#: carried out by the worker that runs the unit
-WORKER_ACTIONS = ("raise", "kill_worker", "hang", "lose_state")
-#: carried out by the driver around the unit
-DRIVER_ACTIONS = ("skip_checkpoint", "crash_driver")
-#: carried out by a worker while it loads its partitions (on a start, a restart or a re-load)
-LOAD_ACTIONS = ("kill_loading",)
-ACTIONS = WORKER_ACTIONS + DRIVER_ACTIONS + LOAD_ACTIONS
+#: where a fault is carried out: by the worker that runs the unit, by the driver around the unit, or by a worker
+#: while it loads its partitions (on a start, a restart or a re-load)
+WORKER, DRIVER, LOAD = "worker", "driver", "load"
+
+#: the behaviours a fault kind names (`FaultKind.effect`); each backend maps every effect it can meet in one place
+#: (`Worker.act_out`, `_LocalWorker.act_out`, `SimulatedBackend._act_out`, the driver's `units.unit_done`):
+#: user code raises; the state object is gone; the worker's process dies; the unit never returns; the unit takes
+#: `Fault.seconds` longer and succeeds; the unit's checkpoint never reaches the disk; the driver's process dies
+RAISE, LOSE_STATE, DIE, HANG, STRETCH, SKIP_CHECKPOINT, CRASH_DRIVER = (
+    "raise", "lose_state", "die", "hang", "stretch", "skip_checkpoint", "crash_driver")
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """One kind of fault (an entry of `FAULT_KINDS`): its `name` (a `Fault`'s `action`), `where` it is carried out
+    (`WORKER`, `DRIVER` or `LOAD`), the `effect` every backend acts out, what it does (`doc`), and the `Fault`
+    fields it takes beyond the filters (`params`, each required, a number of seconds > 0). Adding a kind is one entry
+    here; a kind with an effect no backend knows yet needs that effect's handler in each backend too."""
+
+    name: str
+    where: str
+    effect: str
+    doc: str
+    params: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.where not in (WORKER, DRIVER, LOAD):
+            raise ValueError(f"`where` is {self.where!r}, but must be one of {[WORKER, DRIVER, LOAD]}")
+
+
+#: every fault kind, by name: the one definition the worker, the backends, the simulator and the driver read
+FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
+    FaultKind("raise", WORKER, RAISE,
+              "the unit's user code raises `InjectedFault` (a failure in user code: retried, then the config fails)"),
+    FaultKind("kill_worker", WORKER, DIE, "the worker's process SIGKILLs itself as the unit starts (a crashed worker)"),
+    FaultKind("hang", WORKER, HANG, "the unit never returns (a hung worker, found by `unit_timeout_s`)"),
+    FaultKind("lose_state", WORKER, LOSE_STATE,
+              "the worker cannot fetch the config's state object (a lost object, restored from checkpoints)"),
+    FaultKind("slow", WORKER, STRETCH,
+              "the unit takes `seconds` longer and succeeds (a straggler: a real worker sleeps as the unit starts, "
+              "a simulated unit's duration stretches)", params=("seconds",)),
+    FaultKind("skip_checkpoint", DRIVER, SKIP_CHECKPOINT,
+              "the unit completes, but its checkpoint never reaches the disk"),
+    FaultKind("crash_driver", DRIVER, CRASH_DRIVER,
+              "the driver SIGKILLs itself after the unit's row is logged and every earlier checkpoint is on disk, "
+              "before the unit's own checkpoint is queued (or after round `after_commit` commits)"),
+    FaultKind("kill_loading", LOAD, DIE,
+              "the worker's process dies while it loads its partitions (a worker that never joins)"),
+)}
+#: the names of the kinds carried out by the worker that runs the unit, by the driver, and by a loading worker
+WORKER_ACTIONS = tuple(n for n, k in FAULT_KINDS.items() if k.where == WORKER)
+DRIVER_ACTIONS = tuple(n for n, k in FAULT_KINDS.items() if k.where == DRIVER)
+LOAD_ACTIONS = tuple(n for n, k in FAULT_KINDS.items() if k.where == LOAD)
+ACTIONS = tuple(FAULT_KINDS)
+#: the `Fault` fields some kind takes as its parameters (`FaultKind.params`)
+_PARAMS = tuple(sorted({p for k in FAULT_KINDS.values() for p in k.params}))
 
 
 class InjectedFault(RuntimeError):
@@ -37,15 +87,8 @@ class Fault:
     round K has committed (round -1 is the commit of the procedure's first decision, before any unit runs), and
     `Fault("kill_loading", worker=W, nth=N)` on the N-th time worker W is asked to load partitions.
 
-    Actions:
-        raise: the unit's user code raises `InjectedFault` (a failure in user code: retried, then the config fails).
-        kill_worker: the worker's process SIGKILLs itself as the unit starts (a crashed worker).
-        hang: the unit never returns (a hung worker, found by `unit_timeout_s`).
-        lose_state: the worker cannot fetch the config's state object (a lost object, restored from checkpoints).
-        skip_checkpoint: the unit completes, but its checkpoint never reaches the disk.
-        crash_driver: the driver SIGKILLs itself after the unit's row is logged and every earlier checkpoint is on
-            disk, before the unit's own checkpoint is queued (or after round `after_commit` commits).
-        kill_loading: the worker's process dies while it loads its partitions (a worker that never joins).
+    Actions: the names in `FAULT_KINDS` (each entry says what its kind does), e.g. `Fault("slow", config_id=0,
+    seconds=30.0)`: config 0's first dispatched unit takes 30 s longer.
     """
 
     action: str
@@ -56,26 +99,40 @@ class Fault:
     worker: int | None = None
     nth: int = 1
     after_commit: int | None = None
+    seconds: float | None = None  # `slow`: how much longer the unit takes
 
     def __post_init__(self) -> None:
-        if self.action not in ACTIONS:
-            raise ValueError(f"`action` is {self.action!r}, but must be one of {list(ACTIONS)}")
+        if self.action not in FAULT_KINDS:
+            raise ValueError(f"`action` is {self.action!r}, but must be one of {list(FAULT_KINDS)}")
+        spec = FAULT_KINDS[self.action]
+        for name in _PARAMS:
+            value = getattr(self, name)
+            if name not in spec.params and value is not None:
+                takers = [k.name for k in FAULT_KINDS.values() if name in k.params]
+                raise ValueError(f"`{name}` is {value!r}, but only a fault of {takers} takes it")
+            if name in spec.params and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                        or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"`{name}` is {value!r}, but a {self.action!r} fault needs a number of seconds > 0")
         if self.kind is not None and self.kind not in KINDS:
             raise ValueError(f"`kind` is {self.kind!r}, but must be one of {list(KINDS)} or None")
         if not isinstance(self.nth, int) or self.nth < 1:
             raise ValueError(f"`nth` is {self.nth!r}, but must be an int >= 1")
         if self.after_commit is not None:
-            if self.action != "crash_driver":
+            if spec.effect != CRASH_DRIVER:
                 raise ValueError(f"`after_commit` is {self.after_commit!r}, but only a 'crash_driver' fault takes it")
             if any(v is not None for v in (self.config_id, self.epoch, self.partition, self.kind, self.worker)):
                 raise ValueError("a fault with `after_commit` fires on a commit: it takes no unit filters")
-        if self.action in LOAD_ACTIONS and any(v is not None for v in (self.config_id, self.epoch, self.partition,
-                                                                        self.kind)):
+        if spec.where == LOAD and any(v is not None for v in (self.config_id, self.epoch, self.partition, self.kind)):
             raise ValueError(f"a {self.action!r} fault fires on a worker's load: it takes only `worker` and `nth`")
+
+    @property
+    def spec(self) -> FaultKind:
+        """This fault's kind: where it is carried out, and its effect."""
+        return FAULT_KINDS[self.action]
 
     def matches(self, unit: Unit, worker: int) -> bool:
         """Whether a dispatch of `unit` to `worker` counts towards this fault."""
-        return self.after_commit is None and self.action not in LOAD_ACTIONS and all(
+        return self.after_commit is None and self.spec.where != LOAD and all(
             want is None or want == have
             for want, have in ((self.config_id, unit.config_id), (self.epoch, unit.epoch),
                                (self.partition, unit.partition), (self.kind, unit.kind), (self.worker, worker))
@@ -104,21 +161,21 @@ class FaultPlan:
             raise TypeError(f"`on_event` is {self.on_event!r}, but must be callable or None")
         self._seen = [0] * len(self.faults)
 
-    def on_dispatch(self, unit: Unit, worker: int) -> list[str]:
-        """The actions that fire on this dispatch of `unit` to `worker` (counted once per call)."""
+    def on_dispatch(self, unit: Unit, worker: int) -> list[Fault]:
+        """The faults that fire on this dispatch of `unit` to `worker` (counted once per call)."""
         return self._count(lambda f: f.matches(unit, worker), unit)
 
-    def on_load(self, worker: int) -> list[str]:
-        """The actions that fire as `worker` is asked to load partitions (counted once per call)."""
-        return self._count(lambda f: f.action in LOAD_ACTIONS and f.worker in (None, worker), None)
+    def on_load(self, worker: int) -> list[Fault]:
+        """The faults that fire as `worker` is asked to load partitions (counted once per call)."""
+        return self._count(lambda f: f.spec.where == LOAD and f.worker in (None, worker), None)
 
-    def _count(self, matches: Callable[[Fault], bool], unit: Unit | None) -> list[str]:
+    def _count(self, matches: Callable[[Fault], bool], unit: Unit | None) -> list[Fault]:
         out = []
         for i, f in enumerate(self.faults):
             if matches(f):
                 self._seen[i] += 1
                 if self._seen[i] == f.nth:
-                    out.append(f.action)
+                    out.append(f)
                     self.fired.append((f, unit))
         return out
 

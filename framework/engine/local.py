@@ -3,7 +3,8 @@
 It is a `framework.engine.clock.ClockBackend` (the logical clock, the workers' queues, the event heap) whose
 workers run the user's code for real: a unit runs when the driver polls, on the logical clock it takes its measured
 duration (or `unit_time` when given). Injected faults are acted out without harming this process: a killed worker is
-reported lost, a hung unit never reports, a lost state raises `StateLost`.
+reported lost, a hung unit never reports, a lost state raises `StateLost`, a slow unit takes its extra seconds on
+the logical clock.
 
 `framework.replay` runs on it, and the driver's unit tests exercise every recovery path on it in milliseconds.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from framework.engine._base import Event, StateLost, UnitDone, UnitFailed, WorkerJoined, WorkerLost
 from framework.engine.clock import ClockBackend
+from framework.engine.faults import DIE, HANG, STRETCH, Fault
 from framework.engine.state import self_contained as _self_contained
 from framework.engine.state import unpack_state
 from framework.engine.worker import Worker
@@ -24,24 +26,28 @@ from framework.scheduling.units import UnitTask
 
 
 class _Killed(BaseException):
-    """An injected `kill_worker` / `kill_loading`: the worker is gone (a BaseException, so user code cannot catch
-    it)."""
+    """An injected fault whose effect is `DIE` (`kill_worker`, `kill_loading`): the worker is gone (a BaseException,
+    so user code cannot catch it)."""
 
 
 class _Hung(BaseException):
-    """An injected `hang`: the unit never reports."""
+    """An injected fault whose effect is `HANG`: the unit never reports."""
 
 
 class _LocalWorker(Worker):
-    """A `Worker` whose injected crashes and hangs are exceptions instead of acts on the process."""
+    """A `Worker` whose injected crashes and hangs are exceptions instead of acts on the process, and whose slow units
+    take their extra seconds on the logical clock (`LocalBackend._execute`), not in real time."""
 
     LOST_STATE_ERRORS = (LookupError,)
 
-    def act_out(self, fault: str, unit: Unit | None) -> None:
-        if fault in ("kill_worker", "kill_loading"):
-            raise _Killed(fault)
-        if fault == "hang":
-            raise _Hung(fault)
+    def act_out(self, fault: Fault, unit: Unit | None) -> None:
+        effect = fault.spec.effect
+        if effect == DIE:
+            raise _Killed(fault.action)
+        if effect == HANG:
+            raise _Hung(fault.action)
+        if effect == STRETCH:
+            return
         super().act_out(fault, unit)
 
 
@@ -74,7 +80,7 @@ class LocalBackend(ClockBackend):
     def _new_worker(self, worker: int) -> Any:
         return _LocalWorker(worker, device=self.device, num_threads=self.num_threads, **self.fns)
 
-    def _load(self, worker: int, parts: frozenset[int], fault: str | None) -> tuple[float, Event]:
+    def _load(self, worker: int, parts: frozenset[int], fault: Fault | None) -> tuple[float, Event]:
         try:
             self.workers[worker].load({p: self.entries[p] for p in parts}, fault)
         except _Killed:
@@ -104,6 +110,7 @@ class LocalBackend(ClockBackend):
             return 0.0, StateLost(0.0, ticket, worker, e)
         duration = (sum(self.unit_time(r.unit, worker) for r in reports) if self.unit_time
                     else reports[-1].end - reports[0].start)
+        duration += sum(f.seconds for f in (task.faults or (task.fault,)) if f is not None and f.spec.effect == STRETCH)
         if all(r.error is not None for r in reports):
             return duration, UnitFailed(0.0, ticket, worker, reports)
         return duration, UnitDone(0.0, ticket, worker, reports,

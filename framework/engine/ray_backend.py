@@ -32,9 +32,11 @@ from framework.engine._base import (
     WorkerLost,
 )
 from framework.engine.checkpoint import write_later
+from framework.engine.faults import Fault
 from framework.engine.gang import gang_id
 from framework.engine.state import self_contained, unpack_state
 from framework.engine.worker import Worker
+from framework.options import RunOptions
 from framework.scheduling import TRAIN
 from framework.scheduling.units import UnitReport, UnitTask
 
@@ -171,7 +173,7 @@ class _RayWorker(Worker):
         return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
 
     def load(
-        self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]], fault: str | None = None
+        self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]], fault: Fault | None = None
     ) -> dict[int, int]:
         resolved = {
             pid: tuple([ray.get(e) if isinstance(e, ray.ObjectRef) else e for e in entries] for entries in pair)
@@ -276,7 +278,7 @@ class RayBackend(Backend):
         num_threads: int,
         entries: Mapping[int, tuple[Sequence[Any], Sequence[Any]]],
         put_entries: bool = False,
-        queue_depth: int = 1,
+        queue_depth: int = RunOptions.queue_depth,
     ) -> None:
         super().__init__()
         self.fns, self.resources, self.num_threads = dict(fns), dict(resources), num_threads
@@ -299,7 +301,7 @@ class RayBackend(Backend):
         self._orphans: list[Any] = []  # replies of gang members whose unit is over (a member died)
 
     # ---- workers ------------------------------------------------------------------------------------------------
-    def start_worker(self, worker: int, partitions: Iterable[int], fault: str | None = None) -> None:
+    def start_worker(self, worker: int, partitions: Iterable[int], fault: Fault | None = None) -> None:
         parts = frozenset(partitions)
         if worker not in self._actors:
             device = "cuda" if self.resources.get("GPU", 0) > 0 else "cpu"

@@ -23,8 +23,8 @@ import random
 import time
 import traceback
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -37,8 +37,31 @@ from framework.engine.steps import batch_size_of
 from framework.scheduling.units import TRAIN, Unit, UnitReport, UnitTask, unit_seed
 from framework.trainable import Trainable, accepted_kwargs
 
-if TYPE_CHECKING:
-    from framework.engine.worker import Worker
+
+class UnitHost(Protocol):
+    """What the runner reads of the worker that runs a unit (kept by `framework.engine.worker.Worker`, which calls
+    the runner: the runner never imports it)."""
+
+    worker_id: int
+    device: torch.device
+    data: dict[tuple[str, int], Any]  # ("train" | "valid", partition) -> the partition's data
+    model_fn: Callable
+    train_fn: Callable | None
+    step_fn: Callable | None
+    eval_fn: Callable | None
+    fn_names: dict[str, str]  # unit kind -> the user function's name, for error messages
+    freezing: dict[str, Any] | None
+
+    def act_out(self, fault: Any, unit: Unit | None) -> None: ...
+
+    def gang_place(self, task: UnitTask) -> tuple[Unit, int, Any, tuple[int, int]]: ...
+
+    def controller(self, model: torch.nn.Module, unit: Unit, state: ModelState | None) -> Any: ...
+
+    def split_frozen(self, config_id: int, model: torch.nn.Module, new_state: ModelState) -> None: ...
+
+    def full_weights(self, config_id: int, state: ModelState) -> dict[str, Any]: ...
+
 
 __all__ = ["member_tasks", "run_members", "run_unit", "seed_everything"]
 
@@ -50,7 +73,7 @@ def seed_everything(s: int) -> None:
 
 
 def run_members(
-    worker: Worker, task: UnitTask, states: Sequence[PackedState | ModelState | None]
+    worker: UnitHost, task: UnitTask, states: Sequence[PackedState | ModelState | None]
 ) -> tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]]:
     """Run every member of `task` (`task.members`, in order; one state each) on `worker`: fused when they can be (see
     the module docstring), else one after another. (new states, reports), one of each per member. A member whose
@@ -82,7 +105,7 @@ def member_tasks(task: UnitTask) -> list[UnitTask]:
             for cid, config, fault in zip(task.members, configs, faults, strict=True)]
 
 
-def _run_fused(worker: Worker, members: list[UnitTask], states: Sequence[PackedState | ModelState | None]
+def _run_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[PackedState | ModelState | None]
                ) -> tuple[tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]] | None, str | None]:
     """Train a pack's members as one `FusedPack`: (their states and reports, None), or (None, why not) when they
     cannot be fused (the caller then runs them one after another, from their untouched states)."""
@@ -136,7 +159,7 @@ def _run_fused(worker: Worker, members: list[UnitTask], states: Sequence[PackedS
     return (tuple(new_states), tuple(reports)), None
 
 
-def _prepare(worker: Worker, task: UnitTask, unit: Unit, state: PackedState | ModelState | None, act: bool = True
+def _prepare(worker: UnitHost, task: UnitTask, unit: Unit, state: PackedState | ModelState | None, act: bool = True
              ) -> tuple[Trainable, ModelState | None]:
     """A unit's start: its injected fault acted out (when `act`), the config's `Trainable` built from its state,
     and what the unit still reads of that state once the model holds the weights (visits and freezing)."""
@@ -154,7 +177,7 @@ def _seed_unit(seed: int, unit: Unit, share: tuple[int, int] = (0, 1)) -> None:
     seed_everything(unit_seed(seed, unit.config_id, unit.epoch, unit.partition, int(unit.kind == TRAIN), *share))
 
 
-def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | None
+def run_unit(worker: UnitHost, task: UnitTask, state: PackedState | ModelState | None
              ) -> tuple[PackedState | None, UnitReport]:
     """Run one unit from `state` (None: a fresh config). Returns (new state, packed, or None for eval; report).
 
@@ -191,7 +214,7 @@ def run_unit(worker: Worker, task: UnitTask, state: PackedState | ModelState | N
     return new_state, report
 
 
-def _finish(worker: Worker, task: UnitTask, trainable: Trainable, state: ModelState | None, metrics: Any,
+def _finish(worker: UnitHost, task: UnitTask, trainable: Trainable, state: ModelState | None, metrics: Any,
             freezing_state: Any, report: UnitReport, data: Any, rank: int = 0, units: Sequence[Unit] = ()
             ) -> PackedState | None:
     """A unit's metrics checked into `report` and its new state (with its visit record) packed: None for an
@@ -215,7 +238,7 @@ def _finish(worker: Worker, task: UnitTask, trainable: Trainable, state: ModelSt
     return new_state
 
 
-def _train(worker: Worker, task: UnitTask, unit: Unit, trainable: Trainable, data: Any, state: ModelState | None,
+def _train(worker: UnitHost, task: UnitTask, unit: Unit, trainable: Trainable, data: Any, state: ModelState | None,
            gang: Any) -> tuple[Any, Any, float]:
     """One training pass of the worker's `train_fn` (in a gang: its gradients averaged at every step, and the
     members with batches left followed to the end); (metrics, the freezing controller's state or None, seconds in
@@ -243,7 +266,7 @@ def _train(worker: Worker, task: UnitTask, unit: Unit, trainable: Trainable, dat
     return metrics, freezing_state, gang.comm_seconds - comm0 if gang is not None else 0.0
 
 
-def _build(worker: Worker, task: UnitTask, state: ModelState | None) -> Trainable:
+def _build(worker: UnitHost, task: UnitTask, state: ModelState | None) -> Trainable:
     # Construction is seeded per config, so a config's initial weights do not depend on the worker it starts on.
     seed_everything(unit_seed(task.seed, task.unit.config_id))
     trainable = Trainable.of(worker.model_fn(task.config))

@@ -13,6 +13,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ import torch
 
 from framework.data import concat_data, data_len
 from framework.engine.extraction import extract_features
-from framework.engine.faults import InjectedFault
+from framework.engine.faults import DIE, HANG, LOSE_STATE, RAISE, STRETCH, Fault, InjectedFault
 from framework.engine.frozen import FrozenLayers
 from framework.engine.gang import GangMember
 from framework.engine.runner import run_members, run_unit
@@ -126,7 +127,7 @@ class Worker(GangMember, FrozenLayers):
 
     # ---- data -------------------------------------------------------------------------------------------------
     def load(
-        self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]], fault: str | None = None
+        self, partitions: Mapping[int, tuple[Sequence[Any], Sequence[Any]]], fault: Fault | None = None
     ) -> dict[int, int]:
         """Load partitions `{id: (train_entries, valid_entries)}`; several entries are concatenated into one.
 
@@ -198,17 +199,22 @@ class Worker(GangMember, FrozenLayers):
         """The error a worker meets when a config's state object is gone (the Ray subclass raises Ray's own)."""
         return LookupError(f"the state object of {unit} is lost")
 
-    def act_out(self, fault: str, unit: Unit | None) -> None:
-        """Act out an injected fault (`framework.engine.faults`) as a unit (or a load, `unit` None) starts."""
-        if fault == "raise":
+    def act_out(self, fault: Fault, unit: Unit | None) -> None:
+        """Act out an injected fault (`framework.engine.faults`) as a unit (or a load, `unit` None) starts: the one
+        place a worker maps each `FaultKind.effect` to what it does."""
+        effect = fault.spec.effect
+        if effect == RAISE:
             raise InjectedFault(f"injected fault in {unit}")
-        if fault == "lose_state":
+        if effect == LOSE_STATE:
             raise self._lost_state_error(unit)
-        if fault in ("kill_worker", "kill_loading"):
+        if effect == DIE:
             os.kill(os.getpid(), signal.SIGKILL)
-        if fault == "hang":
+        if effect == HANG:
             threading.Event().wait()  # forever: the driver's health check kills this worker
-        raise ValueError(f"unknown injected fault {fault!r}")
+        if effect == STRETCH:
+            time.sleep(fault.seconds)  # then the unit runs as usual
+            return
+        raise ValueError(f"injected fault {fault.action!r} has effect {effect!r}, which a worker cannot act out")
 
     def save(self, state: PackedState | ModelState, path: str) -> tuple[str, int]:
         """Write `state` as a self-contained checkpoint file at `path` (atomically); returns (sha256, bytes)."""

@@ -103,8 +103,7 @@ class KeyedModule(nn.Module):
         order = {k: n for n, k in enumerate(mm.layers)}  # keys are inserted in topological order per model
         ordered = sorted(need, key=order.__getitem__)
         copy_operand, copy_input = _copies_needed(mm, ordered, self.input_keys, self.output_keys)
-        graph = fx.Graph()
-        graph._tracer_cls = _LeafTracer  # unpickling re-traces the code: keep leaf calls and constants as they are
+        graph = fx.Graph(tracer_cls=_LeafTracer)  # unpickling re-traces the code: keep leaf calls and constants as they are
         env: dict[str, fx.Node] = {}
         for j, k in enumerate(self.input_keys):
             env[k] = graph.placeholder(f"in{j}")

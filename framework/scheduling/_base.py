@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,40 @@ from framework.scheduling.units import TRAIN, Assignment, Unit, UnitTimeEstimate
 
 def _uniform_estimate(unit: Unit, worker: int) -> float:
     return 1.0
+
+
+class _IdleView:
+    """The workers with a free slot at one capacity (`idle`: load < `capacity`; `order`: the same, ascending), the
+    same by partition (`by_part`: partition -> its idle holders, ascending), and what changed since the policy last
+    looked at this capacity (`workers`, `configs`). `DispatchState` keeps one per capacity it was asked at and
+    updates each on every change of a worker's load, so switching capacities (twice per dispatch at queue depth > 1)
+    costs nothing."""
+
+    __slots__ = ("by_part", "capacity", "configs", "idle", "order", "workers")
+
+    def __init__(self, capacity: int, idle: set[int], by_part: dict[int, list[int]], configs: set[int]) -> None:
+        self.capacity, self.idle, self.by_part = capacity, idle, by_part
+        self.order = sorted(idle)
+        self.workers: set[int] = set(idle)  # changed: every idle worker is new to a policy that never looked
+        self.configs: set[int] = configs
+
+    def add(self, w: int, parts: Iterable[int]) -> None:
+        if w not in self.idle:
+            self.idle.add(w)
+            bisect.insort(self.order, w)
+            by_part = self.by_part
+            for p in parts:
+                bisect.insort(by_part.setdefault(p, []), w)
+
+    def discard(self, w: int, parts: Iterable[int]) -> None:
+        if w in self.idle:
+            self.idle.discard(w)
+            order = self.order
+            del order[bisect.bisect_left(order, w)]
+            by_part = self.by_part
+            for p in parts:
+                hs = by_part[p]
+                del hs[bisect.bisect_left(hs, w)]
 
 
 @dataclass
@@ -81,7 +116,13 @@ class DispatchState:
         self._busy_configs: set[int] = set()
         self.availability = {p: set(ws) for p, ws in self.availability.items()}
         self.workers: set[int] = set().union(*self.availability.values()) if self.availability else set()
-        self._idle: set[int] = set(self.workers)  # live workers with a free slot (load < capacity)
+        # the idle workers at each capacity the policy was asked at (`set_capacity`), each kept up to date by every
+        # change of a worker's load; `_idle` (live workers with a free slot, load < capacity) is the current one's
+        view = _IdleView(1, set(self.workers), {}, set())
+        self._views: dict[int, _IdleView] = {1: view}
+        self._all_views: tuple[_IdleView, ...] = (view,)
+        self._view = view
+        self._idle = view.idle
         missing = {u.partition for u in self.units} - set(self.availability)
         if missing:
             raise ValueError(f"partitions {sorted(missing)} have no entry in `availability`")
@@ -102,37 +143,47 @@ class DispatchState:
         self._shadowed: dict[tuple[int, int], list[Unit]] = {}  # (config, partition) -> later units waiting behind
         self._nfree: dict[int, int] = {}
         self._free: set[int] = set()
-        # what changed since the policy last looked (`changes`): everything, at first
-        self._changed_workers: set[int] = set(self.workers)
-        self._changed_configs: set[int] = set()
         for u in self.units:
             if self._kind_ok(u):
                 self._enter(u)
-        # partition -> its idle holders, ascending
-        self._idle_by_part: dict[int, list[int]] = {}
-        self._rebuild_idle_index()
+        view.by_part = self._index_idle(view.idle)
 
     # ---- idle workers ----------------------------------------------------------------------------------------------
-    def _rebuild_idle_index(self) -> None:
-        self._idle_by_part = {p: sorted(ws & self._idle) for p, ws in self.availability.items()}
+    def _index_idle(self, idle: set[int]) -> dict[int, list[int]]:
+        """partition -> its holders among `idle`, ascending."""
+        return {p: sorted(ws & idle) for p, ws in self.availability.items()}
 
-    def _to_idle(self, w: int) -> None:
-        if w in self._idle or w not in self.workers:
-            return
-        self._idle.add(w)
-        self._changed_workers.add(w)
-        by_part = self._idle_by_part
-        for p in self._parts_of.get(w, ()):
-            bisect.insort(by_part.setdefault(p, []), w)
+    def _set_load(self, w: int, n: int, freed: bool) -> None:
+        """Worker `w` holds `n` units now (one fewer than before when `freed`, else one more): it is idle in every
+        view whose capacity is above `n`. A freed slot is news to every view; a taken one to the views where the
+        worker may still take more."""
+        if n:
+            self._load[w] = n
+        else:
+            del self._load[w]
+        parts = self._parts_of.get(w, ())
+        live = w in self.workers
+        for view in self._all_views:
+            if n < view.capacity and live:
+                view.add(w, parts)
+                view.workers.add(w)  # a slot freed up, or one is left after the unit it took
+            else:
+                view.discard(w, parts)
+                if freed:
+                    view.workers.add(w)
 
-    def _from_idle(self, w: int) -> None:
-        if w not in self._idle:
-            return
-        self._idle.discard(w)
-        by_part = self._idle_by_part
-        for p in self._parts_of.get(w, ()):
-            hs = by_part[p]
-            del hs[bisect.bisect_left(hs, w)]
+    def _not_idle(self, w: int) -> None:
+        parts = self._parts_of.get(w, ())
+        for view in self._all_views:
+            view.discard(w, parts)
+
+    def _mark_config(self, c: int) -> None:
+        """Config `c` turned free or gained an eligible unit: news to the policy at every capacity."""
+        for view in self._all_views:
+            view.configs.add(c)
+
+    def _holds_any(self, w: int, mine: dict[int, Unit]) -> bool:
+        return not mine.keys().isdisjoint(self._parts_of.get(w, _NONE))
 
     def idle_holders_of(self, config_id: int) -> list[int]:
         """The idle workers that hold a partition of one of the config's eligible units, ascending (from whichever
@@ -142,9 +193,9 @@ class DispatchState:
             return []
         idle = self._idle
         if len(idle) < 4 * len(mine):  # a set test per idle worker, in C
-            held = self._parts_of
-            return sorted(w for w in idle if not held.get(w, _NONE).isdisjoint(mine))
-        by_part = self._idle_by_part
+            keys, held = mine.keys(), self._parts_of
+            return sorted(w for w in idle if not keys.isdisjoint(held.get(w, _NONE)))
+        by_part = self._view.by_part
         return sorted(set().union(*[by_part[p] for p in mine if by_part.get(p)]))
 
     def first_idle_holder(self, config_id: int) -> int | None:
@@ -153,28 +204,30 @@ class DispatchState:
         mine = self._cpart.get(config_id)
         if not mine:
             return None
-        idle = self._idle
-        if len(idle) < 3 * len(mine):  # few idle workers: look from their side (a set test each, in C)
-            held, best = self._parts_of, None
-            for w in idle:
-                if (best is None or w < best) and not held.get(w, _NONE).isdisjoint(mine):  # test only smaller ones
-                    best = w
-            return best
-        by_part = self._idle_by_part
+        # the idle workers from the smallest up, as many as the config has partitions to go to (most often the
+        # first holds one), then from the partitions' side
+        keys, held, view = mine.keys(), self._parts_of, self._view
+        for w in itertools.islice(view.order, len(mine)):
+            if not keys.isdisjoint(held.get(w, _NONE)):
+                return w
+        if len(view.order) <= len(mine):
+            return None
+        by_part = view.by_part
         return min((hs[0] for p in mine if (hs := by_part.get(p))), default=None)
 
     def changes(self) -> tuple[list[int], list[int]]:
-        """What changed since the policy last looked (`Dispatcher` clears it after each `select`): the idle workers
-        that turned idle or joined, and the free configs that turned free or gained an eligible unit, ascending.
-        A dense policy (one that never leaves an eligible unit waiting next to an idle holder) has assigned every
-        other pair already, so it may look at these alone."""
-        idle, free = self._idle, self._free
-        return (sorted(w for w in self._changed_workers if w in idle),
-                sorted(c for c in self._changed_configs if c in free))
+        """What changed since the policy last looked at the current capacity (`Dispatcher` clears it after each
+        `select`): the idle workers that turned idle, joined, or took a unit and have a slot left, and the free
+        configs that turned free or gained an eligible unit, ascending. A dense policy (one that never leaves an
+        eligible unit waiting next to an idle holder) has assigned every other pair already, so it may look at
+        these alone."""
+        view, free = self._view, self._free
+        idle = view.idle
+        return (sorted(w for w in view.workers if w in idle), sorted(c for c in view.configs if c in free))
 
     def clear_changes(self) -> None:
-        self._changed_workers.clear()
-        self._changed_configs.clear()
+        self._view.workers.clear()
+        self._view.configs.clear()
 
     # ---- the eligibility index ------------------------------------------------------------------------------------
     def _kind_ok(self, u: Unit) -> bool:
@@ -200,7 +253,7 @@ class DispatchState:
         else:
             self._nfree[u.partition] = n + 1
             self._free.add(c)
-            self._changed_configs.add(c)
+            self._mark_config(c)
 
     def _leave(self, u: Unit) -> None:
         """`u` no longer waits to run (started, dropped, or its eval waits again for training)."""
@@ -243,7 +296,7 @@ class DispatchState:
         mine = self._cpart.get(c)
         if mine:
             self._free.add(c)
-            self._changed_configs.add(c)
+            self._mark_config(c)
             nfree = self._nfree
             for p in mine:
                 nfree[p] += 1  # every partition with an eligible unit has a count (`_enter`)
@@ -289,9 +342,12 @@ class DispatchState:
             raise ValueError(f"`capacity` is {capacity!r}, but must be >= 1")
         if capacity != self.capacity:
             self.capacity = capacity
-            self._idle = {w for w in self.workers if self._load.get(w, 0) < capacity}
-            self._rebuild_idle_index()
-            self._changed_workers |= self._idle  # whoever is idle at the new capacity is new to the policy
+            view = self._views.get(capacity)
+            if view is None:  # once per capacity; from then on every change of a load keeps it up to date
+                idle = {w for w in self.workers if self._load.get(w, 0) < capacity}
+                view = self._views[capacity] = _IdleView(capacity, idle, self._index_idle(idle), set(self._free))
+                self._all_views = tuple(self._views.values())
+            self._view, self._idle = view, view.idle
 
     def load(self, worker: int) -> int:
         """Units `worker` holds now (running and queued)."""
@@ -299,7 +355,7 @@ class DispatchState:
 
     def idle_workers(self) -> list[int]:
         """Live workers with a free slot (see `capacity`), in ascending id order."""
-        return sorted(self._idle)
+        return list(self._view.order)
 
     def partitions_of(self, worker: int) -> set[int]:
         return set(self._parts_of.get(worker, ()))
@@ -327,8 +383,10 @@ class DispatchState:
         return sorted(units) if len(units) > 1 else units
 
     def _free_count(self, parts: Iterable[int]) -> int:
-        nfree = self._nfree
-        return sum(nfree.get(p, 0) for p in parts)
+        nfree, n = self._nfree, 0
+        for p in parts:  # (a worker holds a few: a loop beats a generator)
+            n += nfree.get(p, 0)
+        return n
 
     def eligible_unsorted(self, worker: int) -> list[Unit]:
         """Same units as `eligible`, in no particular order (cheaper; for policies that rank candidates anyway)."""
@@ -369,7 +427,7 @@ class DispatchState:
     def candidate_workers(self) -> list[int]:
         """Idle live workers with an eligible unit, in ascending id order (a subset of `idle_workers`)."""
         nfree = self._nfree
-        return [w for w in sorted(self._idle) if any(nfree.get(p, 0) for p in self._parts_of.get(w, ()))]
+        return [w for w in self._view.order if any(nfree.get(p, 0) for p in self._parts_of.get(w, ()))]
 
     def sample_eligible(self, worker: int, rng, exclude: set[int], tries: int = 8) -> Unit | None:
         """A uniformly random unit among `eligible(worker)` whose config is not in `exclude` (None: there is none).
@@ -391,8 +449,11 @@ class DispatchState:
             n -= sum(1 for c in exclude if c in self._free for p in parts if p in cpart[c])
             if n == 0:
                 return None
-        lists = [self._by_partition.get(p, ()) for p in parts]
-        total = sum(len(units) for units in lists)
+        by_partition, lists, total = self._by_partition, [], 0
+        for p in parts:
+            units = by_partition.get(p, ())
+            lists.append(units)
+            total += len(units)
         busy = self._busy_configs
         if total <= tries * n:  # at least one draw in `tries` hits, on average
             for _ in range(2 * tries):
@@ -445,7 +506,8 @@ class DispatchState:
         if not self.can_start(assignment):
             raise ValueError(f"{assignment.unit} (members {assignment.members}) is not eligible on workers "
                              f"{assignment.workers}")
-        for unit in assignment.units:
+        single = len(assignment.workers) == 1 and len(assignment.members) == 1
+        for unit in (assignment.unit,) if single else assignment.units:
             self.pending.remove(unit)
             self._unindex_config(unit)
             self._leave(unit)
@@ -455,9 +517,7 @@ class DispatchState:
             if unit.config_id not in self._busy_configs:  # (a gang's units share their config)
                 self._set_busy(unit.config_id)
         for worker in assignment.workers:
-            n = self._load[worker] = self._load.get(worker, 0) + 1
-            if n >= self.capacity:
-                self._from_idle(worker)
+            self._set_load(worker, self._load.get(worker, 0) + 1, freed=False)
 
     def _release(self, unit: Unit) -> None:
         a = self.running.pop(unit)
@@ -470,12 +530,7 @@ class DispatchState:
             if others:
                 return
         for worker in a.workers:
-            n = self._load[worker] = self._load[worker] - 1
-            if n == 0:
-                del self._load[worker]
-            self._changed_workers.add(worker)  # a slot of its freed up
-            if n < self.capacity:
-                self._to_idle(worker)
+            self._set_load(worker, self._load[worker] - 1, freed=True)
 
     def complete(self, unit: Unit) -> None:
         self._release(unit)
@@ -517,19 +572,22 @@ class DispatchState:
 
     def add_worker(self, worker: int, partitions: Iterable[int]) -> None:
         """A worker joined (elasticity) or came back, holding `partitions`."""
-        self._from_idle(worker)  # (re-indexed below with its partitions)
+        self._not_idle(worker)  # (re-indexed below with its partitions)
         self.workers.add(worker)
         self._sorted_parts.pop(worker, None)
         for p in partitions:
             self.availability.setdefault(p, set()).add(worker)
             self._parts_of.setdefault(worker, set()).add(p)
-        if self._load.get(worker, 0) < self.capacity:
-            self._to_idle(worker)
-        self._changed_workers.add(worker)
+        n = self._load.get(worker, 0)
+        parts = self._parts_of.get(worker, ())
+        for view in self._all_views:
+            if n < view.capacity:
+                view.add(worker, parts)
+            view.workers.add(worker)
 
     def drain_worker(self, worker: int) -> None:
         """Give `worker` no new units (elastic scale-in); a unit it is running finishes and completes normally."""
-        self._from_idle(worker)
+        self._not_idle(worker)
         self.workers.discard(worker)
         self._sorted_parts.pop(worker, None)
         for p in self._parts_of.pop(worker, ()):

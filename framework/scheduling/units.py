@@ -127,17 +127,17 @@ UnitTimeEstimate = Callable[[Unit, int], float]
 class UnitTask:
     """Everything a worker needs to run one assignment, besides the states: the unit, the configs (one per member,
     in `members` order), the run seed, the gang's workers, and an injected fault to act out
-    (`framework.engine.faults.WORKER_ACTIONS`)."""
+    (a `framework.engine.faults.Fault` of a kind its worker carries out; None: none)."""
 
     unit: Unit
     config: dict[str, Any]
     seed: int  # the run seed
-    fault: str | None = None
+    fault: Any = None  # (typed loosely: the scheduling layer imports nothing of the engine's)
     members: tuple[int, ...] = ()  # the pack's configs (default: the unit's own)
     configs: tuple[dict[str, Any], ...] = ()  # their configs (default: `config`)
     workers: tuple[int, ...] = ()  # the gang (default: the worker it is sent to)
     partitions: tuple[int, ...] = ()  # the partition each worker of the gang trains (default: the unit's)
-    faults: tuple[str | None, ...] = ()  # a pack's faults, one per member (default: `fault`, the first member's)
+    faults: tuple[Any, ...] = ()  # a pack's faults, one per member (default: `fault`, the first member's)
 
     @property
     def units(self) -> tuple[Unit, ...]:

@@ -57,6 +57,14 @@ def test_bind_rejects_bad_num_workers():
         _Nothing().bind("valid_loss", "min", num_workers=0)
 
 
+def test_claim_takes_a_procedure_for_one_run_and_refuses_a_second():
+    p = _Nothing()
+    p.claim()
+    with pytest.raises(ValueError, match=r"`procedure` \(_Nothing\) has already run"):
+        p.claim()
+    _Nothing().claim()  # another object of the class is free
+
+
 def test_score_at_an_epoch_and_missing_values_rank_last():
     p = _Nothing()
     s = _state(0, 0.5, 0.2)

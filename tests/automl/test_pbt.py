@@ -59,6 +59,7 @@ def test_pbt_clones_get_perturbed_donor_configs_inside_the_space(space):
     pbt = automl.PBT(space, population=8, epochs=4, perturbation_interval=2)
     states, decisions = _drive(pbt, lambda i, e: AT_2.get(i, 0.05))
     searched = automl.SearchSpace(space)
+    assert len(decisions[2].clone) == 2  # the loop below checks something
     for source, config in decisions[2].clone:
         donor = states[source].config
         assert searched.contains(config)

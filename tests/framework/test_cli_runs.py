@@ -22,7 +22,8 @@ from framework.engine.catalog import SQLiteCatalog
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.result import CATALOG_FILE
 from framework.run_record import writer_lock
-from framework.runs import RECENT_S, DriverInfo, classify, list_runs, pid_alive, run_status
+from framework.run_status import RECENT_S, DriverInfo, classify, pid_alive, run_status
+from framework.runs import list_runs
 
 pytestmark = pytest.mark.ray
 PLANTED_REF = "tests.integration.planted:model_fn"  # importing it runs code (tests/integration/planted.py)
@@ -289,6 +290,7 @@ def test_export_of_the_current_folder_goes_beside_it(runs, tmp_path, capsys, mon
     (["pause", "{p}/missing"], "holds no run.db: not a run directory"),
     (["watch", "{p}/missing", "--once"], "holds no run.db: not a run directory"),
     (["unpause", "{p}"], "holds no run.db: not a run directory"),
+    (["checkpoint-config", "{p}/missing", "0"], "holds no run.db: not a run directory"),  # made from the registry
 ])
 def test_a_missing_run_is_one_line_and_exit_code_2(tmp_path, capsys, argv, message):
     assert cli([a.format(p=tmp_path) for a in argv]) == 2
@@ -305,6 +307,21 @@ def test_a_bad_flag_is_one_line_and_exit_code_2(argv, capsys):
         cli(argv)
     assert e.value.code == 2
     _one_error_line(capsys, "python -m framework", "(see --help)")
+
+
+def test_every_command_a_person_may_send_has_a_subcommand_made_from_the_registry_unless_written_by_hand():
+    import argparse
+
+    from framework.__main__ import build_parser
+    from framework.driver.commands import COMMANDS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    wanted = {c.cli or c.name.replace("_", "-") for c in COMMANDS.values() if c.outside}
+    assert "checkpoint-config" in wanted and wanted <= set(sub.choices)
+    args = build_parser().parse_args(["checkpoint-config", "RUN", "3", "--timeout", "5"])
+    assert (args.registry_command, args.run, args.arg_config_id, args.timeout) == ("checkpoint_config", "RUN", 3, 5.0)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["checkpoint-config", "RUN", "three"])
 
 
 def test_help_lists_the_subcommands_and_says_what_they_do(capsys):

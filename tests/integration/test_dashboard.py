@@ -245,6 +245,24 @@ def test_clone_add_and_extend_from_the_dashboard_reach_the_driver(run):
         assert ids[new_id]["config"]["lr"] == 0.02 and ids[new_id]["parent"] == 1 and new_id + 1 in ids
 
 
+def test_the_page_builds_its_commands_from_the_registry_and_a_new_command_reaches_the_driver(run):
+    from framework.driver.commands import COMMANDS, OUTSIDE_COMMANDS
+
+    with serve(run.path) as board:
+        base = _base(board)
+        status, body = _call(base + "/api/commands")
+        assert status == 200 and [c["name"] for c in body["commands"]] == [n for n in COMMANDS if n in OUTSIDE_COMMANDS]
+        spec = {c["name"]: c for c in body["commands"]}["checkpoint_config"]
+        assert spec["target"] == "config" and [a["name"] for a in spec["args"]] == ["config_id"]
+        status, page = _call(base + "/")
+        assert status == 200 and not [n for n in OUTSIDE_COMMANDS if n in page]  # no form written into the page
+        # config 0's weights at the round's end are on disk (the run checkpoints each epoch): said, not written again
+        status, out = _command(base, "checkpoint_config", config_id=0)
+        assert status == 200 and not out["applied"] and out["outcome"].endswith("training units are on disk already")
+        status, out = _command(base, "checkpoint_config", config_id=0, when="now")
+        assert status == 200 and out["outcome"] == "'checkpoint_config' takes no argument 'when'; it takes ['config_id']"
+
+
 def test_bad_requests_and_arguments_are_one_line_errors(run):
     with serve(run.path) as board:
         base = _base(board)

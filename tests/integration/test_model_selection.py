@@ -208,6 +208,7 @@ def test_lr_schedule_and_grad_scaler_hop_checkpoint_and_replay_bit_identically(r
         scheduled_model_fn, scheduled_train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=3),
         storage_path=str(tmp_path / "scheduled"), progress=False, seed=4,
     ).run()
+    assert len(result.configs) == 2
     for cid, config in result.configs.items():
         lrs = result.metrics[result.metrics.config_id == cid].sort_values("epoch").train_lr.tolist()
         cosine = [config["lr"] * (1 + math.cos(math.pi * e / 3)) / 2 for e in range(3)]

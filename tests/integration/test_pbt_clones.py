@@ -98,6 +98,7 @@ def test_pbt_clone_counts_its_own_epochs_only(pbt_run, assert_complete):
 
 def test_pbt_replay_gives_the_clone_the_runs_weights_and_visits(pbt_run, tmp_path, assert_complete):
     again = framework.replay(pbt_run.storage_path, out_path=str(tmp_path / "replay"))
+    assert sorted(again.configs) == sorted(pbt_run.configs) and len(pbt_run.configs) > 2  # a clone among them
     for cid in pbt_run.configs:
         a, b = pbt_run.load_state(cid), again.load_state(cid)
         assert a["visited"] == b["visited"], f"config {cid}"

@@ -69,3 +69,26 @@ def test_a_simulated_hang_is_an_injected_fault_its_backend_reports():
     assert len(failed) == 1 and failed[0]["why"].startswith("hung: Unit(config_id=0") and failed[0]["requeued"]
     assert validate_schedule(log.schedule(), w.availability, raise_on_error=True).ok
     assert len(log.schedule()) == 4
+
+
+def test_a_simulated_slow_unit_stretches_by_its_seconds_and_the_makespan_with_it():
+    from framework.driver import Driver, MemoryRunLog
+    from framework.engine.faults import Fault, FaultPlan
+    from framework.options import RunOptions
+    from framework.scheduling import TRAIN
+    from simulators.backend import SimulatedBackend
+
+    def run(faults):
+        w = _shop(np.full((1, 2), 3_600.0))  # one config, two workers, hour-long units
+        log = MemoryRunLog()
+        Driver(SimulatedBackend(w), automl.GridSearch({"x": [0]}, epochs=1), log, {0: [0], 1: [1]}, [0, 1],
+               RunOptions(queue_depth=1), FaultPlan(faults), eval_partitions=[]).run()
+        done = log.schedule()
+        assert len(done) == 2 and not [d for k, d in log.events if k in ("worker_failed", "unit_retry")]
+        return done, done.end.max()
+
+    _, makespan = run([])
+    done, stretched = run([Fault("slow", config_id=0, partition=1, kind=TRAIN, seconds=1_800.0)])
+    slow = done[done.partition == 1].iloc[0]
+    assert slow.end - slow.start == 5_400.0
+    assert (makespan, stretched) == (7_200.0, 9_000.0)

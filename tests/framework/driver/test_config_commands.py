@@ -354,3 +354,51 @@ def test_stopping_every_active_config_of_an_asynchronous_run_asks_the_procedure_
     assert len(configs) == P + 2 and asha._issued == P + 2  # the procedure started every config it may
     assert all(c.status != ACTIVE and len(c.history) >= 1 for c in configs[P:])
     _check_no_unit_twice(driver, log)
+
+
+def test_commands_registry_entries_name_their_arguments_and_describe_themselves_as_json():
+    import json
+
+    from framework.driver.commands import ARG_TYPES, COMMANDS, OUTSIDE_COMMANDS
+
+    assert COMMANDS and all(name == c.name and callable(c.handler) and c.doc for name, c in COMMANDS.items())
+    assert OUTSIDE_COMMANDS == {n for n, c in COMMANDS.items() if c.outside} and "kill_worker" not in OUTSIDE_COMMANDS
+    for c in COMMANDS.values():
+        assert all(a.type in ARG_TYPES and a.rule for a in c.args)
+        assert c.target == "run" or "config_id" in [a.name for a in c.args]
+        assert json.loads(json.dumps(c.describe()))["args"] == [dict(vars(a)) for a in c.args]
+
+
+def test_a_command_with_an_argument_it_does_not_take_is_rejected_and_defaults_fill_the_rest():
+    from framework.driver.commands import COMMANDS, CommandRejected
+
+    with pytest.raises(CommandRejected, match=r"^'stop_config' takes no argument 'force'; it takes \['config_id'\]$"):
+        COMMANDS["stop_config"].check({"config_id": 0, "force": True})
+    with pytest.raises(CommandRejected, match=r"^`config_id` is None, but must be a config id \(an int\)$"):
+        COMMANDS["stop_config"].check({})
+    assert COMMANDS["clone_config"].check({"config_id": 1}) == {"config_id": 1, "overrides": {}, "warm": True}
+    assert COMMANDS["add_workers"].check({"count": 2}) == {"count": 2}
+
+
+def test_checkpoint_config_writes_a_configs_latest_weights_now_whatever_the_policy():
+    seen = {}
+
+    def when(driver, hook, *args):
+        if hook == "round_committed" and args[0]["round"] == 0 and not _events(driver.run_state.log, "command"):
+            return [("checkpoint_config", {"config_id": 0}), ("checkpoint_config", {"config_id": 0}),
+                    ("checkpoint_config", {"config_id": 9}), ("checkpoint_config", {"config_id": 1, "now": 1})]
+        if hook == "command" and args[0]["applied"] and "written" not in seen:  # on disk as the outcome says
+            seen["written"] = driver.run_state.log.load_latest(0)
+        return []
+
+    driver, log = _run(automl.GridSearch(SPACE, epochs=2), when, checkpoint="off")
+    outcomes = _commands(log)
+    assert outcomes[0] == ("checkpoint_config", True, f"config 0's weights after {P} training units (epoch 0) written")
+    assert outcomes[1] == ("checkpoint_config", False, f"config 0's weights after {P} training units are on disk "
+                                                       "already")
+    assert outcomes[2] == ("checkpoint_config", False, "`config_id` is 9, but no config has that id (ids 0..2)")
+    assert outcomes[3] == ("checkpoint_config", False,
+                           "'checkpoint_config' takes no argument 'now'; it takes ['config_id']")
+    state, epoch, units = seen["written"]
+    assert (epoch, units) == (0, P) and {e: sorted(ps) for e, ps in state["visited"].items()} == {0: list(range(P))}
+    _check_no_unit_twice(driver, log)

@@ -11,7 +11,7 @@ from framework.scheduling import EVAL, TRAIN, Unit
 def test_fault_fires_once_on_the_nth_matching_dispatch():
     plan = FaultPlan([Fault("raise", config_id=1, nth=2)])
     dispatches = [Unit(0, 0, 0), Unit(1, 0, 0), Unit(0, 0, 1), Unit(1, 0, 1), Unit(1, 0, 0, EVAL), Unit(1, 1, 0)]
-    fired = [plan.on_dispatch(u, 0) for u in dispatches]
+    fired = [[f.action for f in plan.on_dispatch(u, 0)] for u in dispatches]
     assert fired == [[], [], [], ["raise"], [], []]
     assert plan.fired == [(Fault("raise", config_id=1, nth=2), Unit(1, 0, 1))]
 
@@ -27,7 +27,7 @@ def test_fault_filters_all_have_to_match():
 
 def test_fault_on_load_counts_the_starts_of_its_worker_only():
     plan = FaultPlan([Fault("kill_loading", worker=1, nth=2)])
-    assert [plan.on_load(w) for w in (0, 1, 0, 1, 1)] == [[], [], [], ["kill_loading"], []]
+    assert [plan.on_load(w) for w in (0, 1, 0, 1, 1)] == [[], [], [], [Fault("kill_loading", worker=1, nth=2)], []]
     assert plan.on_dispatch(Unit(0, 0, 0), 1) == []  # a load fault never fires on a unit
 
 
@@ -38,8 +38,8 @@ def test_fault_on_load_takes_no_unit_filters():
 
 def test_fault_plan_counts_each_fault_separately():
     plan = FaultPlan([Fault("skip_checkpoint", config_id=0, nth=1), Fault("lose_state", config_id=0, nth=2)])
-    assert plan.on_dispatch(Unit(0, 0, 0), 0) == ["skip_checkpoint"]
-    assert plan.on_dispatch(Unit(0, 0, 1), 0) == ["lose_state"]
+    assert plan.on_dispatch(Unit(0, 0, 0), 0) == [plan.faults[0]]
+    assert plan.on_dispatch(Unit(0, 0, 1), 0) == [plan.faults[1]]
     assert plan.on_dispatch(Unit(0, 1, 0), 0) == []
 
 
@@ -90,3 +90,30 @@ def test_fault_plan_rejects_what_is_not_a_fault():
 def test_fault_plan_rejects_an_observer_that_is_not_callable():
     with pytest.raises(TypeError, match="`on_event` is 3, but must be callable or None"):
         FaultPlan(on_event=3)
+
+
+def test_fault_kinds_each_name_where_they_are_carried_out_and_an_effect():
+    from framework.engine.faults import ACTIONS, DRIVER_ACTIONS, FAULT_KINDS, LOAD_ACTIONS, WORKER_ACTIONS
+
+    assert FAULT_KINDS and all(name == k.name and k.doc for name, k in FAULT_KINDS.items())
+    assert sorted(WORKER_ACTIONS + DRIVER_ACTIONS + LOAD_ACTIONS) == sorted(ACTIONS) == sorted(FAULT_KINDS)
+    assert FAULT_KINDS["kill_worker"].effect == FAULT_KINDS["kill_loading"].effect  # one behaviour, two places
+
+
+def test_fault_slow_takes_a_number_of_seconds_above_zero():
+    assert Fault("slow", config_id=0, seconds=2.5).seconds == 2.5
+    for bad in (None, 0, -1.0, float("nan"), True, "3"):
+        with pytest.raises(ValueError, match=f"`seconds` is {bad!r}, but a 'slow' fault needs a number of seconds"):
+            Fault("slow", seconds=bad)
+
+
+def test_fault_seconds_is_only_for_the_kinds_that_take_it():
+    with pytest.raises(ValueError, match=r"`seconds` is 1.0, but only a fault of \['slow'\] takes it"):
+        Fault("raise", seconds=1.0)
+
+
+def test_fault_plan_hands_out_the_fault_with_its_parameters():
+    plan = FaultPlan([Fault("slow", epoch=1, seconds=4.0)])
+    assert plan.on_dispatch(Unit(0, 0, 0), 0) == []
+    [slow] = plan.on_dispatch(Unit(0, 1, 0), 0)
+    assert (slow.action, slow.seconds, slow.spec.where) == ("slow", 4.0, "worker")

@@ -182,3 +182,12 @@ def test_worker_without_an_activation_cache_makes_no_folder(tmp_path, monkeypatc
     w.data = _worker().data
     _, report = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=0), None)
     assert report.error is None and os.listdir(tmp_path) == []
+
+
+def test_worker_acts_out_a_slow_fault_by_sleeping_then_running_the_unit():
+    from framework.engine.faults import Fault
+
+    w = _worker()
+    state, slow = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=0, fault=Fault("slow", seconds=0.3)), None)
+    assert slow.error is None and unpack_state(state)["visited"] == {0: [0]}  # it ran, to its end
+    assert slow.end - slow.start >= 0.3
