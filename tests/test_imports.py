@@ -161,6 +161,8 @@ CONTRACTS = {
     "framework.engine._base": {"framework.scheduling.units"},  # the backend
     "framework.driver._base": {"framework.scheduling.units"},  # the run log
     "framework.callbacks": {"framework.result"},  # callbacks (`Result` for a type annotation only)
+    # a dispatch policy (the `DispatchState` it reads, for a type annotation only)
+    "framework.scheduling._base": {"framework.scheduling.units", "framework.scheduling.dispatch_state"},
 }
 
 

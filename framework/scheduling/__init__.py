@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from framework.scheduling._base import DispatchState, Scheduler, greedy_select
+from framework.scheduling._base import Scheduler
 from framework.scheduling._plan import (
     FEASIBLE,
     HEURISTIC,
@@ -18,6 +18,7 @@ from framework.scheduling._plan import (
 from framework.scheduling._replay import replay
 from framework.scheduling.approx import DenseApproxSolver
 from framework.scheduling.cpsat import CPSATSolver
+from framework.scheduling.dispatch_state import DispatchState, greedy_select
 from framework.scheduling.lookahead import LookaheadScheduler, LookaheadSolver
 from framework.scheduling.lpt import LPTScheduler
 from framework.scheduling.milp import MILPSolver

@@ -13,7 +13,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from framework.scheduling._base import TRAIN, DispatchState, Unit
+from framework.scheduling.dispatch_state import DispatchState
+from framework.scheduling.units import TRAIN, Unit
 
 #: solver statuses reported on a `Schedule`
 OPTIMAL = "optimal"

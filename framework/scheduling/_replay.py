@@ -9,8 +9,10 @@ from __future__ import annotations
 import heapq
 import time
 
-from framework.scheduling._base import DispatchState, Scheduler, Unit
+from framework.scheduling._base import Scheduler
 from framework.scheduling._plan import HEURISTIC, Schedule, ScheduledUnit, ShopProblem
+from framework.scheduling.dispatch_state import DispatchState
+from framework.scheduling.units import Unit
 
 
 def state_from_problem(problem: ShopProblem) -> DispatchState:

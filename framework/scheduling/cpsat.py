@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 
-from framework.scheduling._base import TRAIN
 from framework.scheduling._plan import (
     FEASIBLE,
     HEURISTIC,
@@ -18,6 +17,7 @@ from framework.scheduling._plan import (
     native_seed,
 )
 from framework.scheduling.approx import warm_start
+from framework.scheduling.units import TRAIN
 
 
 def integer_durations(problem: ShopProblem, resolution: int = 1000) -> tuple[dict, float, float]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import time
 
-from framework.scheduling._base import DispatchState, Unit
 from framework.scheduling._plan import HEURISTIC, OPTIMAL, OfflineSolver, Schedule, ShopProblem
+from framework.scheduling.dispatch_state import DispatchState
 from framework.scheduling.mwr import MWRScheduler
 from framework.scheduling.plan import PlanScheduler
+from framework.scheduling.units import Unit
 
 
 class _PerturbedMWR(MWRScheduler):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from framework.scheduling._base import Assignment, DispatchState, Scheduler
+from framework.scheduling._base import Scheduler
+from framework.scheduling.dispatch_state import DispatchState
+from framework.scheduling.units import Assignment
 
 
 class LPTScheduler(Scheduler):

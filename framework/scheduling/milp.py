@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from framework.scheduling._base import TRAIN
 from framework.scheduling._plan import (
     FEASIBLE,
     HEURISTIC,
@@ -16,6 +15,7 @@ from framework.scheduling._plan import (
     left_shift,
 )
 from framework.scheduling.approx import warm_start
+from framework.scheduling.units import TRAIN
 
 
 class MILPSolver(OfflineSolver):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from framework.scheduling._base import DispatchState
+from framework.scheduling.dispatch_state import DispatchState
 from framework.scheduling.units import TRAIN, Assignment
 
 __all__ = ["AUTO", "MAX_PACK", "Packer", "PackSizer", "check_pack"]

@@ -28,7 +28,8 @@ import math
 import time
 from collections.abc import Iterable
 
-from framework.scheduling._base import DispatchState, Scheduler
+from framework.scheduling._base import Scheduler
+from framework.scheduling.dispatch_state import DispatchState
 from framework.scheduling.randomized import RandomizedScheduler
 from framework.scheduling.units import TRAIN, Assignment, Unit
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
-from framework.scheduling._base import Assignment, DispatchState, Scheduler, Unit
+from framework.scheduling._base import Scheduler
 from framework.scheduling._plan import OfflineSolver, Schedule, ShopProblem
+from framework.scheduling.dispatch_state import DispatchState
+from framework.scheduling.units import Assignment, Unit
 
 
 class PlanScheduler(Scheduler):

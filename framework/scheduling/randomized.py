@@ -5,7 +5,9 @@ from __future__ import annotations
 import heapq
 import random
 
-from framework.scheduling._base import Assignment, DispatchState, Scheduler
+from framework.scheduling._base import Scheduler
+from framework.scheduling.dispatch_state import DispatchState
+from framework.scheduling.units import Assignment
 
 
 class RandomizedScheduler(Scheduler):

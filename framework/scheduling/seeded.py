@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import random
 
-from framework.scheduling._base import TRAIN, Assignment, DispatchState, Scheduler
+from framework.scheduling._base import Scheduler
+from framework.scheduling.dispatch_state import DispatchState
+from framework.scheduling.units import TRAIN, Assignment
 
 
 class SeededOrderScheduler(Scheduler):
