@@ -16,14 +16,14 @@ _EXPORTS = {
     "MLflowCallback": "framework.trackers",
     "TensorBoardCallback": "framework.trackers",
     "PartitionedDataset": "framework.data",
-    "connect": "framework.steering",
-    "RunHandle": "framework.steering",
+    "connect": "framework.runs.steering",
+    "RunHandle": "framework.runs.steering",
     "EngineTransfer": "framework.planner.engine",
     "transfer_on_engine": "framework.planner.engine",
     "TransferPlan": "framework.planner.transfer",
     "TransferSelection": "framework.planner.transfer",
     "plan_transfer": "framework.planner.transfer",
-    "replay": "framework.replay",
+    "replay": "framework.runs.replay",
     "Result": "framework.result",
     "EXECUTORS": "framework.options",
     "RunOptions": "framework.options",
@@ -37,10 +37,10 @@ if TYPE_CHECKING:
     from framework.options import EXECUTORS, RunOptions
     from framework.planner.engine import EngineTransfer, transfer_on_engine
     from framework.planner.transfer import TransferPlan, TransferSelection, plan_transfer
-    from framework.replay import replay
     from framework.result import Result
+    from framework.runs.replay import replay
+    from framework.runs.steering import RunHandle, connect
     from framework.selection import ModelSelection
-    from framework.steering import RunHandle, connect
     from framework.trackers import MLflowCallback, TensorBoardCallback
     from framework.trainable import Trainable
 

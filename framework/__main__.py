@@ -1,6 +1,6 @@
 """Command line: `python -m framework COMMAND --help` (the console script `modelhopper`): demo, show, replay, list,
 status, watch, compare, export, resume, workers, pause, unpause, stop, resume-config, add, clone, extend, dashboard.
-The commands about runs are thin glue over `framework.runs` (reading them), `framework.steering` (steering a running
+The commands about runs are thin glue over `framework.runs` (reading them), `framework.runs.steering` (steering a running
 one) and `framework.dashboard` (a web page of one)."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from framework.engine.catalog import CatalogError
-    from framework.runs import open_result
+    from framework.runs.status import open_result
 
     with open_result(args.storage_path) as result:  # a run opened from a URI is a temporary copy: removed after
         try:
@@ -89,7 +89,7 @@ def _print_run(result, args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     import framework
-    from framework.storage import unusable_dir
+    from framework.runs.storage import unusable_dir
 
     why = unusable_dir(args.out) if args.out is not None else None
     if why is not None:
@@ -104,8 +104,8 @@ def _replay(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from framework.runs import age, list_runs
-    from framework.storage import default_root
+    from framework.runs.manage import age, list_runs
+    from framework.runs.storage import default_root
 
     root = args.root if args.root is not None else default_root()
     runs = list_runs(args.root, max_depth=args.depth)
@@ -126,7 +126,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    from framework.steering import connect
+    from framework.runs.steering import connect
 
     handle = connect(args.run, source="cli")
     if args.add is None and args.drain is None:
@@ -147,7 +147,7 @@ def _report(outcomes: list) -> int:
 
 
 def _pause(args: argparse.Namespace) -> int:
-    from framework.steering import connect
+    from framework.runs.steering import connect
 
     handle = connect(args.run, source="cli")
     return _report([handle.pause(args.timeout) if args.command == "pause" else handle.unpause(args.timeout)])
@@ -155,7 +155,7 @@ def _pause(args: argparse.Namespace) -> int:
 
 def _config_command(args: argparse.Namespace) -> int:
     """stop, resume-config, add, clone, extend: one command to the running run's driver."""
-    from framework.steering import connect
+    from framework.runs.steering import connect
 
     handle, t = connect(args.run, source="cli"), args.timeout
     if args.command == "stop":
@@ -222,7 +222,8 @@ def _watch(args: argparse.Namespace) -> int:
     import warnings
 
     from framework.engine.catalog import UnverifiedRunWarning, configs_named, describe_problems
-    from framework.runs import age, open_result, run_status
+    from framework.runs.manage import age
+    from framework.runs.status import open_result, run_status
 
     while True:
         s = run_status(args.run)
@@ -255,7 +256,8 @@ def _watch(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from framework.runs import age, iso, run_status
+    from framework.runs.manage import age, iso
+    from framework.runs.status import run_status
 
     s = run_status(args.run)
     if args.json:
@@ -292,7 +294,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from framework.runs import compare_runs
+    from framework.runs.manage import compare_runs
 
     board = compare_runs(args.runs, args.metric, args.mode, args.scope, top=args.top)
     if args.json:
@@ -303,7 +305,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from framework.runs import export_run
+    from framework.runs.manage import export_run
 
     files = export_run(args.run, args.format, args.out)
     _say(f"Exported {len(files)} tables of {args.run} to {os.path.dirname(next(iter(files.values())))}: "
@@ -313,7 +315,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from framework.options import FUNCTIONS
-    from framework.runs import resume_run, run_status
+    from framework.runs.manage import resume_run
+    from framework.runs.status import run_status
 
     if run_status(args.run)["status"] == "finished":
         _say(f"The run in {args.run} had finished: nothing to resume")
@@ -485,7 +488,7 @@ def _registry_parsers(sub, fmt) -> None:
 
 def _registry_command(args: argparse.Namespace) -> int:
     """A command made from the registry (`_registry_parsers`): the arguments given, sent to the running run."""
-    from framework.steering import connect
+    from framework.runs.steering import connect
 
     given = {k[len("arg_"):]: v for k, v in vars(args).items() if k.startswith("arg_") and v is not None}
     return _report([connect(args.run, source="cli").send(args.registry_command, timeout=args.timeout, **given)])
@@ -676,8 +679,8 @@ USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueErro
 
 def _check_paths(args: argparse.Namespace) -> None:
     """A ValueError naming the argument when a run directory (or an output folder) given is not UTF-8 text: SQLite
-    cannot open a run there (`framework.storage.not_utf8`). `list` takes such a root: it lists what it finds."""
-    from framework.storage import check_utf8
+    cannot open a run there (`framework.runs.storage.not_utf8`). `list` takes such a root: it lists what it finds."""
+    from framework.runs.storage import check_utf8
 
     for dest in ("storage_path", "run", "runs", "out"):
         given = getattr(args, dest, None)
@@ -690,7 +693,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m framework") -> in
     from framework.engine.catalog import CatalogError
     from framework.engine.signing import SignatureError
     from framework.result import NoResultError
-    from framework.steering import NotRunningError
+    from framework.runs.steering import NotRunningError
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@ the JSON endpoints below about once a second; each request reads the run's files
 so the dashboard serves a running run, a crashed one and a finished one alike, from any process of the machine:
 
     GET  /                 the page
-    GET  /api/status       `framework.run_status.run_status(run)`
+    GET  /api/status       `framework.runs.status.run_status(run)`
     GET  /api/leaderboard  every config, best first: config_id, status, epochs, value (of the run's metric), config;
                            and what of the run does not verify: `unverified` (lines, the first `TRUST_LIMIT`),
                            `unverified_count`, `suspect_configs` (the configs those lines name): the page shows them
@@ -270,7 +270,7 @@ def _app(board: Dashboard) -> web.Application:
         return handler
 
     async def command(request: web.Request) -> web.Response:
-        from framework.steering import NotRunningError, connect
+        from framework.runs.steering import NotRunningError, connect
 
         try:
             body = await request.json()
@@ -404,7 +404,7 @@ def _commands(run: str) -> dict[str, Any]:
 
 
 def _status(run: str) -> dict[str, Any]:
-    from framework.run_status import run_status
+    from framework.runs.status import run_status
 
     return run_status(run)
 

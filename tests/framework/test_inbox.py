@@ -94,9 +94,9 @@ def test_sources_read_the_queue_first_then_the_inbox(tmp_path):
 
 def test_framework_connect_stays_the_function_once_its_module_is_imported():
     import framework
-    import framework.steering  # noqa: F401 - a submodule named like the function would replace it on import
+    import framework.runs.steering  # noqa: F401 - a submodule named like the function would replace it on import
 
-    assert callable(framework.connect) and framework.connect is framework.steering.connect
+    assert callable(framework.connect) and framework.connect is framework.runs.steering.connect
 
 
 def test_inbox_commands_read_the_inbox_at_most_once_per_interval(tmp_path):

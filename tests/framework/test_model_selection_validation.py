@@ -13,7 +13,7 @@ import torch
 import automl
 import framework
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
-from framework.storage import StorageUnreachableError
+from framework.runs.storage import StorageUnreachableError
 
 X = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
 Y = (X[:, 0] > 0).astype(np.int64)

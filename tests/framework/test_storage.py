@@ -17,7 +17,7 @@ import torch
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import write_atomic
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.storage import READ_PREFIX, STORAGE_ENV, RunStorage, default_root, is_uri
+from framework.runs.storage import READ_PREFIX, STORAGE_ENV, RunStorage, default_root, is_uri
 
 
 def _run_dir(path) -> str:
@@ -159,7 +159,7 @@ def test_result_open_of_a_uri_that_holds_no_run_leaves_no_folder(tmp_path, monke
 
 
 def test_replay_of_a_uri_removes_its_copy_also_when_it_fails(tmp_path, monkeypatch):
-    import framework  # not `from framework.replay import replay`: that rebinds `framework.replay` to the module
+    import framework  # not `from framework.runs.replay import replay`: that rebinds `framework.replay` to the module
 
     uri = _mirrored_run(tmp_path, monkeypatch)  # a run made by hand: its meta lacks what replay needs
     with pytest.raises(ValueError, match="lacks"):

@@ -17,7 +17,7 @@ import torch
 import automl
 import framework
 from framework.engine.inbox import INBOX_FILE
-from framework.run_record import is_being_written
+from framework.runs.record import is_being_written
 from tests.integration.ft_functions import classifier_eval_fn, gated_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray
@@ -119,7 +119,7 @@ def test_commands_sent_while_the_run_was_down_are_applied_once_when_it_resumes(r
                                                                                assert_complete):
     from framework.engine.catalog import SQLiteCatalog
     from framework.engine.inbox import send_request
-    from framework.steering import NotRunningError
+    from framework.runs.steering import NotRunningError
     from tests.integration.test_fault_tolerance import _crash_driver, _resume
 
     storage = _crash_driver(tmp_path, "commit")  # 1 worker, round 0 committed, then SIGKILL

@@ -11,7 +11,7 @@ import pytest
 import automl
 import framework
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
-from framework.storage import READ_PREFIX
+from framework.runs.storage import READ_PREFIX
 
 pytestmark = pytest.mark.ray
 

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from framework.callbacks import Callback
 from framework.result import Result
-from framework.storage import RunStorage
+from framework.runs.storage import RunStorage
 
 
 class ProgressBar(Callback):

@@ -1,4 +1,4 @@
-"""Steer a running selection from another process: `framework.connect(run)` (this module is `framework.steering`).
+"""Steer a running selection from another process: `framework.connect(run)` (this module is `framework.runs.steering`).
 
     handle = framework.connect("~/modelhopper_runs/gridsearch-20260101-120000-000000")
     handle.status()["status"]          # "running"
@@ -57,8 +57,8 @@ class RunHandle:
             catalog.close()
 
     def status(self) -> dict[str, Any]:
-        """The run's state (`framework.run_status.run_status`): status, configs, progress, best config, driver."""
-        from framework.run_status import run_status
+        """The run's state (`framework.runs.status.run_status`): status, configs, progress, best config, driver."""
+        from framework.runs.status import run_status
 
         return run_status(self.path)
 
@@ -155,7 +155,7 @@ class RunHandle:
         return None
 
     def _running(self) -> bool:
-        from framework.run_record import is_being_written
+        from framework.runs.record import is_being_written
 
         return is_being_written(self.path)
 

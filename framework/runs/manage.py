@@ -4,7 +4,7 @@ them. What `modelhopper list|status|compare|export|resume` prints; Python users 
 Reading a run never writes into it (`Result.open` opens its catalog read-only). Nothing a run names is imported
 unless its catalog verifies under this machine's key (`resume_run`).
 
-**Status rule**: `framework.run_status` (a run is `finished`, `running`, `crashed`, `running?`, `unknown` or
+**Status rule**: `framework.runs.status` (a run is `finished`, `running`, `crashed`, `running?`, `unknown` or
 `unreadable`); its names are here too.
 """
 
@@ -26,7 +26,7 @@ from framework.cli import printable
 from framework.engine.catalog import CatalogError, SQLiteCatalog, check_verified
 from framework.options import FUNCTIONS
 from framework.result import CATALOG_FILE, Result
-from framework.run_status import (
+from framework.runs.status import (
     RECENT_S,
     STATUSES,
     DriverInfo,
@@ -36,10 +36,9 @@ from framework.run_status import (
     opened,
     run_status,
 )
-from framework.storage import default_root, is_uri, run_name, unusable_dir
+from framework.runs.storage import default_root, is_uri, run_name, unusable_dir
 
-__all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "compare_runs", "export_run", "find_runs", "list_runs",
-           "open_result", "resume_run", "run_status"]
+__all__ = ["compare_runs", "export_run", "find_runs", "list_runs", "resume_run"]
 
 EXPORT_FORMATS = ("csv", "parquet")
 
@@ -79,7 +78,7 @@ LIST_COLUMNS = ["path", "status", "configs", "best", "metric", "mode", "last_act
 
 
 def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = None) -> pd.DataFrame:
-    """One row per run under `root` (default `framework.storage.default_root()`, see `find_runs`), newest first:
+    """One row per run under `root` (default `framework.runs.storage.default_root()`, see `find_runs`), newest first:
     `path` (relative to `root`), `status` (module docstring), `configs`, `best` (the best config's value of the
     run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
     `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).

@@ -29,7 +29,7 @@ from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
 from framework.options import FUNCTIONS, RunOptions
 from framework.result import CATALOG_FILE
-from framework.storage import RunStorage, git_revision
+from framework.runs.storage import RunStorage, git_revision
 from framework.trainable import function_ref
 
 
@@ -73,7 +73,7 @@ def record_run(
     """Write a new run's meta. `fns`: what the workers run; the user functions (`framework.options.FUNCTIONS`) are
     recorded by name (the names replay imports; the catalog signs every meta row, so a run directory cannot make
     replay call others), `extract` by its name or class. `driver` is this process (pid and host): whether it is
-    still alive tells a running run from a crashed one (`framework.runs`)."""
+    still alive tells a running run from a crashed one (`framework.runs.status`)."""
     assert options.storage_path is not None
     data_desc = dataset.save(os.path.join(options.storage_path, "data"))
     catalog.set_meta(
