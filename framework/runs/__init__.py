@@ -1,0 +1,42 @@
+"""Managing runs: the runs on disk and the ones running, as a user looks after them (what the `modelhopper` commands,
+`framework.connect` and the dashboard call). The layer above `ModelSelection`: it reads run directories, and it
+starts a driver only to resume or replay one.
+
+    manage.py    list, compare, export and resume the runs on disk (`list_runs`, `compare_runs`, `export_run`,
+                 `resume_run`, `find_runs`)
+    status.py    a run's status: finished, running, crashed, running?, unknown or unreadable (`run_status`)
+    steering.py  `connect(run)`: watch and steer a running run from another process
+    record.py    what a run records in its catalog, what resume reads back, and the run's writer lock
+    replay.py    `replay(run)`: the run again on this machine, following its log
+    storage.py   where run directories live: a local folder, or a URI mirrored from a local working copy
+
+Names are imported on first use, so reading a run's status does not import the driver.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    **dict.fromkeys(("compare_runs", "export_run", "find_runs", "list_runs", "resume_run"), "framework.runs.manage"),
+    **dict.fromkeys(("RECENT_S", "STATUSES", "DriverInfo", "classify", "open_result", "run_status"),
+                    "framework.runs.status"),
+}
+
+if TYPE_CHECKING:
+    from framework.runs.manage import compare_runs, export_run, find_runs, list_runs, resume_run
+    from framework.runs.status import RECENT_S, STATUSES, DriverInfo, classify, open_result, run_status
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'framework.runs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))
+
+
+__all__ = sorted(_EXPORTS)
