@@ -89,7 +89,7 @@ def _print_run(result, args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     import framework
-    from framework.runs.storage import unusable_dir
+    from framework.engine.storage import unusable_dir
 
     why = unusable_dir(args.out) if args.out is not None else None
     if why is not None:
@@ -104,8 +104,8 @@ def _replay(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from framework.engine.storage import default_root
     from framework.runs.manage import age, list_runs
-    from framework.runs.storage import default_root
 
     root = args.root if args.root is not None else default_root()
     runs = list_runs(args.root, max_depth=args.depth)
@@ -679,8 +679,8 @@ USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueErro
 
 def _check_paths(args: argparse.Namespace) -> None:
     """A ValueError naming the argument when a run directory (or an output folder) given is not UTF-8 text: SQLite
-    cannot open a run there (`framework.runs.storage.not_utf8`). `list` takes such a root: it lists what it finds."""
-    from framework.runs.storage import check_utf8
+    cannot open a run there (`framework.engine.storage.not_utf8`). `list` takes such a root: it lists what it finds."""
+    from framework.engine.storage import check_utf8
 
     for dest in ("storage_path", "run", "runs", "out"):
         given = getattr(args, dest, None)

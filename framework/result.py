@@ -184,7 +184,7 @@ class Result:
         """Re-open a finished (or crashed) run's results from its directory (also one copied or moved elsewhere), or
         from the URI it was mirrored to (fetched into its local working copy first). Opening reads only: nothing is
         written into the run."""
-        from framework.runs.storage import RunStorage, is_uri
+        from framework.engine.storage import RunStorage, is_uri
 
         if not is_uri(storage_path):
             if not os.path.exists(os.path.join(storage_path, CATALOG_FILE)):

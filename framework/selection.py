@@ -4,7 +4,7 @@ The work itself is done by the driver loop (`framework.driver`) over a `RayBacke
 hold partitions, units hop between them, the procedure decides at every barrier (or at every epoch end when it
 needs no barrier), and every decision is committed to the run directory (the point a resume restarts from).
 Failures (Cerebro 5.6) are the driver's event handlers. The run's options (their defaults, their validation) are
-`framework.options.RunOptions`; what a run records and resume reads is `framework.runs.record`.
+`framework.options.RunOptions`; what a run records and resume reads is `framework.run_record`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from framework.engine.packs import pack_key
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.options import EXECUTORS, FUNCTIONS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.runs.record import inbox_commands, is_finished, load_run, record_run, reopen_run, writer_lock
+from framework.run_record import inbox_commands, is_finished, load_run, record_run, reopen_run, writer_lock
 from framework.scheduling import Scheduler
 
 __all__ = ["EXECUTORS", "ModelSelection"]
@@ -68,7 +68,7 @@ class ModelSelection:
         input_fn: `input_fn(entry) -> data`, run on the worker to load a partition (default: the entry itself).
         storage_path: where the run's directory goes: a local path, a URI that `pyarrow.fs` opens (`s3://...`,
             `gs://...`, `file:///...`; the run works in a local copy that is mirrored there, see
-            `framework.runs.storage`), or None: a new folder `<name>` under `$MODELHOPPER_STORAGE`, else
+            `framework.engine.storage`), or None: a new folder `<name>` under `$MODELHOPPER_STORAGE`, else
             `~/modelhopper_runs` (never the working directory, which `ray job submit` replaces).
         name: the run folder's name when `storage_path` is None (default: `<procedure>-<timestamp>`).
         progress: show a progress bar over units and a leaderboard line per round.

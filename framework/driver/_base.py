@@ -7,7 +7,7 @@ and nothing else; the loop never reaches past them.
 
 What an implementation promises:
 - One writer. Only the driver loop writes, from one thread, one call at a time (a run directory admits one driver:
-  `framework.runs.record.writer_lock`). An implementation need not be thread-safe for its writes.
+  `framework.run_record.writer_lock`). An implementation need not be thread-safe for its writes.
 - Atomic records. `add_unit`, `add_event`, `fail_config` and `mark_*` each land whole or not at all. `commit` writes a
   round (its epochs' metrics, config statuses, new configs and the procedure's signed state) in one transaction, and
   `record_command` a command's event with what it changed in one: after a crash, a reader sees the round (or the

@@ -11,8 +11,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from framework.callbacks import Callback
+from framework.engine.storage import RunStorage
 from framework.result import Result
-from framework.runs.storage import RunStorage
 
 
 class ProgressBar(Callback):

@@ -1,16 +1,15 @@
 """Managing runs: the runs on disk and the ones running, as a user looks after them (what the `modelhopper` commands,
-`framework.connect` and the dashboard call). The layer above `ModelSelection`: it reads run directories, and it
-starts a driver only to resume or replay one.
+`framework.connect` and the dashboard call). The layer above `ModelSelection`: it reads run directories (what
+`framework.run_record` records, where `framework.engine.storage` puts them), and it starts a driver only to resume or
+replay one.
 
     manage.py    list, compare, export and resume the runs on disk (`list_runs`, `compare_runs`, `export_run`,
                  `resume_run`, `find_runs`)
     status.py    a run's status: finished, running, crashed, running?, unknown or unreadable (`run_status`)
     steering.py  `connect(run)`: watch and steer a running run from another process
-    record.py    what a run records in its catalog, what resume reads back, and the run's writer lock
     replay.py    `replay(run)`: the run again on this machine, following its log
-    storage.py   where run directories live: a local folder, or a URI mirrored from a local working copy
 
-Names are imported on first use, so reading a run's status does not import the driver.
+Names are imported on first use (PEP 562): importing this package costs nothing.
 """
 
 import importlib
@@ -39,4 +38,16 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_EXPORTS))
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "RECENT_S",
+    "STATUSES",
+    "DriverInfo",
+    "classify",
+    "compare_runs",
+    "export_run",
+    "find_runs",
+    "list_runs",
+    "open_result",
+    "resume_run",
+    "run_status",
+]

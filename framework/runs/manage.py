@@ -24,19 +24,14 @@ import pandas as pd
 
 from framework.cli import printable
 from framework.engine.catalog import CatalogError, SQLiteCatalog, check_verified
+from framework.engine.storage import default_root, is_uri, run_name, unusable_dir
 from framework.options import FUNCTIONS
 from framework.result import CATALOG_FILE, Result
 from framework.runs.status import (
-    RECENT_S,
-    STATUSES,
-    DriverInfo,
-    classify,
     open_quietly,
-    open_result,
     opened,
     run_status,
 )
-from framework.runs.storage import default_root, is_uri, run_name, unusable_dir
 
 __all__ = ["compare_runs", "export_run", "find_runs", "list_runs", "resume_run"]
 
@@ -78,7 +73,7 @@ LIST_COLUMNS = ["path", "status", "configs", "best", "metric", "mode", "last_act
 
 
 def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = None) -> pd.DataFrame:
-    """One row per run under `root` (default `framework.runs.storage.default_root()`, see `find_runs`), newest first:
+    """One row per run under `root` (default `framework.engine.storage.default_root()`, see `find_runs`), newest first:
     `path` (relative to `root`), `status` (module docstring), `configs`, `best` (the best config's value of the
     run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
     `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).

@@ -31,10 +31,10 @@ from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
 from framework.engine.signing import SignatureError
+from framework.engine.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
 from framework.options import SERIAL_QUEUE_DEPTH, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
-from framework.runs.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
 from framework.trainable import function_ref, import_ref
 
 REPLAY_WORKER = 0  # the one worker of a replay; the log keeps each unit's original worker

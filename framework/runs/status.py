@@ -4,7 +4,7 @@ and resumes runs on top of it; the dashboard and `framework.runs.steering` ask i
 
 Reading a run never writes into it (`Result.open` opens its catalog read-only).
 
-**Status rule.** A run is `finished` when it committed its last decision (`framework.runs.record.is_finished`: no
+**Status rule.** A run is `finished` when it committed its last decision (`framework.run_record.is_finished`: no
 config is active after its last round). Otherwise its driver tells: a run records the pid and host of the process
 that writes it (`meta["driver"]` at its start, and every `resumed` event after). The latest of those is its driver,
 and the run is
@@ -37,8 +37,8 @@ import pandas as pd
 
 from framework.cli import printable
 from framework.engine.catalog import CatalogError, SQLiteCatalog, UnverifiedRunWarning
+from framework.engine.storage import check_utf8
 from framework.result import CATALOG_FILE, OUTCOMES, NoResultError, Result
-from framework.runs.storage import check_utf8
 
 __all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "driver_of", "open_result", "pid_alive", "run_status"]
 
@@ -68,7 +68,7 @@ def classify(finished: bool, driver: DriverInfo | None, end_time: float | None, 
              host: str, alive: Callable[[int, float], bool], now: float, locked: bool = False) -> str:
     """A run's status by the rule in the module docstring. `alive(pid, since)`: whether that pid on this `host` is
     still the driver that started writing at `since`; `now` and `last_activity` are epoch seconds; `locked`: a
-    process on this host holds the run's writer lock (`framework.runs.record.writer_lock`; a resume holds it before it records
+    process on this host holds the run's writer lock (`framework.run_record.writer_lock`; a resume holds it before it records
     itself as the driver)."""
     if finished:
         return "finished"
@@ -165,7 +165,7 @@ def _last_activity(result: Result, db: str) -> float:
 
 
 def _status_of(result: Result, now: float) -> dict[str, Any]:
-    from framework.runs.record import is_being_written
+    from framework.run_record import is_being_written
 
     meta = result.meta
     db = os.path.join(result.storage_path, CATALOG_FILE)
@@ -236,7 +236,7 @@ def open_result(path: str) -> Result:
     """`Result.open(path)`; a run whose catalog holds text that is not UTF-8 (a lone surrogate such as JSON's
     `"\\udcff"` in a config or its meta, which a run's tables cannot hold) raises `CatalogError` naming it, as it
     does for a catalog SQLite cannot open (a path of more than 512 bytes); a `path` that is not UTF-8 text raises a
-    `ValueError` (`framework.runs.storage.not_utf8`)."""
+    `ValueError` (`framework.engine.storage.not_utf8`)."""
     check_utf8("storage_path", path)
     try:
         return Result.open(path)

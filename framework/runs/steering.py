@@ -155,7 +155,7 @@ class RunHandle:
         return None
 
     def _running(self) -> bool:
-        from framework.runs.record import is_being_written
+        from framework.run_record import is_being_written
 
         return is_being_written(self.path)
 

@@ -21,8 +21,8 @@ from framework.__main__ import main as cli
 from framework.engine.catalog import SQLiteCatalog
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.result import CATALOG_FILE
+from framework.run_record import writer_lock
 from framework.runs import list_runs
-from framework.runs.record import writer_lock
 from framework.runs.status import RECENT_S, DriverInfo, classify, pid_alive, run_status
 
 pytestmark = pytest.mark.ray

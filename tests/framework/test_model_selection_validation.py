@@ -12,8 +12,8 @@ import torch
 
 import automl
 import framework
+from framework.engine.storage import StorageUnreachableError
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
-from framework.runs.storage import StorageUnreachableError
 
 X = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
 Y = (X[:, 0] > 0).astype(np.int64)

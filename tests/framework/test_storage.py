@@ -16,8 +16,8 @@ import torch
 
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import write_atomic
+from framework.engine.storage import READ_PREFIX, STORAGE_ENV, RunStorage, default_root, is_uri
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.runs.storage import READ_PREFIX, STORAGE_ENV, RunStorage, default_root, is_uri
 
 
 def _run_dir(path) -> str:

@@ -17,7 +17,7 @@ import torch
 import automl
 import framework
 from framework.engine.inbox import INBOX_FILE
-from framework.runs.record import is_being_written
+from framework.run_record import is_being_written
 from tests.integration.ft_functions import classifier_eval_fn, gated_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray

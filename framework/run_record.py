@@ -27,9 +27,9 @@ from framework.engine.checkpoint import CheckpointStore
 from framework.engine.inbox import read_requests
 from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
+from framework.engine.storage import RunStorage, git_revision
 from framework.options import FUNCTIONS, RunOptions
 from framework.result import CATALOG_FILE
-from framework.runs.storage import RunStorage, git_revision
 from framework.trainable import function_ref
 
 
