@@ -9,34 +9,10 @@ replay one.
     steering.py  `connect(run)`: watch and steer a running run from another process
     replay.py    `replay(run)`: the run again on this machine, following its log
 
-Names are imported on first use (PEP 562): importing this package costs nothing.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-_EXPORTS = {
-    **dict.fromkeys(("compare_runs", "export_run", "find_runs", "list_runs", "resume_run"), "framework.runs.manage"),
-    **dict.fromkeys(("RECENT_S", "STATUSES", "DriverInfo", "classify", "open_result", "run_status"),
-                    "framework.runs.status"),
-}
-
-if TYPE_CHECKING:
-    from framework.runs.manage import compare_runs, export_run, find_runs, list_runs, resume_run
-    from framework.runs.status import RECENT_S, STATUSES, DriverInfo, classify, open_result, run_status
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'framework.runs' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_EXPORTS))
-
+from framework.runs.manage import compare_runs, export_run, find_runs, list_runs, resume_run
+from framework.runs.status import RECENT_S, STATUSES, DriverInfo, classify, open_result, run_status
 
 __all__ = [
     "RECENT_S",
