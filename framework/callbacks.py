@@ -120,6 +120,10 @@ class CallbackList:
             if getattr(type(callback), hook, None) is not getattr(Callback, hook):
                 self._hooks.setdefault(hook, []).append(i)
 
+    def listens(self, hook: str) -> bool:
+        """Whether a callback overrides `hook` (a caller may skip building its arguments otherwise)."""
+        return hook in self._hooks
+
     def call(self, hook: str, *args: Any) -> None:
         for i in self._hooks.get(hook, ()):
             if i in self._broken:

@@ -243,15 +243,15 @@ class SimulatedBackend(ClockBackend):
                 fail: bool) -> tuple[UnitReport, Any]:
         """One member's report and new state (None for eval units and failures)."""
         state = state or {"visited": {}, "trained": 0}
-        report = UnitReport(unit, worker, 0.0, 0.0, num_examples=1, group=group)
         weights_epoch = state["trained"] // (self._n_train or 1)
         if unit.kind != TRAIN:
             weights_epoch -= 1  # evaluated after the epoch's training units
         metrics = self._objective(config, unit.config_id, weights_epoch)
         if isinstance(metrics, str) or fail:
-            report.error = metrics if isinstance(metrics, str) else "InjectedFault: injected fault"
-            return report, None
-        report.metrics = dict(metrics[0] if unit.kind == TRAIN else metrics[1])
+            error = metrics if isinstance(metrics, str) else "InjectedFault: injected fault"
+            return UnitReport(unit, worker, 0.0, 0.0, num_examples=1, error=error, group=group), None
+        report = UnitReport(unit, worker, 0.0, 0.0, dict(metrics[0] if unit.kind == TRAIN else metrics[1]),
+                            num_examples=1, group=group)
         if unit.kind != TRAIN:
             return report, None
         visited = dict(state["visited"])  # states are never changed in place: only this epoch's list is new

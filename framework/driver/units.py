@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from automl import STOPPED
@@ -54,6 +55,13 @@ def on_unit_ended(run: RunState, ev: UnitDone | UnitFailed) -> None:
     a = f.assignment
     if run.dispatch.packer is not None and len(a.workers) == 1:
         observe_pack(run, a, ev.reports, ev.time - f.started)
+    if len(ev.reports) == 1 and len(a.workers) == 1:  # the common case: a unit of its own
+        report = ev.reports[0]
+        if report.error is None:
+            unit_done(run, f, a.unit, report, ev.states[0])
+        else:
+            unit_failed(run, f, (a.unit,), (report,))
+        return
     if len(a.members) == 1 and len(a.workers) > 1 and any(r.error is not None for r in ev.reports):
         unit_failed(run, f, a.units, ev.reports)  # a gang trains one state: it fails, and is retried, as one
         return
@@ -86,8 +94,18 @@ def observe_pack(run: RunState, a: Assignment, reports: tuple[UnitReport, ...], 
 
 
 def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: str) -> None:
+    if f.group is None:  # a unit of its own: its report is its row
+        run.log.add_unit(round_, report, status)
+        return
     for row in f.rows(report):
         run.log.add_unit(round_, row, status)
+
+
+def save_unit(run: RunState, c: ConfigRecord, unit: Unit, units: int, handle: Any, worker: int,
+              effects: tuple[str, ...]) -> None:
+    """A training unit's checkpoint, when one is due (deferred after its log row: see `unit_done`)."""
+    if SKIP_CHECKPOINT not in effects and checkpoint_due(run, c, unit, units):
+        run.checkpoint(c, unit.epoch, units, handle, worker)
 
 
 def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: Any, afters: list | None = None
@@ -107,27 +125,21 @@ def unit_done(run: RunState, f: Flight, unit: Unit, report: UnitReport, handle: 
     run.charge_unit(unit.epoch)
     if run.options.check_metric and not run.metric_seen:
         check_metric(run, unit, report)
-    round_, units = run.round, c.units
-    effects = [effect for u, effect in f.faults if u == unit or len(f.assignment.members) == 1]  # the driver's
-
-    def record() -> None:  # the log row first, then the checkpoint: a checkpoint never holds a unit the log does not know
-        log_unit(run, round_, f, report, "done")
-
-    def crash() -> None:
-        if CRASH_DRIVER in effects:
-            run.crash()
-
-    def save() -> None:
-        if unit.kind == TRAIN and SKIP_CHECKPOINT not in effects and checkpoint_due(run, c, unit, units):
-            run.checkpoint(c, unit.epoch, units, handle, f.worker)
-
-    run.observers.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
-                       report.end - report.start, dict(report.metrics))
-    if afters is None:  # done once the next units are on their way
-        run.defer(record, crash, save)
-    else:
-        run.defer(record, crash)
-        afters.append(save)
+    units = c.units
+    effects = tuple(effect for u, effect in f.faults if u == unit or len(a.members) == 1) if f.faults else ()
+    if run.observers.listens("on_unit_end"):
+        run.observers.call("on_unit_end", unit.config_id, unit.epoch, unit.partition, unit.kind, f.worker,
+                           report.end - report.start, dict(report.metrics))
+    # deferred: the log row first, then the checkpoint (a checkpoint never holds a unit the log does not know)
+    run.defer(partial(log_unit, run, run.round, f, report, "done"))
+    if CRASH_DRIVER in effects:  # the driver's injected crash
+        run.defer(run.crash)
+    if unit.kind == TRAIN:
+        save = partial(save_unit, run, c, unit, units, handle, f.worker, effects)
+        if afters is None:  # done once the next units are on their way
+            run.defer(save)
+        else:
+            afters.append(save)
     if c.status == STOPPED:  # a person stopped it while this unit ran
         leave_stopped(run, c)
         return

@@ -220,9 +220,8 @@ class DispatchState:
         configs that turned free or gained an eligible unit, ascending. A dense policy (one that never leaves an
         eligible unit waiting next to an idle holder) has assigned every other pair already, so it may look at
         these alone."""
-        view, free = self._view, self._free
-        idle = view.idle
-        return (sorted(w for w in view.workers if w in idle), sorted(c for c in view.configs if c in free))
+        view = self._view
+        return sorted(view.workers & view.idle), sorted(view.configs & self._free)
 
     def clear_changes(self) -> None:
         self._view.workers.clear()
@@ -397,12 +396,14 @@ class DispatchState:
             return []
         return self._collect(parts)
 
-    def _collect(self, parts: Iterable[int]) -> list[Unit]:
+    def _collect(self, parts: Iterable[int], lists: list | None = None, total: int = 0) -> list[Unit]:
         """The eligible units of `parts`: from the free configs' side or the partitions' side, whichever is
-        shorter to walk."""
+        shorter to walk (`lists`, `total`: the partitions' pending units and their count, when known)."""
         busy = self._busy_configs
-        lists = [self._by_partition.get(p, ()) for p in parts]
-        if len(self._free) * len(lists) < sum(len(units) for units in lists):
+        if lists is None:
+            lists = [self._by_partition.get(p, ()) for p in parts]
+            total = sum(map(len, lists))
+        if len(self._free) * len(lists) < total:
             cpart = self._cpart
             return [mine[p] for c in self._free for mine in (cpart[c],) for p in parts if p in mine]
         return [u for units in lists for u in units if u.config_id not in busy]
@@ -464,7 +465,7 @@ class DispatchState:
                     i -= len(units)
                 if u.config_id not in busy and u.config_id not in exclude:
                     return u
-        units = self._collect(parts)  # a fixed order to draw from (sets of ints and sorted lists)
+        units = self._collect(parts, lists, total)  # a fixed order to draw from (sets of ints and sorted lists)
         units = [u for u in units if u.config_id not in exclude] if exclude else units
         return rng.choice(units) if units else None
 
@@ -502,6 +503,9 @@ class DispatchState:
     # ---- transitions driven by the engine or the simulator ------------------------------------------------------
     def start(self, assignment: Assignment) -> None:
         """Start `assignment`: its member units leave Q for Q', its workers each take one slot."""
+        if len(assignment.workers) == 1 and len(assignment.members) == 1:
+            self._start_one(assignment)
+            return
         if not self.can_start(assignment):
             raise ValueError(f"{assignment.unit} (members {assignment.members}) is not eligible on workers "
                              f"{assignment.workers}")
@@ -517,6 +521,23 @@ class DispatchState:
                 self._set_busy(unit.config_id)
         for worker in assignment.workers:
             self._set_load(worker, self._load.get(worker, 0) + 1, freed=False)
+
+    def _start_one(self, assignment: Assignment) -> None:
+        """`start` of a unit of its own on one worker, the most common assignment, in one step (the same checks and
+        changes as the general path)."""
+        unit, w = assignment.unit, assignment.workers[0]
+        c = unit.config_id
+        if not (unit in self.pending and w in self._idle and c not in self._busy_configs
+                and w in self.availability.get(unit.partition, ()) and self._kind_ok(unit)):
+            raise ValueError(f"{unit} (members {assignment.members}) is not eligible on workers {assignment.workers}")
+        self.pending.remove(unit)
+        self._unindex_config(unit)
+        self._leave(unit)
+        if self._cost is not None:
+            self._work[c] -= self._cost[unit]
+        self.running[unit] = assignment
+        self._set_busy(c)
+        self._set_load(w, self._load.get(w, 0) + 1, freed=False)
 
     def _release(self, unit: Unit) -> None:
         a = self.running.pop(unit)
@@ -536,8 +557,9 @@ class DispatchState:
         self.done.append(unit)
         if unit.kind == TRAIN:
             c = unit.config_id
-            self._train_left[c] -= 1
-            self._train_changed(c, self._train_left[c] + 1)
+            left = self._train_left[c] = self._train_left[c] - 1
+            if left == 0:  # its eval units may run now (`_train_changed`, whose only case this is)
+                self._train_changed(c, 1)
 
     def requeue(self, unit: Unit) -> None:
         """The unit's worker failed (or the unit must be re-run whole): back from Q' to Q (Cerebro 5.6)."""

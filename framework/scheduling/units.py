@@ -55,7 +55,7 @@ class Unit(_UnitFields):
     def __new__(cls, config_id: int, epoch: int, partition: int, kind: str = TRAIN) -> Unit:
         if kind not in KINDS:
             raise ValueError(f"`kind` is {kind!r}, but must be one of {KINDS}")
-        return super().__new__(cls, config_id, epoch, partition, kind)
+        return tuple.__new__(cls, (config_id, epoch, partition, kind))  # (the named tuple's own `__new__`, inlined)
 
 
 def member_units(unit: Unit, members: tuple[int, ...], partitions: tuple[int, ...] = ()) -> tuple[Unit, ...]:
