@@ -31,7 +31,7 @@ def on_joined(run: RunState, ev: WorkerJoined) -> None:
         run.event("features_materialized", worker=ev.worker, **ev.info["extraction"])
     run.dispatch.add_worker(ev.worker, ev.partitions)
     run.event("worker_joined", worker=ev.worker, partitions=sorted(ev.partitions),
-              **{k: ev.info[k] for k in ("data_device",) if k in ev.info})
+              **{k: ev.info[k] for k in ("data_device", "pid") if k in ev.info})
     if run.live_workers is not None:  # after start-up: a restart, a scale-out or a re-load (one line each)
         run.write(f"worker {ev.worker} joined with partitions {sorted(ev.partitions)}")
     count_workers(run)

@@ -100,11 +100,20 @@ class _RayWorker(Worker):
     LOST_STATE_ERRORS = _LOST_OBJECT_ERRORS
 
     def __init__(self, *args: Any, ledger: tuple[Any, int] | None = None, **kwargs: Any) -> None:
+        if not hasattr(self, "_threads_at_start"):  # (a spare's next run starts from it: `rebind`)
+            self._threads_at_start = torch.get_num_threads()
         super().__init__(*args, **kwargs)
         self._ledger = ledger  # (the backend's `_StartLedger`, this actor's key in it)
         self._turn = 0  # sequence number of the unit whose turn it is
         self._turns = threading.Condition()
         self._streams = threading.local()  # a CUDA side stream per fetching thread
+
+    def rebind(self, *args: Any, **kwargs: Any) -> bool:
+        """Become a worker of another run (a spare it took, see `_Spares`): every field as a new actor's (the
+        arguments are `__init__`'s), torch's thread count as the process started unless the run sets one."""
+        torch.set_num_threads(self._threads_at_start)
+        self.__init__(*args, **kwargs)
+        return True
 
     def _fetch(self, boxed: list) -> Any:
         if boxed[0] is None:
@@ -258,6 +267,72 @@ def materialize(state: Any) -> dict | None:
     return self_contained(unpack_state(state), lambda h: ray.get(h) if isinstance(h, ray.ObjectRef) else h)
 
 
+#: how long a worker actor of a run that ended waits for the next run of this process to take it (`_Spares`); then it
+#: is killed and its resources are free again
+SPARE_TTL_S = 60.0
+
+
+class _Spares:
+    """Worker actors of this process's runs that ended cleanly, kept for its next run: a new actor spends seconds
+    on a process that imports torch, which the next run in a notebook or a test session then skips (Ray Tune's
+    `reuse_actors`, across runs). A spare is keyed by what its actor was made with (resources and thread groups);
+    a run takes those of its key as it starts its workers (`_RayWorker.rebind`: every field as a new actor's) and
+    kills the others at its first poll, so they free their resources for its new actors; a spare no run takes
+    within `SPARE_TTL_S` is killed. Actors that joined a gang, kept an activation cache, or had a unit or a load
+    in flight are never kept. Thread-safe (the TTL's timer kills from a thread of its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[Any, list[Any]] = {}
+        self._job: str | None = None  # the Ray job the handles belong to (a new `ray.init` makes them stale)
+        self._timer: threading.Timer | None = None
+
+    def _current(self) -> None:
+        job = ray.get_runtime_context().get_job_id()
+        if job != self._job:
+            self._by_key, self._job = {}, job
+
+    def put(self, key: Any, actor: Any) -> None:
+        with self._lock:
+            self._current()
+            self._by_key.setdefault(key, []).append(actor)
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(SPARE_TTL_S, self.release)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def take(self, key: Any) -> Any:
+        """A spare made with `key` (None: there is none)."""
+        with self._lock:
+            self._current()
+            actors = self._by_key.get(key)
+            return actors.pop() if actors else None
+
+    def release(self) -> int:
+        """Kill every spare now (their resources free again). Returns how many there were."""
+        with self._lock:
+            actors = [a for kept in self._by_key.values() for a in kept]
+            self._by_key = {}
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if actors and ray.is_initialized():
+            for actor in actors:
+                with contextlib.suppress(Exception):  # gone already
+                    ray.kill(actor, no_restart=True)
+        return len(actors)
+
+
+SPARES = _Spares()
+
+
+def release_spare_workers() -> int:
+    """Kill the worker actors this process keeps from runs that ended (`RayBackend(reuse_workers=True)`, the
+    default), freeing their CPUs and GPUs now rather than `SPARE_TTL_S` after the last run. Returns how many."""
+    return SPARES.release()
+
+
 class RayBackend(Backend):
     """Worker actors on the local or attached Ray cluster (not restarted by Ray: the driver handles failures).
 
@@ -269,6 +344,8 @@ class RayBackend(Backend):
         entries: partition -> (train entries, valid entries): data, paths or URIs a worker's `input_fn` loads.
         put_entries: put every entry into the object store once (in-memory data shared by reference).
         queue_depth: units the driver may hold on one worker at once (the actor keeps a thread for each).
+        reuse_workers: start workers on the actors an earlier run of this process left (`_Spares`), and leave
+            this run's to the next when it ends; False: new actors, killed at the end.
     """
 
     def __init__(
@@ -279,10 +356,14 @@ class RayBackend(Backend):
         entries: Mapping[int, tuple[Sequence[Any], Sequence[Any]]],
         put_entries: bool = False,
         queue_depth: int = RunOptions.queue_depth,
+        reuse_workers: bool = True,
     ) -> None:
         super().__init__()
         self.fns, self.resources, self.num_threads = dict(fns), dict(resources), num_threads
-        self.queue_depth = queue_depth
+        self.queue_depth, self.reuse_workers = queue_depth, reuse_workers
+        self._spare_key = (repr(sorted(actor_options(self.resources).items())), queue_depth)
+        self._spares_left = reuse_workers  # the spares this run did not take are killed at its first poll
+        self._ganged: set[int] = set()  # workers that joined a gang (never kept as spares)
         if put_entries:
             entries = {p: ([ray.put(e) for e in tr], [ray.put(e) for e in va]) for p, (tr, va) in entries.items()}
         self.entries = dict(entries)
@@ -311,11 +392,31 @@ class RayBackend(Backend):
             if self._ledger is None:
                 self._ledger = _StartLedger.remote()
             key = self._keys[worker] = next(self._next_key)
-            self._actors[worker] = cls.options(**actor_options(self.resources)).remote(
-                worker, device=device, num_threads=self.num_threads, ledger=(self._ledger, key),
-                device_fraction=min(1.0, self.resources.get("GPU", 0)) or 1.0, **self.fns)
+            kwargs = dict(device=device, num_threads=self.num_threads, ledger=(self._ledger, key),
+                          device_fraction=min(1.0, self.resources.get("GPU", 0)) or 1.0, **self.fns)
+            actor = self._spare(worker, kwargs) if self.reuse_workers else None
+            self._actors[worker] = actor or cls.options(**actor_options(self.resources)).remote(worker, **kwargs)
         ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
         self._loads[ref] = (worker, parts)
+
+    def _spare(self, worker: int, kwargs: dict[str, Any]) -> Any:
+        """A spare actor of this run's key, made `worker` of this run (None: there is none alive)."""
+        while (actor := SPARES.take(self._spare_key)) is not None:
+            try:
+                ray.get(actor.rebind.remote(worker, **kwargs), timeout=LEDGER_TIMEOUT_S)
+                return actor
+            except Exception:  # noqa: BLE001 - it died, or hangs: the next, or a new actor
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+        return None
+
+    def _can_spare(self, worker: int) -> bool:
+        """Whether `worker`'s actor may serve the next run: it never joined a gang, keeps no activation cache, and
+        has nothing in flight."""
+        return (self.reuse_workers and worker not in self._ganged
+                and not (self.fns.get("freezing") or {}).get("cache")
+                and all(u.worker != worker for u in self._units.values())
+                and all(w != worker for w, _ in self._loads.values()))
 
     def stop_worker(self, worker: int) -> None:
         actor = self._actors.pop(worker, None)
@@ -406,6 +507,7 @@ class RayBackend(Backend):
         (gloo on CPU workers, NCCL on GPU ones). A member that is gone leaves the group down: the gang's unit then
         fails on the others (`GangBrokenError`) and the loss of that worker re-queues it."""
         t0, name = time.perf_counter(), gang_id(workers)
+        self._ganged.update(workers)
         backend = "nccl" if self.resources.get("GPU", 0) > 0 else "gloo"
         try:
             host, port = ray.get(self._actors[workers[0]].gang_address.remote(name))
@@ -464,6 +566,9 @@ class RayBackend(Backend):
                 ray.get(ref)  # (an error nobody reads would be logged as unhandled)
 
     def poll(self, timeout: float | None) -> list[Event]:
+        if self._spares_left:  # every worker of the start has its actor: the other spares make room for new ones
+            self._spares_left = False
+            SPARES.release()
         if self._orphans:
             self._read_orphans()
         deadline = None if timeout is None else time.time() + timeout
@@ -519,7 +624,7 @@ class RayBackend(Backend):
         try:
             ray.get(ref)
             info: dict[str, Any] = ray.get(actor.data_info.remote())
-            self._pids[worker] = ray.get(actor.pid.remote())
+            self._pids[worker] = info["pid"] = ray.get(actor.pid.remote())
             if self.fns.get("extract") is not None:
                 info["extraction"] = ray.get(actor.extraction_stats.remote())
         except ray.exceptions.RayActorError as e:
@@ -557,7 +662,11 @@ class RayBackend(Backend):
 
     def shutdown(self) -> None:
         for w in list(self._actors):
-            self.stop_worker(w)
+            if self._can_spare(w):
+                SPARES.put(self._spare_key, self._actors.pop(w))
+                self._forget(w)
+            else:
+                self.stop_worker(w)
         if self._ledger is not None:
             ray.kill(self._ledger)
             self._ledger = None

@@ -1,0 +1,60 @@
+"""Worker actors kept between runs of one process (`framework.engine.ray_backend._Spares`): the next run's workers
+start on them, train exactly as new actors would, and a spare no run takes is killed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pandas as pd
+import pytest
+
+import automl
+import framework
+from framework.engine import ray_backend
+from framework.engine.ray_backend import SPARES, release_spare_workers
+from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+
+pytestmark = pytest.mark.ray
+
+SPACE = {"hidden": [16], "lr": [0.05, 0.2], "batch_size": [64]}
+
+
+def _run(ds, path, **kw):
+    return framework.ModelSelection(
+        mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds, automl.GridSearch(SPACE, epochs=2),
+        storage_path=str(path), progress=False, deterministic=True, seed=3, **kw).run()
+
+
+def _pids(result) -> set[int]:
+    joined = result.events[result.events.kind == "worker_joined"]
+    return {json.loads(d)["pid"] for d in joined.detail}
+
+
+def _metrics(result) -> pd.DataFrame:
+    return result.metrics.sort_values(["config_id", "epoch"]).reset_index(drop=True)[
+        ["config_id", "epoch", "train_loss", "valid_loss"]]
+
+
+def test_the_next_run_starts_on_the_last_runs_actors_and_trains_as_on_new_ones(ray_cluster, digits, tmp_path):
+    release_spare_workers()  # whatever earlier tests of this process left: the first run starts new actors
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    first = _run(ds, tmp_path / "first")
+    second = _run(ds, tmp_path / "second")
+    assert len(_pids(first)) == 2 and _pids(second) == _pids(first)  # the same processes
+    pd.testing.assert_frame_equal(_metrics(second), _metrics(first))
+    second.assert_complete()
+    # another key (the actors' thread groups follow queue_depth): new actors; the spares it did not take are killed
+    other = _run(ds, tmp_path / "other", queue_depth=1)
+    assert not _pids(other) & _pids(first)
+    assert release_spare_workers() == 2  # the other run's two: the first two were killed when it started
+
+
+def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_path, monkeypatch):
+    release_spare_workers()
+    monkeypatch.setattr(ray_backend, "SPARE_TTL_S", 0.5)
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    _run(ds, tmp_path / "run")
+    assert sum(map(len, SPARES._by_key.values())) == 2
+    time.sleep(2.0)
+    assert release_spare_workers() == 0  # the timer killed them
