@@ -12,11 +12,10 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from framework.engine.catalog import (
     CHECKPOINT_DIR,  # noqa: F401 - where callers have always imported it from
@@ -26,7 +25,9 @@ from framework.engine.catalog import (
     describe_problems,
 )
 from framework.engine.checkpoint import load_latest_verified
-from framework.trainable import Trainable, import_ref
+
+if TYPE_CHECKING:  # torch is imported where a model is built (the command line's reading of runs does not pay for it)
+    import torch
 
 CATALOG_FILE = "run.db"
 #: what a config's `status` says in a Result: it trained its budget, a procedure stopped it early for its results,
@@ -464,6 +465,8 @@ class Result:
 
         Which file was loaded is logged (logger `framework.result`, INFO), or warned about when it is not the latest
         (see `load_state`, whose `["checkpoint"]` entry says the same)."""
+        from framework.trainable import Trainable
+
         config_id = self.get_best_result().config_id if config_id is None else config_id
         model_fn = model_fn or self._model_fn or self._recorded_model_fn()
         model = Trainable.of(model_fn(self.configs[config_id])).model
@@ -478,6 +481,8 @@ class Result:
         if not self.verified:
             raise ValueError(f"`model_fn` is None and the run in {self.storage_path!r} does not verify, so the "
                              f"model_fn it names ({ref}) is not imported: pass model_fn=")
+        from framework.trainable import import_ref
+
         return import_ref(ref, "model_fn", "load_model()")
 
     # ---- files --------------------------------------------------------------------------------------------------

@@ -15,26 +15,26 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from automl import Procedure
-from framework.data import PartitionedDataset
 from framework.driver.commands import InboxCommands
 from framework.engine.catalog import SQLiteCatalog, check_verified, confine
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.inbox import read_requests
-from framework.engine.rebuild import rebuild_checkpoints
 from framework.engine.signing import loads_signed
 from framework.engine.storage import RunStorage, git_revision
 from framework.options import FUNCTIONS, RunOptions
 from framework.result import CATALOG_FILE
-from framework.trainable import function_ref
+
+if TYPE_CHECKING:  # (torch comes with the data module: the command line reads run records without it)
+    from framework.data import PartitionedDataset
 
 
 def extract_ref(extract: Callable | None) -> str | None:
     """What the run log records about `extract`: a function's `module:qualname`, or an object's class."""
+    from framework.trainable import function_ref  # (torch comes with it: see `PartitionedDataset` above)
+
     if extract is None:
         return None
     if hasattr(extract, "__qualname__"):
@@ -74,6 +74,8 @@ def record_run(
     recorded by name (the names replay imports; the catalog signs every meta row, so a run directory cannot make
     replay call others), `extract` by its name or class. `driver` is this process (pid and host): whether it is
     still alive tells a running run from a crashed one (`framework.runs.status`)."""
+    from framework.trainable import function_ref
+
     assert options.storage_path is not None
     data_desc = dataset.save(os.path.join(options.storage_path, "data"))
     catalog.set_meta(
@@ -188,6 +190,8 @@ def load_run(
             "extract= to resume()"
         )
     options = RunOptions.from_meta(meta, **overrides)
+    from framework.data import PartitionedDataset
+
     dataset = PartitionedDataset.load(confine(path, "data", "the data folder"), meta["dataset"])
     dataset.availability = {int(k): v for k, v in meta["placement"].items()} if options.executor == "mop" else None
     return LoadedRun(storage, options, procedure, dataset)
@@ -217,6 +221,10 @@ def reopen_run(catalog: SQLiteCatalog, ckpt: CheckpointStore, options: RunOption
         catalog.close()
         raise
     catalog.add_event("resumed", **driver_identity(), partial_checkpoints_removed=partial_removed)
+    import torch  # (here, not with the module: the command line reads run records without torch)
+
+    from framework.engine.rebuild import rebuild_checkpoints
+
     gpu = float(options.worker_resources.get("GPU", 0)) > 0
     if options.freezing is not None or (gpu and not torch.cuda.is_available()):
         return

@@ -95,6 +95,20 @@ def test_pid_alive_is_false_for_an_exited_and_a_younger_process():
 
 
 # ---- list and status --------------------------------------------------------------------------------------------
+def test_reading_runs_from_the_command_line_imports_no_torch(runs):
+    """The commands that read or steer runs start in about a second: neither they nor `--help` import torch (about
+    3 s on two cores), which only building a model or a worker needs."""
+    code = ("import contextlib, io, sys; from framework.__main__ import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    codes = [main(['status', {runs['finished']!r}]), main(['list', {runs['root']!r}]),\n"
+            f"             main(['show', {runs['finished']!r}]), main(['watch', {runs['finished']!r}, '--once'])]\n"
+            "    try:\n        main(['--help'])\n    except SystemExit as e:\n        codes.append(e.code)\n"
+            "print(codes, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.stdout.strip() == "[0, 0, 0, 0, 0] False", (out.stdout, out.stderr[-2000:])
+
+
 def test_list_shows_the_finished_and_the_crashed_run_newest_first(runs, capsys):
     board = list_runs(runs["root"])
     assert list(board.path) == ["crashed-commit", os.path.join("group", "finished")]  # not .working/copy
