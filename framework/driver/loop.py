@@ -16,6 +16,8 @@ backend: commands from outside the loop come from a `framework.driver.commands.C
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import inspect
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
@@ -44,6 +46,32 @@ HANDLERS = {
 
 #: the longest a wall-clock backend is polled before the loop looks at its command source again
 COMMAND_WAIT_S = 0.25
+
+
+#: new objects between two collections of the cyclic GC while a simulation's driver runs (`_old_objects_frozen`)
+YOUNG_OBJECTS = 20_000
+
+
+@contextlib.contextmanager
+def _old_objects_frozen(active: bool):
+    """Yields `freeze`, which moves every object alive now out of the cyclic GC's sight (`gc.freeze`) while the
+    block runs; they all return at its end (`gc.unfreeze`). A simulation's driver makes and keeps hundreds of
+    thousands of small objects (units, reports, log rows), and Python's collector scans the kept ones again and
+    again: a third of a 500,000-unit simulation's time. The loop freezes after each decision, so collections look
+    only at what is newer, and a collection waits for `YOUNG_OBJECTS` new objects (Python's default: 700), so most
+    short-lived ones are gone by then. Refcounting still frees frozen objects; only cyclic garbage made before a freeze waits
+    for the end. Inactive on a wall clock (units take seconds there, the GC does not show) and in a process that
+    froze objects itself (its freeze is not ours to undo)."""
+    if not active or gc.get_freeze_count():
+        yield lambda: None
+        return
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], YOUNG_OBJECTS), *threshold[1:])
+    try:
+        yield gc.freeze
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
 
 
 class Driver:
@@ -156,13 +184,18 @@ class Driver:
     def run(self, resume_from: Any = None, max_commits: int | None = None) -> bool:
         """Run to the end (starting first, see `start`), or until `max_commits` more decisions have committed.
         Returns True when the run has ended."""
+        with _old_objects_frozen(not self.run_state.backend.wall_clock) as freeze:
+            return self._run(resume_from, max_commits, freeze)
+
+    def _run(self, resume_from: Any, max_commits: int | None, freeze: Callable[[], None]) -> bool:
         run = self.run_state
         if not getattr(self, "_started", False):
             self.start(resume_from)
         stop_at = None if max_commits is None else run.round + max_commits
         run.start_cpu_clock()
         while True:
-            commit.settle(run)
+            if commit.settle(run):
+                freeze()
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
                 if run.stops_untold and not run.synchronous and commit.refill(run):
                     continue  # the procedure started configs where a person's stops had left none

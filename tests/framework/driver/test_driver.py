@@ -524,3 +524,32 @@ def test_an_error_in_the_fault_plans_observer_ends_the_run():
 
     with pytest.raises(AssertionError, match="the harness saw something wrong"):
         _run(_grid(epochs=1), FaultPlan(on_event=on_event))
+
+
+def test_a_simulated_run_keeps_its_old_objects_from_the_collector_and_gives_them_back():
+    import gc
+
+    from automl import FixedEpochsProcedure
+    from framework.callbacks import Callback
+    from framework.driver.loop import YOUNG_OBJECTS
+    from simulators import Workload
+    from simulators.backend import SimulatedBackend
+
+    seen: list[tuple[int, int]] = []
+
+    class Look(Callback):
+        def on_round_end(self, round: int) -> None:
+            seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+
+    class Three(FixedEpochsProcedure):
+        def configs(self):
+            return [{"lr": 0.05, **_fixed()} for _ in range(3)]
+
+    before = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    wl = Workload(np.ones((3, P)), {p: (p,) for p in range(P)})
+    Driver(SimulatedBackend(wl), Three(3), MemoryRunLog(), {w: [w] for w in range(P)}, list(range(P)),
+           RunOptions(seed=0, queue_depth=1), eval_partitions=[], estimate=wl.duration, observers=[Look()]).run()
+    # each round ends before the decision that freezes what is alive then: from the second on, old objects are frozen
+    assert len(seen) == 3 and all(frozen > 0 and young == max(before[0], YOUNG_OBJECTS) for frozen, young in seen[1:])
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before  # all given back
