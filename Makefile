@@ -23,10 +23,10 @@ demo: install
 	$(BIN)/python -m framework demo
 
 # TEST_JOBS pytest-xdist processes, each with its own local Ray cluster (tests/conftest.py); a test file stays on one
-# (its module fixtures are shared), the integration files first (tests/conftest.py). TEST_JOBS=0: this process alone.
+# (its module fixtures are shared). TEST_JOBS=0 runs the suite in this process alone.
 TEST_JOBS ?= 2
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder tests
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 # The dependency floors (not part of `make test` or CI): a venv of its own, $(VENV_MIN), with the oldest releases
 # pyproject.toml admits (tools/constraints-min.txt pins them; tests/test_dependencies.py keeps the two in step), then

@@ -44,9 +44,3 @@ def assert_complete():
     latest verified checkpoint) disagrees with the schedule log or its committed epochs."""
     return _assert_complete
 
-
-def pytest_collection_modifyitems(session, config, items):
-    """The integration tests (whole runs on Ray: the longest files) first, each file's tests in their order: on
-    several pytest-xdist processes (`make test`) the long files start early and the short ones fill in at the end,
-    so the processes finish together."""
-    items.sort(key=lambda item: not item.nodeid.startswith("tests/integration/"))
