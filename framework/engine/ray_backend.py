@@ -413,7 +413,7 @@ class RayBackend(Backend):
     def _can_spare(self, worker: int) -> bool:
         """Whether `worker`'s actor may serve the next run: it never joined a gang, keeps no activation cache, and
         has nothing in flight."""
-        return (self.reuse_workers and worker not in self._ganged
+        return (self.reuse_workers and ray.is_initialized() and worker not in self._ganged
                 and not (self.fns.get("freezing") or {}).get("cache")
                 and all(u.worker != worker for u in self._units.values())
                 and all(w != worker for w, _ in self._loads.values()))
