@@ -59,9 +59,9 @@ def _old_objects_frozen(active: bool):
     thousands of small objects (units, reports, log rows), and Python's collector scans the kept ones again and
     again: a third of a 500,000-unit simulation's time. The loop freezes after each decision, so collections look
     only at what is newer, and a collection waits for `YOUNG_OBJECTS` new objects (Python's default: 700), so most
-    short-lived ones are gone by then. Refcounting still frees frozen objects; only cyclic garbage made before a freeze waits
-    for the end. Inactive on a wall clock (units take seconds there, the GC does not show) and in a process that
-    froze objects itself (its freeze is not ours to undo)."""
+    short-lived ones are gone by then. Refcounting still frees frozen objects; only cyclic garbage made before a
+    freeze waits for the end. Inactive on a wall clock (units take seconds there, the GC does not show) and in a
+    process that froze objects itself (its freeze is not ours to undo)."""
     if not active or gc.get_freeze_count():
         yield lambda: None
         return

@@ -55,13 +55,6 @@ def on_unit_ended(run: RunState, ev: UnitDone | UnitFailed) -> None:
     a = f.assignment
     if run.dispatch.packer is not None and len(a.workers) == 1:
         observe_pack(run, a, ev.reports, ev.time - f.started)
-    if len(ev.reports) == 1 and len(a.workers) == 1:  # the common case: a unit of its own
-        report = ev.reports[0]
-        if report.error is None:
-            unit_done(run, f, a.unit, report, ev.states[0])
-        else:
-            unit_failed(run, f, (a.unit,), (report,))
-        return
     if len(a.members) == 1 and len(a.workers) > 1 and any(r.error is not None for r in ev.reports):
         unit_failed(run, f, a.units, ev.reports)  # a gang trains one state: it fails, and is retried, as one
         return
@@ -94,9 +87,6 @@ def observe_pack(run: RunState, a: Assignment, reports: tuple[UnitReport, ...], 
 
 
 def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: str) -> None:
-    if f.group is None:  # a unit of its own: its report is its row
-        run.log.add_unit(round_, report, status)
-        return
     for row in f.rows(report):
         run.log.add_unit(round_, row, status)
 

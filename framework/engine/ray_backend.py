@@ -399,6 +399,11 @@ class RayBackend(Backend):
         ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
         self._loads[ref] = (worker, parts)
 
+    @property
+    def _caches(self) -> bool:
+        """Whether the workers keep activation caches (layer freezing's `cache` option)."""
+        return bool((self.fns.get("freezing") or {}).get("cache"))
+
     def _spare(self, worker: int, kwargs: dict[str, Any]) -> Any:
         """A spare actor of this run's key, made `worker` of this run (None: there is none alive)."""
         while (actor := SPARES.take(self._spare_key)) is not None:
@@ -414,14 +419,14 @@ class RayBackend(Backend):
         """Whether `worker`'s actor may serve the next run: it never joined a gang, keeps no activation cache, and
         has nothing in flight."""
         return (self.reuse_workers and ray.is_initialized() and worker not in self._ganged
-                and not (self.fns.get("freezing") or {}).get("cache")
+                and not self._caches
                 and all(u.worker != worker for u in self._units.values())
                 and all(w != worker for w, _ in self._loads.values()))
 
     def stop_worker(self, worker: int) -> None:
         actor = self._actors.pop(worker, None)
         if actor is not None:
-            if (self.fns.get("freezing") or {}).get("cache"):  # a killed actor cannot remove its activation cache
+            if self._caches:  # a killed actor cannot remove its activation cache
                 try:
                     ray.get(actor.close.remote(), timeout=CLOSE_TIMEOUT_S)
                 except Exception:  # noqa: BLE001 - dead or stuck: the run removes its caches' folder at its end

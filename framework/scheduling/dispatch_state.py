@@ -503,9 +503,6 @@ class DispatchState:
     # ---- transitions driven by the engine or the simulator ------------------------------------------------------
     def start(self, assignment: Assignment) -> None:
         """Start `assignment`: its member units leave Q for Q', its workers each take one slot."""
-        if len(assignment.workers) == 1 and len(assignment.members) == 1:
-            self._start_one(assignment)
-            return
         if not self.can_start(assignment):
             raise ValueError(f"{assignment.unit} (members {assignment.members}) is not eligible on workers "
                              f"{assignment.workers}")
@@ -521,23 +518,6 @@ class DispatchState:
                 self._set_busy(unit.config_id)
         for worker in assignment.workers:
             self._set_load(worker, self._load.get(worker, 0) + 1, freed=False)
-
-    def _start_one(self, assignment: Assignment) -> None:
-        """`start` of a unit of its own on one worker, the most common assignment, in one step (the same checks and
-        changes as the general path)."""
-        unit, w = assignment.unit, assignment.workers[0]
-        c = unit.config_id
-        if not (unit in self.pending and w in self._idle and c not in self._busy_configs
-                and w in self.availability.get(unit.partition, ()) and self._kind_ok(unit)):
-            raise ValueError(f"{unit} (members {assignment.members}) is not eligible on workers {assignment.workers}")
-        self.pending.remove(unit)
-        self._unindex_config(unit)
-        self._leave(unit)
-        if self._cost is not None:
-            self._work[c] -= self._cost[unit]
-        self.running[unit] = assignment
-        self._set_busy(c)
-        self._set_load(w, self._load.get(w, 0) + 1, freed=False)
 
     def _release(self, unit: Unit) -> None:
         a = self.running.pop(unit)
