@@ -52,9 +52,13 @@ def test_the_next_run_starts_on_the_last_runs_actors_and_trains_as_on_new_ones(r
 
 def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_path, monkeypatch):
     release_spare_workers()
-    monkeypatch.setattr(ray_backend, "SPARE_TTL_S", 0.5)
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
-    _run(ds, tmp_path / "run")
-    assert sum(map(len, SPARES._by_key.values())) == 2
-    time.sleep(2.0)
+    _run(ds, tmp_path / "run")  # (at the default TTL: a loaded machine may take seconds to reach the next line)
+    [key] = SPARES._by_key
+    assert len(SPARES._by_key[key]) == 2
+    monkeypatch.setattr(ray_backend, "SPARE_TTL_S", 0.5)
+    SPARES.put(key, SPARES.take(key))  # the timer starts again, at 0.5 s
+    deadline = time.time() + 30
+    while sum(map(len, SPARES._by_key.values())) and time.time() < deadline:
+        time.sleep(0.1)
     assert release_spare_workers() == 0  # the timer killed them
