@@ -4,16 +4,24 @@ variant, where the results go, and a record of what ran (config, seed, git revis
 Results go to `<storage root>/experiments/<script>/<timestamp or --tag>` (the root is `$MODELHOPPER_STORAGE`, else
 `~/modelhopper_runs`: `framework.engine.storage.default_root`), or to `--out`; never to the working directory, which under
 `ray job submit --working-dir .` is Ray's temporary copy of the code.
+
+Every results table is printed with its provenance (`provenance`: the code's revision, the machine, the versions, the
+date and the command line), which `record_run` prints under it and keeps in `run.json`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import inspect
 import json
 import os
+import platform
 import re
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -26,6 +34,11 @@ from framework.engine.storage import check_folder_name, default_root, enclosing_
 from framework.result import CATALOG_FILE
 
 T = TypeVar("T")
+
+#: the repository the experiments are part of; its revision is the one `provenance` reports
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the folders whose uncommitted changes to tracked files make a revision "+dirty"
+CODE_DIRS = ("framework", "automl", "simulators", "experiments")
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -136,14 +149,132 @@ def parse_config(
     return cfg, out
 
 
+def _git(*args: str) -> str | None:
+    """`git args...` in `ROOT`, its stdout stripped; None where git or the repository is missing or it fails. Takes
+    no optional lock, so it never writes the index of a checkout that someone is committing in."""
+    try:
+        done = subprocess.run(["git", "--no-optional-locks", "-C", ROOT, *args], capture_output=True, text=True,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def _revision() -> str:
+    """The short hash of the code's HEAD, with "+dirty" when tracked files under `CODE_DIRS` have uncommitted
+    changes; `$MODELHOPPER_GIT_REVISION` where the code came without its `.git` (`ray job submit`)."""
+    short = _git("rev-parse", "--short", "HEAD")
+    if short is None:
+        given = os.environ.get("MODELHOPPER_GIT_REVISION")
+        if given:
+            return f"{given} (from $MODELHOPPER_GIT_REVISION; uncommitted changes unknown)"
+        return "unknown (no git repository, and $MODELHOPPER_GIT_REVISION is not set)"
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", *CODE_DIRS)
+    return short + ("" if changed == "" else "+dirty" if changed else " (uncommitted changes unknown)")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")) and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _cores() -> str:
+    n = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else n
+    return f"{n} logical cores" + ("" if usable == n else f" ({usable} usable by this process)")
+
+
+def _ram() -> str:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return "RAM unknown"
+    return f"{total / 2**30:.1f} GiB RAM"
+
+
+def _gpus() -> str:
+    """The machine's GPUs ("1 x NVIDIA H100 80GB HBM3"), from nvidia-smi, else from torch where it is already
+    imported (importing it here would cost seconds in scripts that never use it); "no GPU" when neither finds one."""
+    names: list[str] = []
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        return "no GPU"
+    return ", ".join(f"{names.count(n)} x {n}" for n in dict.fromkeys(names))
+
+
+def _os() -> str:
+    try:
+        name = platform.freedesktop_os_release().get("PRETTY_NAME")
+    except (AttributeError, OSError):
+        name = None
+    kernel = f"{platform.system()} {platform.release()} {platform.machine()}"
+    return f"{name} ({kernel})" if name else platform.platform()
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def provenance_fields() -> dict[str, str]:
+    """Where a result comes from, one entry per line of `provenance`: revision, machine, software, date, command."""
+    return {
+        "revision": _revision(),
+        "machine": ", ".join([_cpu_model(), _cores(), _ram(), _gpus(), _os()]),
+        "software": f"Python {platform.python_version()}, torch {_version('torch')}, Ray {_version('ray')}",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "command": shlex.join(["python", *sys.argv]),
+    }
+
+
+def provenance(fields: dict[str, str] | None = None) -> str:
+    """What to print with a results table so that it can be traced and rerun: `fields` (default:
+    `provenance_fields()`, taken now), one `# `-line each:
+
+        # revision 66313c5+dirty
+        # machine AMD EPYC, 2 logical cores, 7.8 GiB RAM, no GPU, Debian GNU/Linux 12 (bookworm) (Linux 6.1 x86_64)
+        # software Python 3.11.9, torch 2.5.1, Ray 2.40.0
+        # date 2025-01-31 12:00:00 +0000
+        # command python experiments/scheduler_comparison.py --quick
+
+    "+dirty": tracked files under framework/, automl/, simulators/ or experiments/ differ from the commit. The
+    command is this process's `sys.argv` behind `python`."""
+    fields = provenance_fields() if fields is None else fields
+    return "\n".join(f"# {key} {value}" for key, value in fields.items())
+
+
 def record_run(out: str, cfg: Any, **extra: Any) -> str:
-    """Write `run.json` (the config, the git revision and `extra`) into `out` and print where the results are: a
-    script's last call. Returns the file's path."""
+    """Print `provenance()` (under the results table a script has just printed), write `run.json` (the config, the
+    git revision, the provenance and `extra`) into `out` and print where the results are: a script's last call.
+    Returns the file's path."""
+    fields = provenance_fields()
+    print("\n" + provenance(fields), flush=True)
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "run.json")
     with open(path, "w") as f:
-        json.dump({"config": dataclasses.asdict(cfg), "git_revision": git_revision(), **extra}, f, indent=1,
-                  default=str)
+        json.dump({"config": dataclasses.asdict(cfg), "git_revision": git_revision(), "provenance": fields, **extra},
+                  f, indent=1, default=str)
     print(f"Results in {out}", flush=True)
     return path
 

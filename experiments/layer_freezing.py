@@ -26,7 +26,8 @@ chosen on other seeds, median accuracy change within 0.5 points; a miss is print
 
 Results go to `--out` (or a new folder under the storage root). Every finished seed is saved there
 (`seeds/<kind>_<seed>.json`); rerunning with the same `--out` and the same settings skips the seeds already done, so
-a long run can be done in pieces.
+a long run can be done in pieces. `--table FILE` also writes the reported part of what it prints (the reference line
+and the reported seeds' section) to FILE, with its provenance (revision, machine, versions, date, command line).
 
     python experiments/layer_freezing.py --out DIR            # 2 tuning + 5 reported seeds, ~9 min on 2 cores
     python experiments/layer_freezing.py --quick              # about a minute
@@ -56,7 +57,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from experiments._common import parse_config, record_run  # noqa: E402
+from experiments._common import parse_config, provenance, record_run  # noqa: E402
 from framework.architectures import resnet18  # noqa: E402
 from framework.freezing import (  # noqa: E402
     FreezingController,
@@ -93,6 +94,7 @@ class Config:
     reference_mode: str = "static"  # the reference model: "static" (int8 convs too), "dynamic" (int8 Linear) or "float"
     torch_threads: int = 1  # threads of the training loop (torch.set_num_threads)
     reference_threads: int = 1  # threads of the reference model's background thread
+    table: str = ""  # also write the reported results as printed, with their provenance, to this file ("": don't)
     quick: bool = False
 
 
@@ -108,6 +110,8 @@ def check(cfg: Config) -> None:
         raise ValueError("`--seeds`, `--tuning-seeds`, `--windows` and `--target-fractions` must not be empty")
     if any(not 0 < f <= 1 for f in cfg.target_fractions):
         raise ValueError(f"`--target-fractions` is {cfg.target_fractions}, but each must be in (0, 1]")
+    if cfg.table and (os.path.isdir(cfg.table) or not os.path.isdir(os.path.dirname(os.path.abspath(cfg.table)))):
+        raise ValueError(f"`--table` is {cfg.table!r}, but must be a file in an existing folder")
 
 
 # --------------------------------------------------------------------------------------------------------- data
@@ -307,7 +311,7 @@ def run_seed(cfg: Config, seed: int, windows: tuple[int, ...], cache_root: Path)
 def load_or_run(cfg: Config, run_dir: Path, kind: str, seed: int, windows: tuple[int, ...], cache_root: Path) -> dict:
     """A seed's results from `run_dir/seeds` when an identical run saved them, else run it now and save them."""
     path = run_dir / "seeds" / f"{kind}_{seed}.json"
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("seeds", "tuning_seeds", "windows", "quick")}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("seeds", "tuning_seeds", "windows", "quick", "table")}
     settings["windows"] = list(windows)
     if path.exists():
         saved = json.loads(path.read_text())
@@ -431,13 +435,17 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(cfg: Config, out: str, run_dir: Path, cache_root: Path) -> None:
     start = time.perf_counter()
+    report: list[str] = []  # what `--table` keeps: the reference line and the reported seeds' section
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        report.append(text)
 
     speed = reference_speed(cfg)
-    print(
+    say(
         f"reference ({cfg.model}, batch {cfg.batch_size}, 1 thread): float32 {speed['float_ms']:.1f} ms, "
         f"int8 {speed['int8_ms']:.1f} ms, float/int8 {speed['ratio']:.2f}x; int8 modules "
-        f"{[m for m, _ in speed['int8_modules']]}; float32 modules {speed['fallbacks'] or 'none'}",
-        flush=True,
+        f"{[m for m, _ in speed['int8_modules']]}; float32 modules {speed['fallbacks'] or 'none'}"
     )
 
     tuning = [load_or_run(cfg, run_dir, "tuning", s, cfg.windows, cache_root) for s in cfg.tuning_seeds]
@@ -458,35 +466,37 @@ def run(cfg: Config, out: str, run_dir: Path, cache_root: Path) -> None:
     table = pd.DataFrame([row for r in reported for row in seed_figures(r, targets)])
     how = "chosen on tuning seeds" if len(cfg.windows) > 1 else "the only candidate in --windows, not tuned"
     summary = summarise(table)
-    print(
+    say(
         f"\nreported seeds {list(cfg.seeds)}: model {cfg.model}, W = {window} ({how}), "
         f"T = {int(table['T'].iloc[0])} steps of {reported[0]['total_steps']}, targets {targets}"
     )
-    print(fmt(table.set_index("seed")))
-    print(fmt(summary))
-    print()
+    say(fmt(table.set_index("seed")))
+    say(fmt(summary))
+    say("")
     goals = {}
     for t in targets:
         column = table[f"speedup@{t:.3f}"]
         med = float(column.median())  # a seed where only the baseline got there counts as -inf, not as absent
         goals[f"speedup@{t:.3f}"] = med
         shown = "not reached" if med == -math.inf else f"{100 * med:+6.1f} %"
-        print(
+        say(
             f"median speedup to {t:.3f}: {shown}  (goal >= 20 %: {'met' if med >= 0.2 else 'MISSED'}; "
             f"only the baseline reached it on {int((column == -math.inf).sum())} of {len(column)} seeds (counted "
             f"as misses), neither arm on {int(column.isna().sum())} (left out))"
         )
     change = float(table.acc_change_pts.median())
-    print(
+    say(
         f"median final accuracy change: {change:+.2f} pts (goal within 0.5: {'met' if abs(change) <= 0.5 else 'MISSED'})"
     )
-    print(
+    say(
         f"reference CPU (its thread) median {100 * table.ref_cpu_share.median():.1f} % of the Egeria arm's CPU; "
         f"total CPU of all threads vs baseline median {100 * table.cpu_vs_baseline.median():+.1f} %; "
         f"training-thread wall overhead median {100 * table.train_thread_overhead.median():.2f} %"
     )
     elapsed = time.perf_counter() - start
-    print(f"wall time of this call: {elapsed:.0f} s")
+    say(f"wall time of this call: {elapsed:.0f} s")
+    if cfg.table:
+        Path(cfg.table).write_text("\n".join([*report, "", provenance(), ""]))
 
     curves = pd.DataFrame([row for r in [*tuning, *reported] for row in r["curves"]])
     curves["split"] = curves.seed.map(lambda s: "tuning" if s in cfg.tuning_seeds else "reported")

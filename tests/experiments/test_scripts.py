@@ -1,15 +1,21 @@
 """Every experiment script imports and answers --help (they are what users submit with `ray job submit`), reports a
 bad flag in one line, writes under the storage root (never the working directory, which `ray job submit` replaces)
-or `--out`, and runs a procedure of the user's own with its arguments."""
+or `--out`, prints its provenance (revision, machine, versions, date, command line) with its table, and runs a
+procedure of the user's own with its arguments."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import json
 import os
+import platform
 import re
 import runpy
+import shlex
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -233,3 +239,100 @@ def test_gpu_first_program_on_cpu_workers_runs_places_times_and_replays(ray_clus
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["readme-auto", "readme-auto-replay-run",
                                                                 "step_fn-auto", "step_fn-auto-replay-run"]
     assert "| way | data_on_device |" in capsys.readouterr().out
+
+
+def _git(*args: str, cwd: str = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_provenance_names_the_revision_machine_versions_date_and_command(monkeypatch):
+    import ray
+    import torch
+
+    from experiments._common import provenance
+
+    monkeypatch.setattr(sys, "argv", ["experiments/x.py", "--quick", "--note", "two words"])
+    lines = provenance().splitlines()
+    assert [line.split(" ")[1] for line in lines] == ["revision", "machine", "software", "date", "command"]
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "framework", "automl", "simulators",
+                 "experiments") != ""
+    assert lines[0] == f"# revision {_git('rev-parse', '--short', 'HEAD')}" + ("+dirty" if dirty else "")
+    machine = lines[1]
+    assert machine.startswith("# machine ") and f", {os.cpu_count()} logical cores" in machine
+    assert re.search(r", \d+\.\d GiB RAM, ", machine) and platform.system() in machine
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    assert gpu in machine
+    assert lines[2] == f"# software Python {platform.python_version()}, torch {torch.__version__}, Ray {ray.__version__}"
+    assert abs(time.mktime(time.strptime(lines[3], "# date %Y-%m-%d %H:%M:%S %z")) - time.time()) < 60
+    assert lines[4] == "# command python experiments/x.py --quick --note 'two words'"
+
+
+def test_provenance_revision_is_dirty_only_for_changes_to_tracked_code(tmp_path, monkeypatch):
+    from experiments import _common
+
+    repo = tmp_path / "repo"
+    (repo / "framework").mkdir(parents=True)
+    (repo / "framework" / "a.py").write_text("x = 1\n")
+    (repo / "README.md").write_text("words\n")
+    _git("init", "-q", cwd=str(repo))
+    _git("add", ".", cwd=str(repo))
+    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c", cwd=str(repo))
+    monkeypatch.setattr(_common, "ROOT", str(repo))
+    short = _git("rev-parse", "--short", "HEAD", cwd=str(repo))
+    (repo / "README.md").write_text("other words\n")  # outside the code folders
+    (repo / "framework" / "new.py").write_text("")  # untracked
+    assert _common.provenance().splitlines()[0] == f"# revision {short}"
+    (repo / "framework" / "a.py").write_text("x = 2\n")
+    assert _common.provenance().splitlines()[0] == f"# revision {short}+dirty"
+
+
+def test_provenance_without_git_reports_the_revision_it_was_given(tmp_path, monkeypatch):
+    from experiments import _common
+
+    monkeypatch.setattr(_common, "ROOT", str(tmp_path))  # what `ray job submit --working-dir .` uploads: no .git
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.delenv("MODELHOPPER_GIT_REVISION", raising=False)
+    assert _common.provenance().splitlines()[0].startswith("# revision unknown (no git repository")
+    monkeypatch.setenv("MODELHOPPER_GIT_REVISION", "0123abc")
+    assert _common.provenance().splitlines()[0] == ("# revision 0123abc (from $MODELHOPPER_GIT_REVISION; uncommitted "
+                                                    "changes unknown)")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_experiment_script_prints_the_provenance_of_its_table(script):
+    """Its `main` exists and it calls `provenance()` or `record_run` (which prints it under the table), both taken
+    from experiments/_common.py: no script writes its own."""
+    with open(os.path.join(ROOT, "experiments", script)) as f:
+        tree = ast.parse(f.read())
+    functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert "main" in functions and not functions & {"provenance", "record_run"}
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == "experiments._common" for alias in node.names}
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Name)}
+    assert called & imported & {"provenance", "record_run"}, f"{script} prints no provenance with its table"
+
+
+def test_a_quick_scripts_table_comes_with_its_provenance(monkeypatch, capsys, storage):
+    argv = ["--quick", "--kinds", "homogeneous", "--schedulers", "randomized", "--seeds", "1", "--quiet"]
+    assert _run_script("scheduler_comparison.py", argv, monkeypatch).code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    (run,) = (storage / "experiments" / "scheduler_comparison").iterdir()
+    assert lines[-1] == f"Results in {run}" and lines[-7] == ""
+    shown = lines[-6:-1]  # under the table and its summary line, before where the results are
+    assert [line.split(" ")[1] for line in shown] == ["revision", "machine", "software", "date", "command"]
+    assert shown[0].startswith(f"# revision {_git('rev-parse', '--short', 'HEAD')}")
+    assert shown[4] == "# command python " + shlex.join([os.path.join(ROOT, "experiments", "scheduler_comparison.py"),
+                                                        *argv])
+    kept = json.loads((run / "run.json").read_text())["provenance"]
+    assert [f"# {k} {v}" for k, v in kept.items()] == shown
+
+
+def test_layer_freezing_refuses_a_table_file_in_a_missing_folder(tmp_path, monkeypatch, capsys):
+    script = _script_module("layer_freezing", monkeypatch)
+    table = tmp_path / "missing" / "table.txt"
+    with pytest.raises(SystemExit) as e:
+        script.main(["--table", str(table), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"`--table` is '{table}', but must be a file in an existing folder" in err
+    assert not (tmp_path / "out").exists()
