@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-min test-cluster soak bench lint clean mutate fuzz
+.PHONY: install demo test test-min test-cluster soak bench lint clean mutate fuzz docs
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,16 @@ FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	MODELHOPPER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/integration/test_run_integrity.py -k fuzz
 
+# the docs site (docs/, Sphinx with MyST Markdown and the PyData theme) into docs/_build/html; offline once the
+# `docs` extra is installed; a warning (a broken link, a docstring Sphinx cannot read) fails the build
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(BIN)/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: open docs/_build/html/index.html"
+
 bench: install
 	$(BIN)/python -m pytest -q benchmarks --benchmark-only
 
@@ -96,4 +106,4 @@ lint: install
 	$(BIN)/ruff check framework automl simulators experiments tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(VENV_MIN) runs results .pytest_cache .benchmarks
+	rm -rf $(VENV) $(VENV_MIN) runs results .pytest_cache .benchmarks docs/_build

@@ -118,6 +118,7 @@ class Procedure(abc.ABC):
     """Base class of model-selection procedures.
 
     Subclasses implement `step`. The engine guarantees:
+
         * `step([])` is the first call; later calls get every config ever added, in id order;
         * a config listed as ACTIVE trained exactly `epochs` epochs, one per round it was active (with
           `synchronous = False`: `epochs` finished epochs, and it may be training its next one);
@@ -127,6 +128,7 @@ class Procedure(abc.ABC):
           the same arguments, after a resume);
         * `workers_changed(n)` is called, between steps, whenever the number of live workers changes (a worker
           joined, was lost for good, or drained).
+
     A procedure must not return ids it has not seen, nor re-activate stopped configs other than through
     `Decision.resume`, and should be deterministic given its seed and the sequence of states (so runs replay and
     resume). It must pickle (it is saved with the run).

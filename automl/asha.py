@@ -41,7 +41,7 @@ def asha_promotable(score: float, config_id: int, recorded: list[tuple[float, in
 
 
 class ASHA(OptunaProcedure):
-    """ASHA with a fixed number of configs training at once (Cerebro's emulation: |S| = number of workers).
+    """ASHA with a fixed number of configs training at once (Cerebro's emulation: `|S|` = number of workers).
 
     Rungs are at `asha_rungs(max_epochs, eta, min_epochs)` epochs. The procedure keeps `num_workers` configs
     active (the engine's hint from `bind`, else 4). Each round, every config that reached a rung records its

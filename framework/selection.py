@@ -34,7 +34,7 @@ from framework.callbacks import Callback, RunInfo
 from framework.data import PartitionedDataset
 from framework.driver import Driver, SQLiteRunLog
 from framework.driver.commands import QueueCommands, Sources
-from framework.driver.observers import ProgressBar, StorageMirror, print_summary
+from framework.driver.observers import ProgressBar, RunClock, StorageMirror, print_summary
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
@@ -94,8 +94,8 @@ class ModelSelection:
         executor: `"mop"` (partitions stay, models hop), `"task_parallel"` or `"sequential"` (the baselines).
         seed: run seed; every unit is seeded from (seed, config, epoch, partition).
         metric, mode: what ranks configs (`valid_<name>` or `train_<name>`; `"min"` or `"max"`).
-        unit_timeout_s, max_unit_retries, max_worker_restarts: failure handling: when a running unit is declared
-            hung, how often a unit whose user code raised is retried, how often a worker id restarts.
+        unit_timeout_s: seconds after which a running unit is declared hung (its worker is restarted).
+        max_unit_retries, max_worker_restarts: retries of a unit whose user code raised; restarts of a worker id.
         freezing: Egeria layer freezing (through the step loop, or `train_fn(..., freezing=controller)`), or None.
         max_workers: elastic scale-out: grow into free cluster resources up to this many workers.
         deterministic: reproducible by seed (a seeded visit order and the epoch barrier), at some throughput.
@@ -180,9 +180,9 @@ class ModelSelection:
         """Run the selection to completion and return its `Result` (also written under `storage_path`); a finished
         run's resume returns it at once. Holds the run's `writer_lock`: resuming a run being written is an error."""
         with contextlib.ExitStack() as lock:
-            return self._run(lock)
+            return self._run(lock, RunClock())
 
-    def _run(self, lock: contextlib.ExitStack) -> Result:
+    def _run(self, lock: contextlib.ExitStack, clock: RunClock) -> Result:
         options = self.options
         if self._resuming:
             lock.enter_context(writer_lock(self.storage_path))  # before anything else: a second resume is refused
@@ -193,6 +193,7 @@ class ModelSelection:
             self._partial_removed = remove_partial(os.path.join(self.storage_path, CHECKPOINT_DIR))
         ensure_ray(min_cpus=options.num_workers * options.worker_resources.get("CPU", 1))
         check_resources(options.worker_resources)  # a request no node can ever meet fails now, not after a hang
+        clock.lap("ray")
         os.makedirs(self.storage_path, exist_ok=True)
         if not self._resuming:
             lock.enter_context(writer_lock(self.storage_path))
@@ -209,15 +210,14 @@ class ModelSelection:
         placement = {w: [p for p, ws in self.placement.items() if w in ws] for w in range(options.num_workers)}
         planned = None if self._resuming else self.procedure.planned_epochs()
         bar = ProgressBar(self.progress, planned and planned * 2 * len(backend.entries),
-                          lambda seconds: self._driver.leaderboard_line(seconds))
+                          lambda s: self._driver.leaderboard_line(s), f"Run directory: {self.storage.describe()}")
         mirror = [StorageMirror(self.storage)] if self.storage.uri is not None else []
         commands = Sources(self._commands, inbox_commands(catalog, self.storage_path))  # this process's, then others'
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
-                        options, self.faults, commands=commands, observers=[bar, *self.callbacks, *mirror],
+                        options, self.faults, commands=commands, observers=[bar, *self.callbacks, *mirror, clock],
                         pack_key=pack_key(self.model_fn))
         self._driver, run = driver, driver.run_state
-        if self.progress:
-            print(f"Run directory: {self.storage.describe()}", file=sys.stderr, flush=True)
+        clock.lap("set_up")
         failed = True  # until `driver.run` returns
         try:
             driver.start_workers()

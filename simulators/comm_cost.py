@@ -12,9 +12,9 @@ KB, MB, GB, TB, PB = 1e3, 1e6, 1e9, 1e12, 1e15
 
 @dataclass(frozen=True)
 class CommCostParams:
-    """k epochs, |S| configs, p workers, m model size (bytes), <D> dataset size (bytes), |D|/b mini-batches per epoch.
+    """k epochs, `|S|` configs, p workers, m model size (bytes), `<D>` dataset size (bytes), `|D|/b` mini-batches per epoch.
 
-    Defaults are Table 2's example: k = 20, |S| = 20, p = 10, m = 1 GB, <D> = 1 TB, |D|/b = 100K.
+    Defaults are Table 2's example: k = 20, `|S|` = 20, p = 10, m = 1 GB, `<D>` = 1 TB, `|D|/b` = 100K.
     """
 
     k: int = 20

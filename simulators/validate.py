@@ -73,9 +73,11 @@ def validate_schedule(
 
     1. Completeness: every (config, epoch) that appears trained on every training partition exactly once
        (`partitions`; default: all train partitions seen in the schedule), and evaluated at most once per partition.
-    2. Model isolation: a config's units never overlap in time. 3. Worker exclusivity: a worker's never do.
+    2. Model isolation: a config's units never overlap in time.
+    3. Worker exclusivity: a worker's never do.
     4. Barriers: a config's eval units of an epoch start after its train units of that epoch end; its epoch e + 1
        starts after its epoch e ends. Availability (if given): each unit ran on a worker that holds its partition.
+
     Non-preemption is structural (one row = one uninterrupted run); rows must have end >= start.
     Gangs and packs (rows sharing a `group`): a gang's rows of one config and partition (one per worker that
     trained it) are one visit, and all of a gang's rows one run of the config; a pack's rows on one worker (one per

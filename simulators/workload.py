@@ -31,7 +31,7 @@ class Workload:
     """`times[i, w]`: seconds of one unit of config i on worker w (any partition); `availability[q]`: holders of q.
 
     Attributes:
-        times: (|S|, n_workers) array of positive unit times.
+        times: `(|S|, n_workers)` array of positive unit times.
         availability: partition -> tuple of workers that hold it (replicas: several).
         eval_partitions: validation partitions (ids after the training ones) each config evaluates on per epoch.
         eval_fraction: an eval unit takes this fraction of a training unit's time.

@@ -1,7 +1,7 @@
 """Managing runs: the runs on disk and the ones running, as a user looks after them (what the `modelhopper` commands,
 `framework.connect` and the dashboard call). The layer above `ModelSelection`: it reads run directories (what
 `framework.run_record` records, where `framework.engine.storage` puts them), and it starts a driver only to resume or
-replay one.
+replay one::
 
     manage.py    list, compare, export and resume the runs on disk (`list_runs`, `compare_runs`, `export_run`,
                  `resume_run`, `find_runs`)
