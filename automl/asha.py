@@ -111,6 +111,7 @@ class ASHA(OptunaProcedure):
 
     @property
     def concurrency(self) -> int:
+        """Configs kept training at once: the engine's `num_workers` hint (from `bind`, `workers_changed`), else 4."""
         return self.num_workers or 4
 
     def _can_add(self) -> bool:

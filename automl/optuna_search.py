@@ -160,6 +160,7 @@ class OptunaSearch(OptunaProcedure):
 
     @property
     def concurrency(self) -> int:
+        """Configs kept training at once: the `concurrency` argument, else the engine's `num_workers` hint, else 4."""
         return self._concurrency or self.num_workers or 4
 
     def planned_epochs(self) -> int:

@@ -34,9 +34,24 @@ class Domain:
     """A range of values for one hyper-parameter (the base of `Uniform`, `LogUniform`, `RandInt`, `Categorical`)."""
 
     def sample(self, rng: np.random.Generator) -> Any:
+        """One value drawn from the domain.
+
+        Args:
+            rng: The generator every draw comes from, so the same seed gives the same value.
+
+        Returns:
+            A value for which `contains` is true: a `float` for `Uniform` and `LogUniform`, an `int` for `RandInt`,
+            one of the choices for `Categorical`, the value itself for `Constant`.
+        """
         raise NotImplementedError
 
     def contains(self, value: Any) -> bool:
+        """Whether `value` lies in the domain.
+
+        Numeric domains accept real numbers (ints and floats, not bools; `RandInt` only ints) within `[lo, hi]`, both
+        ends inclusive. `Categorical` and `Constant` accept a value equal to a choice and of exactly its type, so
+        `1` is not in `[1.0, 2.0]` and `True` is not in `[1, 2]`.
+        """
         raise NotImplementedError
 
     def clip(self, value: Any) -> Any:
@@ -44,6 +59,15 @@ class Domain:
         return value
 
     def to_optuna(self) -> BaseDistribution:
+        """The Optuna distribution of the domain, for Optuna's ask-and-tell interface.
+
+        `Uniform` gives a `FloatDistribution`, `LogUniform` one with `log=True`, `RandInt` an `IntDistribution`
+        over the same inclusive `[lo, hi]`, and `Categorical` a `CategoricalDistribution` of its choices, or of
+        their indices when Optuna cannot store them (see `Categorical.optuna_native`).
+
+        Raises:
+            NotImplementedError: For `Constant`, which is not searched; `SearchSpace.to_optuna` leaves it out.
+        """
         raise NotImplementedError
 
 
@@ -133,6 +157,11 @@ class Categorical(Domain):
         return all(isinstance(c, _OPTUNA_CHOICE_TYPES) for c in self.choices)
 
     def index(self, value: Any) -> int:
+        """The position of `value` in `choices` (the first choice equal to it and of exactly its type).
+
+        Raises:
+            ValueError: If `value` is not one of the choices.
+        """
         for i, c in enumerate(self.choices):
             if type(c) is type(value) and c == value:
                 return i

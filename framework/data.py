@@ -113,6 +113,7 @@ class PartitionedDataset:
 
     @property
     def num_partitions(self) -> int:
+        """How many partitions the data has (train partition `j` is paired with valid partition `j`)."""
         return len(self.train)
 
     # ---- constructors -----------------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ class Result:
             warnings.warn(UnverifiedRunWarning(
                 f"the run in {self.storage_path!r} is not verified: {describe_problems(self.unverified)}. Its "
                 "numbers may not be what it computed; resume and replay refuse it unless trust_unverified=True "
-                "(see the README's threat model)"), stacklevel=3)
+                "(see the threat model in docs/security.md)"), stacklevel=3)
         try:
             self._read(catalog)
         except (CatalogError, ValueError, TypeError, KeyError, AttributeError) as e:
@@ -360,6 +360,7 @@ class Result:
 
     @property
     def best_config(self) -> dict[str, Any] | None:
+        """The best config (the dict it was trained with) by the run's metric, or None when none has a value."""
         cid = self.best_config_id
         return None if cid is None else self.configs[cid]
 

@@ -71,6 +71,11 @@ class Noise:
             raise ValueError(f"`straggler_factor` is {self.straggler_factor}, but must be >= 1")
 
     def factor(self, rng: np.random.Generator) -> float:
+        """One draw of the multiplier on a unit's estimated time (1.0 when `sigma` and `straggler_prob` are 0).
+
+        Lognormal with mean 1 (`sigma` is the standard deviation of its log), times `straggler_factor` with
+        probability `straggler_prob`. Draws from `rng` only for the parts that are on.
+        """
         f = float(rng.lognormal(-(self.sigma**2) / 2, self.sigma)) if self.sigma > 0 else 1.0
         if self.straggler_prob > 0 and rng.random() < self.straggler_prob:
             f *= self.straggler_factor

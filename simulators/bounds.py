@@ -7,6 +7,8 @@ from simulators.workload import Workload
 
 
 def shop_problem(workload: Workload, epoch: int = 0) -> ShopProblem:
+    """One epoch of `workload` as an open shop: its units, each with its duration on every worker that holds the unit's
+    partition (seconds, from `Workload.duration`)."""
     durations = {
         (u, w): workload.duration(u, w) for u in workload.units(epoch) for w in workload.availability[u.partition]
     }

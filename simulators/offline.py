@@ -163,6 +163,7 @@ class OfflineEngine:
     # ---- the API ------------------------------------------------------------------------------------------------
     @property
     def states(self) -> list[ConfigState]:
+        """Every config's state after the last round (and decision), in id order (the same list as `run.states`)."""
         return self.run.states
 
     @property

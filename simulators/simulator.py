@@ -43,6 +43,7 @@ class SimulationResult:
 
     @property
     def decision_ms_per_unit(self) -> float:
+        """Wall-clock milliseconds the scheduler spent deciding (`decision_time_s`) per completed unit."""
         return 1000.0 * self.decision_time_s / max(len(self.schedule), 1)
 
     @property
@@ -100,6 +101,10 @@ class Simulator:
         self.noise, self.seed, self.queue_depth, self.cost = noise or Noise(), seed, queue_depth, cost
 
     def run(self) -> SimulationResult:
+        """Simulate every config of the workload for `epochs` rounds and return what happened.
+
+        Times in the result are simulated seconds, except `wall_s` and `decision_time_s` (the real clock).
+        """
         return simulate_selection(_Workload(self.workload.n_configs, self.epochs), self.workload,
                                   scheduler=self.scheduler, events=self.events, noise=self.noise, seed=self.seed,
                                   queue_depth=self.queue_depth, cost=self.cost)

@@ -66,28 +66,40 @@ class Workload:
 
     @property
     def n_configs(self) -> int:
+        """Configs in the workload (`|S|`, the rows of `times`)."""
         return self.times.shape[0]
 
     @property
     def n_workers(self) -> int:
+        """Workers in the workload (the columns of `times`)."""
         return self.times.shape[1]
 
     @property
     def train_partitions(self) -> list[int]:
+        """The partitions in `availability` that are not `eval_partitions`, sorted."""
         return sorted(q for q in self.availability if q not in set(self.eval_partitions))
 
     def units(self, epoch: int = 0, configs: list[int] | None = None) -> list[Unit]:
+        """The units of one epoch: a train unit per config x train partition, then an eval unit per config x eval
+        partition.
+
+        Args:
+            epoch: the epoch the units belong to.
+            configs: the config ids to make units for; None for all of them (`0 .. n_configs - 1`).
+        """
         cs = range(self.n_configs) if configs is None else configs
         out = [Unit(c, epoch, q, TRAIN) for c in cs for q in self.train_partitions]
         out += [Unit(c, epoch, q, "eval") for c in cs for q in self.eval_partitions]
         return out
 
     def duration(self, unit: Unit, worker: int) -> float:
+        """Seconds `unit` takes on `worker`: `times[config, worker]`, times `eval_fraction` for an eval unit."""
         t = float(self.times[unit.config_id, worker])
         return t if unit.kind == TRAIN else t * self.eval_fraction
 
     @property
     def replicated(self) -> bool:
+        """Whether some partition is held by more than one worker."""
         return any(len(ws) > 1 for ws in self.availability.values())
 
 

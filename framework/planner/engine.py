@@ -183,10 +183,16 @@ class EngineTransfer:
     split_keys: tuple[str, ...] = ()  # the layers extracted near the data (multi-model keys)
 
     def index(self, config: Mapping[str, Any]) -> int:
+        """The plan index of an engine config (its position in ``configs``, matched by ``config_key``).
+
+        Raises:
+            KeyError: If ``config`` is not one of the configs the plan was built for.
+        """
         return self.model_fn.index(config)
 
     @property
     def branches(self) -> list[FeatureBranch]:
+        """Each config's ``FeatureBranch``, in plan order (the initial models ``model_fn`` copies)."""
         return self.model_fn.branches
 
     def hop_bytes(self, config: Mapping[str, Any] | int) -> tuple[int, int]:

@@ -97,7 +97,16 @@ class TransferPlan:
         self.last_extraction: dict[str, Any] = {}
 
     def group_of(self, i: int) -> int:
-        return next(g for g, grp in enumerate(self.groups) if i in grp.members)
+        """The index in ``groups`` of the fused group that holds config ``i``.
+
+        Raises:
+            ValueError: If no group holds ``i`` (it is not a config of the plan).
+        """
+        for g, grp in enumerate(self.groups):
+            if i in grp.members:
+                return g
+        held = sorted(m for grp in self.groups for m in grp.members)
+        raise ValueError(f"`i` is {i!r}, but no group of the plan holds it (the plan's configs: {held})")
 
     def materialize(
         self,
@@ -203,6 +212,8 @@ class TransferPlan:
         return out
 
     def bridge(self, g: int) -> KeyedModule:
+        """Group ``g``'s shared frozen module: the layers it loads -> the boundaries of its members, each shared layer
+        computed once (run in eval mode)."""
         return self._bridges[g]
 
     def branch(self, i: int) -> KeyedModule:
@@ -216,6 +227,18 @@ class TransferPlan:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         seeds: Sequence[int],
     ) -> FusedTrainer:
+        """A ``FusedTrainer`` for group ``g``: its bridge and one branch and optimizer per member config.
+
+        Args:
+            g: the group's index in ``groups``.
+            optimizer_fn: ``(trainable parameters, config index) -> optimizer``, called once per member.
+            loss_fn: ``(outputs, labels) -> loss``, shared by every member.
+            seeds: one per member, in the order of ``groups[g].members``; each member draws its randomness from
+                its own generator (dropout and the like), so fused training matches training alone.
+
+        Raises:
+            ValueError: If ``seeds`` does not hold one seed per member.
+        """
         members = self.groups[g].members
         branches = [self.branch(i) for i in members]
         opts = [
@@ -225,6 +248,8 @@ class TransferPlan:
         return FusedTrainer(self.bridge(g), branches, opts, loss_fn, seeds)
 
     def hop_state(self, i: int) -> dict[str, torch.Tensor]:
+        """Config ``i``'s trainable state (parameters that require grad, plus the buffers of trainable modules): what a
+        hop of that config carries under the plan."""
         return trainable_state_dict(self.branch(i))
 
     def hop_bytes(self, i: int) -> tuple[int, int]:
@@ -388,6 +413,24 @@ class TransferSelection:
     def fit(
         self, new_train: tuple[torch.Tensor, torch.Tensor], new_valid: tuple[torch.Tensor, torch.Tensor]
     ) -> TransferResult:
+        """Run one labelling cycle: add the new records, re-plan if needed, materialize, train every config, rank.
+
+        The records of all cycles so far are kept; each cycle restarts every config from the same initial weights
+        and trains it for its epochs on all the labelled training records. The first cycle plans; a later one
+        re-plans only when the labelled records (training and validation) outgrow r, which then doubles until they
+        fit. Only records whose features the store lacks are extracted.
+
+        Args:
+            new_train: ``(inputs, labels)`` of the records labelled for training in this cycle.
+            new_valid: ``(inputs, labels)`` of the records labelled for validation in this cycle.
+
+        Returns:
+            The cycle's ``TransferResult``: one metrics row per config x epoch, the config with the highest last
+            ``valid_acc`` (ties: lowest ``valid_loss``), timings in seconds and the plan used.
+
+        Raises:
+            ValueError: If ``new_train`` or ``new_valid`` is not a pair (inputs, labels) of equal length.
+        """
         t_start = time.perf_counter()
         self._train_ids.append(self._add(new_train, "new_train"))
         self._valid_ids.append(self._add(new_valid, "new_valid"))
