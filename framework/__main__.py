@@ -16,6 +16,10 @@ from framework.cli import OneLineParser, printable
 #: the longest wait a flag takes (`--interval`, `--timeout`): a day; `inf` would overflow `time.sleep`
 MAX_WAIT_S = 86400.0
 _ANSWER_WAIT = "seconds to wait for the driver's answer (at most a day)"
+#: how long `watch` and `dashboard` wait for a run just launched to appear in the directory they are given
+WAIT_FOR_RUN_S = 60.0
+_WAIT_HELP = ("seconds to wait for a run that is starting (the folder or its run.db not there yet, as right after "
+              "the run was launched; at most a day, 0: do not wait)")
 
 
 def _say(text: object = "", **kwargs) -> None:
@@ -79,12 +83,40 @@ def _print_run(result, args: argparse.Namespace) -> int:
         _say(json.dumps(out, indent=1))
         return 0
     _say(result)
-    _say(board.drop(columns=["round"], errors="ignore").to_string(index=False))
+    _say(_board_text(result, board))
     if not result.failures.empty:
         _say("\nFailed configs:")
         for row in result.failures.itertuples():
             _say(f"--- config {row.config_id}\n{row.error}")
     return 0
+
+
+def _board_text(result, board) -> str:
+    """A leaderboard as a table; for a run in which no config has finished an epoch yet (its table would be empty),
+    one line that says so, with the units done so far."""
+    if not board.empty:
+        return board.drop(columns=["round"], errors="ignore").to_string(index=False)
+    kinds = result.schedule.kind.value_counts() if not result.schedule.empty else {}
+    train, evals = int(kinds.get("train", 0)), int(kinds.get("eval", 0))
+    return (f"No epoch has finished yet: {len(result.configs)} configs, {train} training and {evals} evaluation "
+            "units done so far")
+
+
+def _wait_for_run(args: argparse.Namespace) -> None:
+    """Before `watch` or `dashboard` reads `args.run`: wait (at most `--wait` seconds, saying so on stderr) while it
+    holds no run that has started, as right after the run was launched. No run after the wait is an error; a run
+    given by URI is not waited for."""
+    from framework.engine.storage import is_uri
+    from framework.result import CATALOG_FILE
+    from framework.runs.status import run_started, wait_for_run
+
+    if args.wait == 0 or is_uri(args.run) or run_started(args.run):
+        return
+    print(printable(f"{args.prog} {args.command}: waiting up to {args.wait:g} s for a run to start in {args.run} "
+                    "(--wait)"), file=sys.stderr, flush=True)
+    if not wait_for_run(args.run, args.wait) and not os.path.isfile(os.path.join(args.run, CATALOG_FILE)):
+        raise TimeoutError(f"`run` {args.run!r} holds no {CATALOG_FILE}: not a run directory (no run started there "
+                           f"within {args.wait:g} s; --wait SECONDS waits longer)")
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -225,12 +257,14 @@ def _watch(args: argparse.Namespace) -> int:
     from framework.runs.manage import age
     from framework.runs.status import open_result, run_status
 
+    _wait_for_run(args)
     while True:
         s = run_status(args.run)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnverifiedRunWarning)  # said in every frame instead, with the rows
             with open_result(args.run) as result:
                 board = result.get_dataframe().head(args.top).drop(columns=["round"], errors="ignore")
+                table = _board_text(result, board)
                 recent = result.events[result.events.kind.isin(("command", "worker_failed", "worker_joined",
                                                                 "config_failed", "worker_killed", "inbox"))].tail(5)
         unverified = s["problems"]  # what run_status's verification found
@@ -242,7 +276,7 @@ def _watch(args: argparse.Namespace) -> int:
             board.insert(1, "verified", ["NO" if c in suspect else "" for c in board.config_id])
             frame += [f"NOT VERIFIED ({len(unverified)} problems: records edited, or not written by this run under "
                       f"this machine's key; configs marked NO): {describe_problems(unverified, shown=5)}"]
-        frame += [board.to_string(index=False)]
+        frame += [board.to_string(index=False) if not board.empty else table]
         if not recent.empty:
             frame += ["recent events:"] + [f"  {k} {d}" for k, d in zip(recent.kind, recent.detail)]
         if not args.once and sys.stdout.isatty():
@@ -268,6 +302,7 @@ def _status(args: argparse.Namespace) -> int:
     configs = ", ".join(f"{n} {k}" for k, n in s["configs"].items()) or "none"
     units = s["units_done"]
     w = s["workers"]
+    count = str(w["live"]) if w["live"] == w["num_workers"] else f"{w['live']} now, {w['num_workers']} at the start"
     best = s["best"]
     lines = [
         ("run", s["path"]),
@@ -283,7 +318,7 @@ def _status(args: argparse.Namespace) -> int:
         ("best", "none yet" if best is None else
          f"config {best['config_id']}: {s['metric']}="
          f"{'-' if best['value'] is None else format(best['value'], '.4g')} at epoch {best['epoch']} {best['config']}"),
-        ("workers", f"{w['num_workers']} ({w['executor']}, scheduler {w['scheduler']}), {w['failed']} failed, "
+        ("workers", f"{count} ({w['executor']}, scheduler {w['scheduler']}), {w['failed']} failed, "
                     f"{w['restarted']} restarted"),
         ("driver", driver + (f", resumed {s['resumes']}x" if s["resumes"] else "")),
     ]
@@ -340,6 +375,7 @@ def _dashboard(args: argparse.Namespace) -> int:
 
     from framework.dashboard import serve
 
+    _wait_for_run(args)
     with serve(args.run, host=args.host, port=args.port, token=args.token) as board:
         _say(f"Serving the dashboard of {args.run} at {board.url} (Ctrl-C stops it)", flush=True)
         try:
@@ -385,6 +421,20 @@ def _seconds_up_to(high: float):
 
 
 _seconds, _any_seconds = _seconds_up_to(MAX_WAIT_S), _seconds_up_to(math.inf)
+
+
+def _wait_seconds(s: str) -> float:
+    """`--wait`: 0 (do not wait) or a number of seconds > 0, at most a day."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
+    if v == 0:
+        return 0.0
+    if not 0 < v <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"{s!r} must be 0 (do not wait) or a number of seconds > 0, at most "
+                                         f"{MAX_WAIT_S:g}")
+    return v
 
 
 def _checkpoint(s: str) -> str | float:
@@ -460,14 +510,15 @@ def _config_parsers(sub, fmt) -> None:
 
 
 def _registry_parsers(sub, fmt) -> None:
-    """A subcommand for each command a person may send (`framework.driver.commands.COMMANDS`) that has no hand-written
-    one above: its required arguments positional, the others options (a bool as --NAME / --no-NAME), each read as the
-    registry's type says; the driver checks them by the entry's rules."""
-    from framework.driver.commands import COMMANDS
+    """A subcommand for each command a person may send (`framework.command_specs.COMMAND_ENTRIES`, which the driver's
+    `COMMANDS` pairs with handlers) that has no hand-written one above: its required arguments positional, the others
+    options (a bool as --NAME / --no-NAME), each read as the registry's type says; the driver checks them by the
+    entry's rules. Reads the entries only, so `--help` imports neither the driver nor pandas."""
+    from framework.command_specs import COMMAND_ENTRIES
 
     readers = {"int": int, "ints": _ints_arg, "json": _json_arg}
-    for c in COMMANDS.values():
-        name = c.cli or c.name.replace("_", "-")
+    for c in COMMAND_ENTRIES.values():
+        name = c.subcommand
         if not c.outside or name in sub.choices:
             continue
         p = sub.add_parser(name, help=c.doc, formatter_class=fmt, description=f"{c.doc} (the `{c.name}` command). "
@@ -579,6 +630,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     wa.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes (at most a day)")
     wa.add_argument("--top", type=_positive_int, default=10, help="how many of the best configs to show")
     wa.add_argument("--once", action="store_true", help="print once and exit")
+    wa.add_argument("--wait", type=_wait_seconds, default=WAIT_FOR_RUN_S, metavar="SECONDS", help=_WAIT_HELP)
     wa.set_defaults(func=_watch)
     wk = sub.add_parser("workers", help="add workers to a running run, or drain one (framework.connect)",
                         formatter_class=fmt, description="Sends the command to the running run and prints what its "
@@ -668,6 +720,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     da.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
     da.add_argument("--token", default=None, help="the token every request must carry (None: none on localhost, "
                                                   "else a new random one)")
+    da.add_argument("--wait", type=_wait_seconds, default=WAIT_FOR_RUN_S, metavar="SECONDS", help=_WAIT_HELP)
     da.set_defaults(func=_dashboard)
     _registry_parsers(sub, fmt)  # last: a hand-written subcommand of the same name wins
     return parser
@@ -675,6 +728,22 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
 
 #: what bad input (or a missing optional dependency: the demo's scikit-learn) raises: reported as one line and exit code 2, never a traceback (anything else is a bug: traceback)
 USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, ImportError, TimeoutError)
+#: the project's own errors that mean the same, as (module, class): looked up among the modules a command imported,
+#: so that `--help` and the commands that do not need them import none of those modules (pandas, with the catalog)
+USER_ERROR_CLASSES = (("framework.engine.catalog", "CatalogError"), ("framework.engine.signing", "SignatureError"),
+                      ("framework.result", "NoResultError"), ("framework.runs.steering", "NotRunningError"))
+
+
+def _is_user_error(e: BaseException) -> bool:
+    """Whether `e` is bad input (`USER_ERRORS`, `USER_ERROR_CLASSES`): one line and exit code 2. A class whose module
+    was never imported cannot have raised `e`, so none is imported here."""
+    if isinstance(e, USER_ERRORS):
+        return True
+    for module, name in USER_ERROR_CLASSES:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(e, cls):
+            return True
+    return False
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -690,13 +759,9 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m framework") -> int:
-    from framework.engine.catalog import CatalogError
-    from framework.engine.signing import SignatureError
-    from framework.result import NoResultError
-    from framework.runs.steering import NotRunningError
-
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    args.prog = parser.prog  # (what a command prints on stderr starts with it)
 
     def warn(message, category, filename, lineno, file=None, line=None) -> None:  # one line, as errors are
         print(printable(f"{parser.prog} {args.command}: warning: {message}"), file=sys.stderr)
@@ -706,12 +771,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m framework") -> in
         with warnings.catch_warnings():
             warnings.showwarning = warn
             return args.func(args)
-    except (*USER_ERRORS, CatalogError, SignatureError, NoResultError, NotRunningError) as e:
-        print(printable(f"{parser.prog} {args.command}: error: {e}"), file=sys.stderr)  # one line, whatever e says
-        return 2
     except BrokenPipeError:  # `show RUN | head`: the reader left; no traceback, and none at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:
+        if not _is_user_error(e):
+            raise
+        print(printable(f"{parser.prog} {args.command}: error: {e}"), file=sys.stderr)  # one line, whatever e says
+        return 2
 
 
 def entry() -> None:

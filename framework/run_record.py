@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from automl import Procedure
-from framework.driver.commands import InboxCommands
 from framework.engine.catalog import SQLiteCatalog, check_verified, confine
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.inbox import read_requests
@@ -27,8 +25,11 @@ from framework.engine.storage import RunStorage, git_revision
 from framework.options import FUNCTIONS, RunOptions
 from framework.result import CATALOG_FILE
 
-if TYPE_CHECKING:  # (torch comes with the data module: the command line reads run records without it)
+if TYPE_CHECKING:  # (torch comes with the data module, Optuna with automl: the command line reads run records
+    # without them)
+    from automl import Procedure
     from framework.data import PartitionedDataset
+    from framework.driver.commands import InboxCommands
 
 
 def extract_ref(extract: Callable | None) -> str | None:
@@ -139,6 +140,8 @@ def is_being_written(storage_path: str) -> bool:
 def inbox_commands(catalog: SQLiteCatalog, storage_path: str) -> InboxCommands:
     """The commands other processes send a run (`framework.connect`): the requests in its inbox that no `command`
     event of the run names yet (all of them, for a new run)."""
+    from framework.driver.commands import InboxCommands
+
     run_id = catalog.meta()["run_id"]
     seen = {json.loads(d).get("request") for d in catalog.events("command").detail} - {None}
     return InboxCommands(lambda after: read_requests(storage_path, run_id, after), seen)

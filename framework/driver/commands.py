@@ -32,6 +32,13 @@ from typing import Any
 
 from automl import ACTIVE, PERSON, STOPPED
 from framework.cli import printable
+from framework.command_specs import (  # (ARG_TYPES and Arg re-exported: a command's arguments)
+    ARG_TYPES,  # noqa: F401
+    COMMAND_ENTRIES,
+    OUTSIDE_COMMANDS,
+    Arg,  # noqa: F401
+    CommandEntry,
+)
 from framework.driver import commit
 from framework.driver._state import RunState
 from framework.driver.configs import BY_PERSON, ConfigRecord
@@ -443,57 +450,18 @@ def _checkpoint_config(run: RunState, args: Mapping[str, Any]) -> str:
 
 
 # ---- the registry ----------------------------------------------------------------------------------------------
-#: what a command's argument is, as a form or the command line reads it: an int, a list of ints, True/False, or any
-#: JSON value (a dict of hyper-parameters)
-ARG_TYPES = ("int", "ints", "bool", "json")
-
-
 @dataclass(frozen=True)
-class Arg:
-    """One argument of a command: its `name`, `type` (one of `ARG_TYPES`), what it must be (`rule`: what a
-    rejection says when a `required` one is missing, and the help of its form field and command-line option), and
-    the `default` its handler takes when it is not given (None: the handler's own choice, e.g. the procedure's)."""
+class CommandSpec(CommandEntry):
+    """One command of `COMMANDS`: its entry (`framework.command_specs.CommandEntry`: name, doc, args, where it may
+    come from, its button and subcommand) and `handler(run, args)`, which applies it (returns its outcome, or the
+    `Effect` of a command that changed configs or the procedure; raises `CommandRejected` with the reason) after
+    `check` has made sure the required `args` are there and no other is.
 
-    name: str
-    type: str
-    rule: str
-    required: bool = False
-    default: Any = None
+    Adding a command is one entry in `framework.command_specs.COMMAND_ENTRIES` plus its handler in `_HANDLERS`: the
+    driver applies it, the dashboard shows it (its forms come from `describe`, served as `/api/commands`), the
+    command line offers it."""
 
-    def __post_init__(self) -> None:
-        if self.type not in ARG_TYPES:
-            raise ValueError(f"`type` is {self.type!r}, but must be one of {list(ARG_TYPES)}")
-
-
-@dataclass(frozen=True)
-class CommandSpec:
-    """One command (an entry of `COMMANDS`): everything every layer reads of it. `handler(run, args)` applies it
-    (returns its outcome, or the `Effect` of a command that changed configs or the procedure; raises
-    `CommandRejected` with the reason), after `check` has made sure the required `args` are there and no other is;
-    `outside`: whether a person may send it from outside the run's process (the inbox: `framework.connect`, the
-    CLI, the dashboard); `target`: "config" for a command about one config (its `config_id`: the dashboard puts its
-    button on each config's row, enabled while the config's status is one of `statuses`), else "run"; `label`: its
-    button (default: the name); `cli`: its subcommand of `python -m framework` (default: the name, dashed; one made
-    from this entry unless a hand-written one of that name exists).
-
-    Adding a command is one entry in `COMMANDS` plus its handler: the driver applies it, the dashboard shows it (its
-    forms come from `describe`, served as `/api/commands`), the command line offers it."""
-
-    name: str
-    handler: Callable[[RunState, Mapping[str, Any]], str | Effect]
-    doc: str
-    args: tuple[Arg, ...] = ()
-    outside: bool = True
-    target: str = "run"
-    label: str | None = None
-    cli: str | None = None
-    statuses: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.target not in ("run", "config"):
-            raise ValueError(f"`target` is {self.target!r}, but must be 'run' or 'config'")
-        if self.target == "config" and "config_id" not in {a.name for a in self.args}:
-            raise ValueError(f"command {self.name!r} is about a config, so it must take a `config_id`")
+    handler: Callable[[RunState, Mapping[str, Any]], str | Effect] = field(kw_only=True)
 
     def check(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """The arguments the handler takes: `args` with the defaults of those not given. Raises `CommandRejected`
@@ -509,54 +477,19 @@ class CommandSpec:
             raise CommandRejected(f"{self.name!r} takes no argument {unknown[0]!r}; it takes {names}")
         return {**{a.name: a.default for a in self.args if a.default is not None}, **args}
 
-    def describe(self) -> dict[str, Any]:
-        """The entry as JSON (what `/api/commands` serves and the dashboard builds its forms from)."""
-        return {"name": self.name, "doc": self.doc, "target": self.target, "label": self.label or self.name,
-                "statuses": list(self.statuses), "args": [dataclasses.asdict(a) for a in self.args]}
 
+_HANDLERS: dict[str, Callable[[RunState, Mapping[str, Any]], str | Effect]] = {
+    "add_workers": _add, "drain_worker": _drain, "kill_worker": _kill, "pause": _pause, "unpause": _unpause,
+    "stop_config": _stop_config, "resume_config": _resume_config, "add_config": _add_config,
+    "clone_config": _clone_config, "extend": _extend, "checkpoint_config": _checkpoint_config,
+}
+assert _HANDLERS.keys() == COMMAND_ENTRIES.keys(), "every command entry has one handler"
 
-_WORKER = "a worker id (an int)"
-_CONFIG_ID = Arg("config_id", "int", "a config id (an int)", required=True)
-_EPOCHS = Arg("epochs", "int", "an int >= 1, the epochs it trains in all (default: the procedure's per-config budget)")
-
-#: every command, by name: the one definition the driver, the inbox, the dashboard and the command line read
-COMMANDS: dict[str, CommandSpec] = {c.name: c for c in (
-    CommandSpec("add_workers", _add, "start more workers (each loads `partitions`, default: those with the fewest "
-                "holders)", (Arg("count", "int", "an int >= 1, how many workers to start", default=1),
-                             Arg("partitions", "ints", "a non-empty list of the run's partitions"),
-                             Arg("worker", "int", "the id of the one worker to start (an int >= 0)")),
-                label="add workers", cli="workers"),
-    CommandSpec("drain_worker", _drain, "the worker takes no new units, finishes the one it runs, then leaves",
-                (Arg("worker", "int", _WORKER, required=True),), label="drain", cli="workers"),
-    CommandSpec("kill_worker", _kill, "kill a worker (default: a random live one): chaos testing, for the driver's "
-                "own process only (`ModelSelection.kill_worker_process`)", (Arg("worker", "int", _WORKER),),
-                outside=False),
-    CommandSpec("pause", _pause, "pause the run: units running finish, nothing new starts, workers stay"),
-    CommandSpec("unpause", _unpause, "continue a paused run where it paused"),
-    CommandSpec("stop_config", _stop_config, "stop the config now: its units not started are dropped, those running "
-                "finish; it keeps its weights and metrics", (_CONFIG_ID,), target="config", label="stop",
-                cli="stop", statuses=(ACTIVE,)),
-    CommandSpec("resume_config", _resume_config, "train a stopped config again from its latest weights (the "
-                "person's from then on)", (_CONFIG_ID, _EPOCHS), target="config", label="resume",
-                cli="resume-config", statuses=(STOPPED,)),
-    CommandSpec("add_config", _add_config, "add a config the procedure did not ask for; it trains from model_fn",
-                (Arg("config", "json", "a dict of hyper-parameter name -> value", required=True), _EPOCHS),
-                label="add config", cli="add"),
-    CommandSpec("clone_config", _clone_config, "a new config: this one's hyper-parameters with `overrides`, from its "
-                "latest weights (`warm`) or from model_fn", (
-                    _CONFIG_ID, Arg("overrides", "json", "a dict of hyper-parameter name -> value", default={}),
-                    Arg("warm", "bool", "True (start from the config's weights) or False (from model_fn)",
-                        default=True), _EPOCHS), target="config", label="clone", cli="clone"),
-    CommandSpec("extend", _extend, "grow the procedure's budget, as far as it allows: `epochs` more per config, "
-                "`samples` more configs", (Arg("epochs", "int", "an int >= 1, epochs more per config"),
-                                           Arg("samples", "int", "an int >= 1, configs more"))),
-    CommandSpec("checkpoint_config", _checkpoint_config, "write the config's latest weights to disk now, whatever "
-                "the run's checkpoint policy (`Result.load_model` loads them)", (_CONFIG_ID,), target="config",
-                label="checkpoint", statuses=(ACTIVE, STOPPED)),
-)}
-#: the commands a person may send from outside the run's process (the inbox: `framework.connect`, the CLI, the
-#: dashboard)
-OUTSIDE_COMMANDS = frozenset(name for name, c in COMMANDS.items() if c.outside)
+#: every command, by name, with its handler: `framework.command_specs.COMMAND_ENTRIES`, the one definition the
+#: driver, the inbox, the dashboard and the command line read
+COMMANDS: dict[str, CommandSpec] = {
+    name: CommandSpec(**{f.name: getattr(e, f.name) for f in dataclasses.fields(e)}, handler=_HANDLERS[name])
+    for name, e in COMMAND_ENTRIES.items()}
 
 
 def _shown(value: Any, limit: int = 120) -> str:

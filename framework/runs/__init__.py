@@ -5,14 +5,24 @@ replay one::
 
     manage.py    list, compare, export and resume the runs on disk (`list_runs`, `compare_runs`, `export_run`,
                  `resume_run`, `find_runs`)
-    status.py    a run's status: finished, running, crashed, running?, unknown or unreadable (`run_status`)
+    status.py    a run's status: finished, running, crashed, running?, unknown or unreadable (`run_status`); wait
+                 for a run just launched to start (`wait_for_run`)
     steering.py  `connect(run)`: watch and steer a running run from another process
     replay.py    `replay(run)`: the run again on this machine, following its log
 
 """
 
 from framework.runs.manage import compare_runs, export_run, find_runs, list_runs, resume_run
-from framework.runs.status import RECENT_S, STATUSES, DriverInfo, classify, open_result, run_status
+from framework.runs.status import (
+    RECENT_S,
+    STATUSES,
+    DriverInfo,
+    classify,
+    open_result,
+    run_started,
+    run_status,
+    wait_for_run,
+)
 
 __all__ = [
     "RECENT_S",
@@ -25,5 +35,7 @@ __all__ = [
     "list_runs",
     "open_result",
     "resume_run",
+    "run_started",
     "run_status",
+    "wait_for_run",
 ]

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import sqlite3
 import time
+import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,7 +42,8 @@ from framework.engine.catalog import CatalogError, SQLiteCatalog, UnverifiedRunW
 from framework.engine.storage import check_utf8
 from framework.result import CATALOG_FILE, OUTCOMES, NoResultError, Result
 
-__all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "driver_of", "open_result", "pid_alive", "run_status"]
+__all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "driver_of", "open_result", "pid_alive", "run_started",
+           "run_status", "wait_for_run"]
 
 
 STATUSES = ("finished", "running", "crashed", "running?", "unknown", "unreadable")
@@ -193,6 +196,7 @@ def _status_of(result: Result, now: float) -> dict[str, Any]:
     order = [*OUTCOMES, *sorted(set(counts.index) - set(OUTCOMES))]
     kinds = result.events.kind.value_counts() if not result.events.empty else pd.Series(dtype=int)
     started = [json_dict(d).get("count") for d in result.events[result.events.kind == "workers_started"].detail]
+    live = _live_workers(result.events)
     units = result.schedule.kind.value_counts() if not result.schedule.empty else pd.Series(dtype=int)
     return {
         "path": result.storage_path, "status": status, "verified": result.verified,
@@ -205,6 +209,7 @@ def _status_of(result: Result, now: float) -> dict[str, Any]:
         "best": best_row,
         "workers": {"num_workers": meta.get("num_workers"), "executor": meta.get("executor"),
                     "scheduler": meta.get("scheduler"), "started": started[-1] if started else None,
+                    "live": meta.get("num_workers") if live is None else live,
                     "failed": int(kinds.get("worker_failed", 0)), "restarted": int(kinds.get("worker_restarting", 0))},
         "driver": None if driver is None else {"pid": driver.pid, "host": driver.host, "since": driver.since},
         "pid": driver.pid if status == "running" and driver is not None and driver.host == socket.gethostname()
@@ -214,15 +219,67 @@ def _status_of(result: Result, now: float) -> dict[str, Any]:
     }
 
 
+def _live_workers(events: pd.DataFrame) -> int | None:
+    """How many workers the run has now (or had when it stopped): the count its last session started with (a
+    `workers_started` event), changed by every later `workers_changed` event (a worker added, drained, lost or back).
+    None when the run logged neither (it has not started its workers yet)."""
+    if events.empty:
+        return None
+    for kind, detail in zip(reversed(events.kind.tolist()), reversed(events.detail.tolist())):
+        if kind in ("workers_started", "workers_changed"):
+            n = json_dict(detail).get("count" if kind == "workers_started" else "num_workers")
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+                return n
+    return None
+
+
 def run_status(path: str, now: float | None = None) -> dict[str, Any]:
     """One run's state as a JSON-able dict: `status` (see the module docstring), `verified` (and the `problems`
     that did not verify), `metric`/`mode`, `configs` (how many of each status: completed, pruned, failed, active),
     `epochs_trained`, `units_done`, `rounds` committed, `start_time`/`last_activity` (epoch seconds) and `age_s`,
-    the `best` config so far (None when none has a value), `workers`, the `driver` (pid, host), for a running
+    the `best` config so far (None when none has a value), `workers` (`num_workers` it was started with, `live`: how
+    many it has now, after workers were added, drained or lost; its `executor` and `scheduler`, how many workers
+    `failed` and were `restarted`), the `driver` (pid, host), for a running
     run whose driver is alive on this host its `pid`, and `locked` (a process on this host holds the run's writer
     lock). Reads only. `path` is a run directory or the URI it was mirrored to."""
     with opened(path) as result:
         return {**_status_of(result, time.time() if now is None else now), "path": path}
+
+
+def run_started(path: str) -> bool:
+    """Whether the directory `path` holds a run that has started: its `run.db` exists and, while a process on this
+    host writes it (a run that is starting holds its writer lock before it makes `run.db`), holds the run's meta,
+    which a new run writes once it has saved its data. A path that does not exist yet has no run. Reads only."""
+    from framework.run_record import is_being_written
+
+    db = os.path.join(path, CATALOG_FILE)
+    if not os.path.isfile(db):
+        return False
+    if not is_being_written(path):
+        return True  # a run not being written is what it is: reading it says what is wrong with it, if anything
+    try:
+        uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(db)))}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            return conn.execute("SELECT 1 FROM meta WHERE key = 'start_time'").fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:  # its tables are not there yet, or the writer holds the file a moment
+        return False
+
+
+def wait_for_run(path: str, timeout: float, poll_s: float = 0.1) -> bool:
+    """Wait until the directory `path` holds a run that has started (`run_started`), at most `timeout` seconds;
+    returns whether it does. For a run just launched, whose directory (or `run.db`, or meta) is not there yet."""
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout < math.inf:
+        raise ValueError(f"`timeout` is {timeout!r}, but must be a finite number of seconds >= 0")
+    deadline = time.monotonic() + timeout
+    while not run_started(path):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(poll_s, left))
+    return True
 
 
 def open_quietly(path: str) -> Result:

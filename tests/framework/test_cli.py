@@ -156,3 +156,111 @@ def test_a_bad_flag_or_argument_is_one_line_and_exit_code_2(argv, capsys):
         cli(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("python -m framework") and "error:" in err[0]
+
+
+# ---- start-up: what a command imports ----------------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HEAVY = ("torch", "ray", "automl", "optuna", "framework.driver")  # the driver imports automl, which imports Optuna
+
+
+def _imported_by(argv: list[str]) -> tuple[int, set[str]]:
+    """(exit code, the modules imported) of `main(argv)` in a fresh interpreter."""
+    code = ("import contextlib, io, json, sys; from framework.__main__ import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n"
+            f"        code = main({argv!r})\n"
+            "    except SystemExit as e:\n"
+            "        code = e.code\n"
+            "print(json.dumps([code, sorted(sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    code, modules = json.loads(out.stdout.strip().splitlines()[-1])
+    return code, set(modules)
+
+
+def test_help_imports_neither_the_driver_nor_pandas():
+    code, modules = _imported_by(["--help"])
+    assert code == 0
+    heavy = {*HEAVY, "pandas", "numpy", "framework.engine.catalog"}
+    assert not heavy & modules, sorted(heavy & modules)
+
+
+@pytest.mark.parametrize("command", [["list", "{root}"], ["show", "{run}"], ["status", "{run}"],
+                                     ["watch", "{run}", "--once"], ["compare", "{run}"]])
+def test_commands_that_read_a_run_import_neither_torch_nor_ray_nor_the_driver(tmp_path, command):
+    run = _run_dir(tmp_path / "run")
+    code, modules = _imported_by([a.format(root=tmp_path, run=run) for a in command])
+    assert code == 0 and "framework.runs.status" in modules  # it read the run
+    assert not set(HEAVY) & modules, sorted(set(HEAVY) & modules)
+
+
+def test_the_command_entries_the_cli_reads_are_the_drivers():
+    import automl
+    from framework.command_specs import _ACTIVE, _STOPPED, COMMAND_ENTRIES
+    from framework.driver.commands import COMMANDS
+
+    assert (_ACTIVE, _STOPPED) == (automl.ACTIVE, automl.STOPPED)
+    assert list(COMMANDS) == list(COMMAND_ENTRIES)
+    for name, c in COMMANDS.items():
+        assert c.describe() == COMMAND_ENTRIES[name].describe() and callable(c.handler)
+
+
+# ---- a run in which no epoch has finished --------------------------------------------------------------------------
+def _run_without_an_epoch(path) -> str:
+    from framework.scheduling.units import Unit, UnitReport
+
+    os.makedirs(path)
+    catalog = SQLiteCatalog(str(path / CATALOG_FILE))
+    catalog.set_meta(metric="valid_loss", mode="min", start_time=0.0)
+    for cid in range(2):
+        catalog.add_config(cid, {"lr": 0.1 * (cid + 1)}, "active")
+    for p in range(3):  # config 0 trained 3 of its first epoch's partitions; nothing was evaluated yet
+        catalog.add_unit(0, UnitReport(Unit(0, 0, p), worker=0, start=p, end=p + 1), "done")
+    catalog.close()
+    return str(path)
+
+
+def test_show_and_watch_of_a_run_without_a_finished_epoch_say_so(tmp_path, capsys):
+    run = _run_without_an_epoch(tmp_path / "run")
+    said = "No epoch has finished yet: 2 configs, 3 training and 0 evaluation units done so far"
+    assert cli(["show", run]) == 0
+    out = capsys.readouterr().out
+    assert said in out and "Empty DataFrame" not in out
+    assert cli(["watch", run, "--once"]) == 0
+    out = capsys.readouterr().out
+    assert said in out and "Empty DataFrame" not in out and "3 train units" in out
+    assert cli(["show", run, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["leaderboard"] == []  # JSON: an empty list, as before
+
+
+# ---- watch and dashboard wait for a run that is starting -------------------------------------------------------
+@pytest.mark.parametrize("command", [["watch", "{p}", "--once"], ["dashboard", "{p}"]])
+@pytest.mark.parametrize("exists", [False, True])
+def test_watch_and_dashboard_wait_for_a_run_then_say_none_started(tmp_path, capsys, command, exists):
+    path = tmp_path / "run"
+    if exists:
+        os.makedirs(path)  # the folder of a run that was launched: its run.db is not there yet
+    assert cli([a.format(p=path) for a in command] + ["--wait", "0.3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "Traceback" not in "".join(err), err
+    assert err[0] == f"python -m framework {command[0]}: waiting up to 0.3 s for a run to start in {path} (--wait)"
+    assert err[1] == (f"python -m framework {command[0]}: error: `run` '{path}' holds no run.db: not a run directory "
+                      "(no run started there within 0.3 s; --wait SECONDS waits longer)")
+    assert os.listdir(tmp_path) == (["run"] if exists else [])  # nothing written
+    assert cli([a.format(p=path) for a in command] + ["--wait", "0"]) == 2  # 0: no wait, the error at once
+    assert "waiting" not in capsys.readouterr().err
+
+
+def test_watch_does_not_wait_for_a_run_that_is_there(tmp_path, capsys):
+    run = _run_dir(tmp_path / "run")
+    assert cli(["watch", run, "--once", "--wait", "60"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "config/lr" in captured.out
+
+
+@pytest.mark.parametrize("wait", ["-1", "nan", "inf", "86401", "soon"])
+def test_a_bad_wait_is_refused_by_the_parser(wait, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(["watch", "RUN", "--wait", wait])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "argument --wait:" in err[0]

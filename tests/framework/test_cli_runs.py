@@ -1,6 +1,7 @@
 """`modelhopper list|status|compare|export|resume` on real runs: a finished one and one whose driver was killed after
 its first commit (`tests.integration.resume_job`). Reading never writes into a run, an unverified run imports
-nothing, bad input is one line on stderr and exit code 2."""
+nothing, bad input is one line on stderr and exit code 2. `watch` and `dashboard` wait for a run that is starting;
+`status` counts the workers a person added to a running run."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 
 import pandas as pd
 import pytest
@@ -97,16 +100,16 @@ def test_pid_alive_is_false_for_an_exited_and_a_younger_process():
 # ---- list and status --------------------------------------------------------------------------------------------
 def test_reading_runs_from_the_command_line_imports_no_torch(runs):
     """The commands that read or steer runs start in about a second: neither they nor `--help` import torch (about
-    3 s on two cores), which only building a model or a worker needs."""
+    3 s on two cores), which only building a model or a worker needs, nor Ray."""
     code = ("import contextlib, io, sys; from framework.__main__ import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    codes = [main(['status', {runs['finished']!r}]), main(['list', {runs['root']!r}]),\n"
             f"             main(['show', {runs['finished']!r}]), main(['watch', {runs['finished']!r}, '--once'])]\n"
             "    try:\n        main(['--help'])\n    except SystemExit as e:\n        codes.append(e.code)\n"
-            "print(codes, 'torch' in sys.modules)")
+            "print(codes, 'torch' in sys.modules, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert out.stdout.strip() == "[0, 0, 0, 0, 0] False", (out.stdout, out.stderr[-2000:])
+    assert out.stdout.strip() == "[0, 0, 0, 0, 0] False False", (out.stdout, out.stderr[-2000:])
 
 
 def test_list_shows_the_finished_and_the_crashed_run_newest_first(runs, capsys):
@@ -302,7 +305,8 @@ def test_export_of_the_current_folder_goes_beside_it(runs, tmp_path, capsys, mon
     (["list", "{p}/missing"], "does not exist"),
     (["workers", "{p}/missing", "--add", "1"], "holds no run.db: not a run directory"),
     (["pause", "{p}/missing"], "holds no run.db: not a run directory"),
-    (["watch", "{p}/missing", "--once"], "holds no run.db: not a run directory"),
+    (["watch", "{p}/missing", "--once", "--wait", "0"], "holds no run.db: not a run directory"),
+    (["dashboard", "{p}", "--wait", "0"], "holds no run.db: not a run directory"),
     (["unpause", "{p}"], "holds no run.db: not a run directory"),
     (["checkpoint-config", "{p}/missing", "0"], "holds no run.db: not a run directory"),  # made from the registry
 ])
@@ -354,3 +358,100 @@ def test_help_lists_the_subcommands_and_says_what_they_do(capsys):
         cli(["resume", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "had finished prints one line and exits with 0" in text and "ModelSelection.resume(path" in text
+
+
+# ---- a run that is starting, and one that is steered -------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _started(argv: list[str]) -> subprocess.Popen:
+    """`python -m framework ARGV` in a process of its own, once it has said on stderr that it waits for the run."""
+    proc = subprocess.Popen([sys.executable, "-m", "framework", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    line = proc.stderr.readline()  # (blocks until the line comes; the process waits up to --wait after it)
+    assert "waiting up to 120 s for a run to start in" in line, (line, proc.stderr.read() if proc.poll() else "")
+    return proc
+
+
+def _until(what, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, f"waited {timeout:g} s"
+        time.sleep(0.05)
+
+
+def test_watch_waits_for_a_run_launched_after_it_and_follows_it_to_its_end(ray_cluster, digits, tmp_path):
+    path = str(tmp_path / "run")  # does not exist yet: the run makes it
+    watch = _started(["watch", path, "--wait", "120", "--interval", "0.2"])
+    try:
+        x, y = digits
+        ds = framework.PartitionedDataset.from_arrays(x[:200], y[:200], num_partitions=2, seed=0)
+        framework.ModelSelection(
+            mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds,
+            automl.GridSearch({"hidden": [16], "lr": [0.05, 0.1], "batch_size": [64]}, epochs=2), num_workers=2,
+            storage_path=path, progress=False).run()
+        out, err = watch.communicate(timeout=120)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0 and "Traceback" not in err and "warning" not in err, err
+    frames = out.split(f"{path}: ")
+    assert f"{path}: finished, 2 configs {{'completed': 2}}, 8 train units" in out, out[-3000:]
+    assert "config/lr" in frames[-1] and frames[-1].count("completed") >= 2  # the last frame: the whole leaderboard
+
+
+def test_dashboard_waits_for_a_run_that_appears_and_serves_it(runs, tmp_path):
+    import signal
+    import urllib.request
+
+    path = str(tmp_path / "run")
+    board = _started(["dashboard", path, "--wait", "120"])
+    try:
+        copy = shutil.copytree(runs["finished"], str(tmp_path / ".copy"))
+        os.rename(copy, path)  # the whole run appears at once
+        line = board.stdout.readline()
+        assert line.startswith(f"Serving the dashboard of {path} at http://127.0.0.1:"), line
+        url = line.split(" at ", 1)[1].split()[0]
+        with urllib.request.urlopen(url.replace("/?token=", "/api/status?token="), timeout=60) as r:
+            status = json.loads(r.read().decode())
+        assert (status["status"], status["num_configs"]) == ("finished", 2)
+        board.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = board.communicate(timeout=60)
+    finally:
+        board.kill()
+    assert board.returncode == 0 and "Traceback" not in err, err
+
+
+def test_status_counts_the_workers_a_person_added_to_a_running_run(ray_cluster, digits, tmp_path, capsys):
+    from tests.integration.ft_functions import gated_train_fn
+
+    gate = tmp_path / "gate"
+    gate.write_text("")  # closed: every unit waits, so the run goes on while the worker is added
+    x, y = digits
+    ds = framework.PartitionedDataset.from_arrays(x[:300], y[:300], num_partitions=2, seed=0)
+    path = str(tmp_path / "run")
+    space = {"hidden": [16], "lr": [0.05, 0.1], "batch_size": [64], "gate": [str(gate)]}
+    sel = framework.ModelSelection(mlp_model_fn, gated_train_fn, classifier_eval_fn, ds,
+                                   automl.GridSearch(space, epochs=1), num_workers=2, storage_path=path,
+                                   progress=False)
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.setdefault("result", sel.run()), daemon=True)
+    runner.start()
+    try:
+        _until(lambda: len(sel.live_workers()) == 2 and run_status(path)["workers"]["started"] == 2)
+        s = run_status(path)
+        assert (s["status"], s["workers"]["num_workers"], s["workers"]["live"]) == ("running", 2, 2)
+        assert cli(["workers", path, "--add", "1"]) == 0
+        assert capsys.readouterr().out.strip() == "add_workers: started workers [2]"
+        _until(lambda: run_status(path)["workers"]["live"] == 3)  # once the new worker has joined
+        assert cli(["status", path]) == 0
+        out = capsys.readouterr().out  # (the driver's notices, printed from its thread, may be among its lines)
+        [workers] = [line for line in out.splitlines() if line.startswith("workers:")]
+        assert workers.split(":", 1)[1].strip().startswith("3 now, 2 at the start ("), out
+        assert cli(["status", path, "--json"]) == 0
+        w = json.loads(capsys.readouterr().out)["workers"]
+        assert (w["num_workers"], w["started"], w["live"]) == (2, 2, 3)
+    finally:
+        gate.unlink()
+        runner.join(timeout=180)
+    assert done["result"].status.status.tolist() == ["completed", "completed"]
+    assert run_status(path)["workers"]["live"] == 3  # a finished run: the workers it had at its end
