@@ -28,11 +28,12 @@ TEST_JOBS ?= 2
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
-# The dependency floors (not part of `make test` or CI): a venv of its own, $(VENV_MIN), with the oldest releases
-# pyproject.toml admits (tools/constraints-min.txt pins them; tests/test_dependencies.py keeps the two in step), then
-# ruff and a subset of the tests that touches every dependency (about 1.5 minutes; the first install takes about one
-# more). torch: TORCH_MIN_SPEC, by default the build `make test` uses; PyPI has the floor only as a CUDA build
-# (about 3 GB with its nvidia-* wheels; it runs on the CPU): make test-min TORCH_MIN_SPEC=torch==2.3.0
+# The dependency floors (not part of `make test`; CI runs it after): a venv of its own, $(VENV_MIN), with the oldest
+# releases pyproject.toml admits (tools/constraints-min.txt pins them; tests/test_dependencies.py keeps the two in
+# step), then ruff and a subset of the tests that touches every dependency (about 3 minutes on 2 cores; the first
+# install takes about 4 more, from PyPI, and 2.2 GB). torch: TORCH_MIN_SPEC, by default the build `make test` uses;
+# PyPI has the floor only as a CUDA build (about 3 GB with its nvidia-* wheels; it runs on the CPU):
+#   make test-min TORCH_MIN_SPEC=torch==2.3.0
 VENV_MIN ?= .venv-min
 TORCH_MIN_SPEC ?= $(TORCH_SPEC)
 MIN_CONSTRAINTS := tools/constraints-min.txt
