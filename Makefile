@@ -58,7 +58,7 @@ $(VENV_MIN)/.installed: pyproject.toml Makefile $(MIN_CONSTRAINTS)
 test-min: $(VENV_MIN)/.installed
 	$(VENV_MIN)/bin/pip install --quiet -c $(VENV_MIN)/constraints.txt $(TORCH_MIN_SPEC)
 	$(VENV_MIN)/bin/python tools/check_min_versions.py $(MIN_CONSTRAINTS)
-	$(VENV_MIN)/bin/ruff check framework automl simulators experiments tests benchmarks
+	$(VENV_MIN)/bin/ruff check framework automl simulators experiments tests benchmarks examples
 	$(VENV_MIN)/bin/python -m pytest -q -p no:cacheprovider $(MIN_TESTS)
 
 # a user's cluster workflow end to end (ray start, ray job submit, a node joining); about a minute, not in `test`
@@ -104,7 +104,7 @@ mutate: $(VENV)/.mutate-installed
 	$(BIN)/python tools/mutation_score.py --jobs $(MUTATE_JOBS) $(if $(PKG),--pkg "$(PKG)")
 
 lint: install
-	$(BIN)/ruff check framework automl simulators experiments tests benchmarks
+	$(BIN)/ruff check framework automl simulators experiments tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) $(VENV_MIN) runs results .pytest_cache .benchmarks docs/_build
