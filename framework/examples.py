@@ -9,6 +9,8 @@ a tuple `(x, y)` of tensors.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any
 
 import numpy as np
@@ -132,16 +134,24 @@ def classifier_eval_fn(model: torch.nn.Module, data: Any, config: dict) -> dict:
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's bundled digits (1797 x 64, 10 classes), scaled to [0, 1]; works offline. scikit-learn is an
-    optional dependency: `pip install 'modelhopper[examples]'`."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:  # ModuleNotFoundError, or a scikit-learn that does not import
-        raise ImportError(
-            "framework.examples.digits_arrays loads scikit-learn's bundled digits data set, but scikit-learn cannot "
-            f"be imported ({e}): install it with `pip install 'modelhopper[examples]'` (or `pip install scikit-learn`)"
-        ) from e
-
-    x, y = load_digits(return_X_y=True)
+    optional dependency: `pip install 'modelhopper[examples]'`. The file `load_digits` reads is read directly where
+    it is found: importing `sklearn.datasets` (and SciPy with it) took seconds of the demo's start-up."""
+    spec = importlib.util.find_spec("sklearn")  # (None when it is not installed; nothing is imported)
+    folders = spec.submodule_search_locations if spec is not None else None
+    path = os.path.join(folders[0], "datasets", "data", "digits.csv.gz") if folders else ""
+    if os.path.isfile(path):
+        data = np.loadtxt(path, delimiter=",")  # as `load_digits` reads it: 64 pixels (0..16), then the label
+        x, y = data[:, :-1], data[:, -1]
+    else:
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError as e:  # ModuleNotFoundError, or a scikit-learn that does not import
+            raise ImportError(
+                "framework.examples.digits_arrays loads scikit-learn's bundled digits data set, but scikit-learn "
+                f"cannot be imported ({e}): install it with `pip install 'modelhopper[examples]'` (or `pip install "
+                "scikit-learn`)"
+            ) from e
+        x, y = load_digits(return_X_y=True)
     return (x / 16.0).astype(np.float32), y.astype(np.int64)
 
 

@@ -6,7 +6,10 @@ it when it exits normally, after Ray's own shutdown. A driver killed with SIGKIL
 agents outlive it (re-parented to init, holding memory and ports). The next start on the machine (`reap()`) reads
 every record whose driver is gone and stops what it names, children included. A process is only ever stopped when it
 still has the recorded start time and belongs to this user, so a pid the system gave to another process since is
-never touched. No Ray import: this is process bookkeeping.
+never touched; a record made on another host (a home directory shared over the network) is left to that host. Left
+alone, the agents of a killed driver's Ray (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) exit by themselves about
+a minute later; `reap()` also cleans up without starting a run (the command line's way). No Ray import: this is
+process bookkeeping.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import tempfile
 
 import psutil
@@ -47,7 +51,7 @@ def record(since: float) -> str:
     started): what a local `ray.init` brought up. Returns the record's path (0600, written atomically)."""
     me = psutil.Process()
     started = [i for p in me.children(recursive=True) if (i := _identity(p)) is not None and i[1] >= since - 1.0]
-    body = {"driver": _identity(me), "processes": started}
+    body = {"driver": _identity(me), "processes": started, "host": socket.gethostname()}
     os.makedirs(records_dir(), mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=records_dir(), prefix=".driver-", suffix=".tmp")
     with os.fdopen(fd, "w") as f:  # mkstemp makes it 0600
@@ -76,9 +80,11 @@ def _alive(identity: object) -> psutil.Process | None:
         return None
 
 
-def reap() -> list[int]:
-    """Stop the processes of every record whose driver no longer runs (SIGTERM, then SIGKILL after
-    `TERM_GRACE_S`), remove those records, and return the pids stopped. A record that cannot be read is removed."""
+def reap(dry_run: bool = False) -> list[int]:
+    """Stop the processes of every record (of this host) whose driver no longer runs (SIGTERM, then SIGKILL after
+    `TERM_GRACE_S`), remove those records, and return the pids stopped, sorted. A record that cannot be read is
+    removed. `dry_run`: stop and remove nothing, only return the pids that would be stopped (a caller may name them
+    first: `psutil.Process(pid).name()`)."""
     try:
         names = [n for n in os.listdir(records_dir()) if n.startswith("driver-") and n.endswith(".json")]
     except OSError:
@@ -92,11 +98,12 @@ def reap() -> list[int]:
             driver, listed = body["driver"], body["processes"]
             assert isinstance(listed, list)
         except (OSError, ValueError, KeyError, TypeError, AssertionError):
-            with contextlib.suppress(OSError):
-                os.remove(path)
+            if not dry_run:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
             continue
-        if _alive(driver) is not None:
-            continue  # that driver still runs: its Ray is its own
+        if body.get("host", socket.gethostname()) != socket.gethostname() or _alive(driver) is not None:
+            continue  # another host's record (its pids mean nothing here), or a driver that still runs its Ray
         for identity in listed:
             proc = _alive(identity)
             if proc is None:
@@ -105,9 +112,12 @@ def reap() -> list[int]:
                 for child in proc.children(recursive=True):  # Ray's workers, started after the record was made
                     victims.setdefault(child.pid, child)
             victims.setdefault(proc.pid, proc)
-        with contextlib.suppress(OSError):
-            os.remove(path)
+        if not dry_run:
+            with contextlib.suppress(OSError):
+                os.remove(path)
     victims.pop(os.getpid(), None)
+    if dry_run:
+        return sorted(victims)
     for proc in victims.values():
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)
