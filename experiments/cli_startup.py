@@ -12,12 +12,14 @@ commands taking turns, so that a slow moment of the machine falls on all of them
     imports                  which of torch, ray, automl (with Optuna) and pandas the command imported (one more run
                              of it, in a process that reports its modules)
 
-`--tree DIR` times the command line of another checkout of the project (e.g. an older revision, from
-`git worktree add` or `git archive`) on the same run, for a before/after on one machine at one moment.
+`--tree DIR` times the command line of another checkout of the project (e.g. an older revision, unpacked with
+`git archive REV | tar -x -C DIR`) on the same run; `--baseline DIR` times that checkout beside this one, the two
+taking turns command by command (a `tree` column says which), for a before/after on one machine at one moment.
 Writes `cli_startup.csv`.
 
     python experiments/cli_startup.py --quick     # a few seconds
     python experiments/cli_startup.py             # under a minute on 2 CPU cores
+    python experiments/cli_startup.py --baseline /tmp/old   # this checkout beside an older one
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Defaults:
     configs: int = 20  # configs of the run the commands read
     epochs: int = 10  # epochs of each of its configs
     tree: str = ""  # a checkout of the project whose command line is timed (empty: this one)
+    baseline: str = ""  # another checkout timed beside it, turn by turn (empty: none)
 
 
 QUICK = dict(repetitions=2, configs=4, epochs=2)
@@ -63,9 +66,11 @@ def _check(cfg: Defaults) -> None:
     for name in ("repetitions", "configs", "epochs"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"`--{name}` is {getattr(cfg, name)}, but must be >= 1")
-    if cfg.tree and not os.path.isfile(os.path.join(cfg.tree, "framework", "__main__.py")):
-        raise ValueError(f"`--tree` is {cfg.tree!r}, but it holds no framework/__main__.py: it must be a checkout "
-                         "of the project")
+    for name in ("tree", "baseline"):
+        path = getattr(cfg, name)
+        if path and not os.path.isfile(os.path.join(path, "framework", "__main__.py")):
+            raise ValueError(f"`--{name}` is {path!r}, but it holds no framework/__main__.py: it must be a checkout "
+                             "of the project")
 
 
 def make_run(path: str, configs: int, epochs: int) -> str:
@@ -89,8 +94,8 @@ def make_run(path: str, configs: int, epochs: int) -> str:
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     cfg, out = parse_config(Defaults, argv, __doc__, QUICK, check=_check)
     tree = os.path.abspath(cfg.tree) if cfg.tree else ROOT
+    trees = {"this": tree, **({"baseline": os.path.abspath(cfg.baseline)} if cfg.baseline else {})}
     run = make_run(os.path.join(out, "runs", "run"), cfg.configs, cfg.epochs)
-    env = {**os.environ, "PYTHONPATH": tree}
     python = [sys.executable]
     commands = {
         "python -c pass": [*python, "-c", "pass"],
@@ -101,31 +106,36 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "status": ["status", run],
         "watch --once": ["watch", run, "--once"],
     }
-    times: dict[str, list[float]] = {name: [] for name in commands}
+    times: dict[tuple[str, str], list[float]] = {(t, name): [] for t in trees for name in commands}
     for _ in range(cfg.repetitions):
         for name, argv_ in commands.items():
-            cmd = argv_ if argv_[0] == sys.executable else [*python, "-m", "framework", *argv_]
-            t0 = time.perf_counter()
-            done = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, timeout=300)
-            times[name].append(time.perf_counter() - t0)
-            if done.returncode != 0:
-                raise RuntimeError(f"{name!r} exited with {done.returncode}:\n{done.stderr[-2000:]}")
-    base = statistics.median(times["python -c pass"])
+            for label, path in trees.items():
+                cmd = argv_ if argv_[0] == sys.executable else [*python, "-m", "framework", *argv_]
+                t0 = time.perf_counter()
+                done = subprocess.run(cmd, cwd=path, env={**os.environ, "PYTHONPATH": path},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+                times[label, name].append(time.perf_counter() - t0)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{name!r} ({path}) exited with {done.returncode}:\n{done.stderr[-2000:]}")
     rows = []
-    for name, argv_ in commands.items():
-        imported = ""
-        if argv_[0] != sys.executable:
-            report = subprocess.run([*python, "-c", _REPORT, *argv_], cwd=tree, env=env, capture_output=True,
-                                    text=True, timeout=300)
-            modules = set(json.loads(report.stdout.strip().splitlines()[-1]))
-            imported = ", ".join(m for m in WATCHED if m in modules) or "none of them"
-        t = times[name]
-        rows.append({"command": name, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
-                     "over_python_s": statistics.median(t) - base, "imports": imported})
+    for label, path in trees.items():
+        base = statistics.median(times[label, "python -c pass"])
+        for name, argv_ in commands.items():
+            imported = ""
+            if argv_[0] != sys.executable:
+                report = subprocess.run([*python, "-c", _REPORT, *argv_], cwd=path,
+                                        env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True,
+                                        timeout=300)
+                modules = set(json.loads(report.stdout.strip().splitlines()[-1]))
+                imported = ", ".join(m for m in WATCHED if m in modules) or "none of them"
+            t = times[label, name]
+            rows.append({**({"tree": label} if len(trees) > 1 else {}), "command": name,
+                         "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
+                         "over_python_s": statistics.median(t) - base, "imports": imported})
     table = pd.DataFrame(rows)
     table.to_csv(os.path.join(out, "cli_startup.csv"), index=False)
-    print(f"Wall seconds of `python -m framework COMMAND` in {tree}, {cfg.repetitions} runs each, on a run of "
+    where = tree if len(trees) == 1 else f"{tree} (this) and {trees['baseline']} (baseline)"
+    print(f"Wall seconds of `python -m framework COMMAND` in {where}, {cfg.repetitions} runs each, on a run of "
           f"{cfg.configs} configs x {cfg.epochs} epochs:\n")
     print(markdown(table, digits=3))
     record_run(out, cfg, tree=tree)

@@ -134,26 +134,29 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    import pandas as pd
-
+    # `list_runs`' rows as dicts, printed as its DataFrame was (`text_table`, `json_records`): no pandas to import
+    from framework.cli import json_records, text_table
     from framework.engine.storage import default_root
-    from framework.runs.manage import age, list_runs
+    from framework.runs.manage import LIST_COLUMNS, age, run_rows
 
     root = args.root if args.root is not None else default_root()
-    runs = list_runs(args.root, max_depth=args.depth)
+    runs = run_rows(args.root, max_depth=args.depth)
     if args.json:
-        _say(runs.to_json(orient="records", indent=1))
+        _say(json_records(runs, LIST_COLUMNS, int_columns=["pid"]))
         return 0
-    if runs.empty:
+    if not runs:
         _say(f"No runs under {root}")
         return 0
-    table = pd.DataFrame({
-        "path": runs.path, "status": runs.status, "configs": runs.configs,
-        "best": [("-" if b != b else f"{b:.4g}") + (f" {m} ({d})" if isinstance(m, str) else "")
-                 for b, m, d in zip(runs.best, runs.metric, runs["mode"])],
-        "age": runs.age_s.map(age), "verified": runs.verified.map({True: "yes", False: "no"}),
-    })
-    _say(table.to_string(index=False))
+    modes = [r["mode"] for r in runs]
+    if any(isinstance(d, str) for d in modes) and all(d is None or isinstance(d, str) for d in modes):
+        modes = ["nan" if d is None else d for d in modes]  # a column of text: its None is NaN, as in a DataFrame
+    _say(text_table({
+        "path": [r["path"] for r in runs], "status": [r["status"] for r in runs],
+        "configs": [r["configs"] for r in runs],
+        "best": [("-" if r["best"] != r["best"] else f"{r['best']:.4g}")
+                 + (f" {r['metric']} ({d})" if isinstance(r["metric"], str) else "") for r, d in zip(runs, modes)],
+        "age": [age(r["age_s"]) for r in runs], "verified": ["yes" if r["verified"] else "no" for r in runs],
+    }))
     return 0
 
 

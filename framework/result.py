@@ -17,11 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from framework.engine.catalog import (
-    CHECKPOINT_DIR,  # noqa: F401 - where callers have always imported it from
+from framework.engine.catalog import (  # noqa: F401 - CATALOG_FILE, CHECKPOINT_DIR, OUTCOMES: callers import them here
+    CATALOG_FILE,
+    CHECKPOINT_DIR,
+    OUTCOMES,
     CatalogError,
     SQLiteCatalog,
     UnverifiedRunWarning,
+    config_outcome,
     describe_problems,
 )
 from framework.engine.checkpoint import load_latest_verified
@@ -29,10 +32,6 @@ from framework.engine.checkpoint import load_latest_verified
 if TYPE_CHECKING:  # torch is imported where a model is built (the command line's reading of runs does not pay for it)
     import torch
 
-CATALOG_FILE = "run.db"
-#: what a config's `status` says in a Result: it trained its budget, a procedure stopped it early for its results,
-#: its user code failed, or it was still training when the run ended (a crashed run)
-OUTCOMES = ("completed", "pruned", "stopped", "failed", "active")  # "stopped": by a person (a command)
 SCOPES = ("last", "all", "avg", "last-5-avg", "last-10-avg")  # and any "last-N-avg"
 logger = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ class Result:
         t0 = float(meta.get("start_time", 0.0))
         configs = catalog.configs()
         self.configs: dict[int, dict[str, Any]] = dict(zip(configs.config_id, configs.config))
-        configs["status"] = [_outcome(s, o) for s, o in zip(configs.status, configs.outcome)]
+        configs["status"] = [config_outcome(s, o) for s, o in zip(configs.status, configs.outcome)]
         self.status = configs.drop(columns=["config", "outcome"])
         self.metrics = self._with_config_columns(catalog.epochs())
         units = catalog.units(status="done")
@@ -527,13 +526,6 @@ def _replacing(folder: str, name: str) -> Iterator[tuple[str, str]]:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-
-
-def _outcome(status: str, outcome: str | None) -> str:
-    """A config's status as users read it (`OUTCOMES`), from the engine's status and the reason it stopped."""
-    if status in ("failed", "active"):
-        return status
-    return outcome if isinstance(outcome, str) else "completed"  # a run from before outcomes were recorded
 
 
 def _cell(v: Any) -> Any:

@@ -17,13 +17,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from framework.engine.catalog import SQLiteCatalog, check_verified, confine
+from framework.engine.catalog import CATALOG_FILE, SQLiteCatalog, check_verified, confine
 from framework.engine.checkpoint import CheckpointStore
 from framework.engine.inbox import read_requests
 from framework.engine.signing import loads_signed
 from framework.engine.storage import RunStorage, git_revision
 from framework.options import FUNCTIONS, RunOptions
-from framework.result import CATALOG_FILE
 
 if TYPE_CHECKING:  # (torch comes with the data module, Optuna with automl: the command line reads run records
     # without them)

@@ -15,8 +15,9 @@ so the dashboard serves a running run, a crashed one and a finished one alike, f
     GET  /api/curves       each config's value of the run's metric per epoch
     GET  /api/schedule     the last `SCHEDULE_LIMIT` units done: config_id, epoch, partition, worker, kind, start, end
     GET  /api/events       the last `EVENTS_LIMIT` events (failures, workers, commands; not each round's commit)
-    GET  /api/commands     the commands a person may send (`framework.driver.commands.COMMANDS`: name, what it does,
-                           its arguments with their types and rules), from which the page builds its buttons and forms
+    GET  /api/commands     the commands a person may send (`framework.command_specs.COMMAND_ENTRIES`, the entries
+                           the driver's `COMMANDS` pairs with handlers: name, what it does, its arguments with their
+                           types and rules), from which the page builds its buttons and forms
     POST /api/command      {"name": ..., "args": {...}}: sent through `framework.connect(run, source="dashboard")`;
                            200 with the driver's outcome (applied true or false), 409 when the run is not running,
                            504 when the driver did not answer in time, 400 for a body of another shape
@@ -60,7 +61,7 @@ from typing import Any
 from aiohttp import web
 
 from framework.callbacks import Callback, RunInfo
-from framework.driver.commands import COMMANDS, OUTSIDE_COMMANDS
+from framework.command_specs import COMMAND_ENTRIES, OUTSIDE_COMMANDS
 from framework.engine.catalog import SQLiteCatalog, UnverifiedRunWarning, configs_named
 from framework.engine.inbox import InboxError
 from framework.engine.signing import key_path
@@ -400,7 +401,7 @@ def _plain(value: Any) -> Any:
 # ---- reading the run (each on a thread of the read pool; every catalog read-only) -------------------------------
 def _commands(run: str) -> dict[str, Any]:
     """The commands the page offers: every one a person may send from outside the run, as its registry entry says."""
-    return {"commands": [c.describe() for c in COMMANDS.values() if c.outside]}
+    return {"commands": [c.describe() for c in COMMAND_ENTRIES.values() if c.outside]}
 
 
 def _status(run: str) -> dict[str, Any]:

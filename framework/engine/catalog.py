@@ -34,11 +34,19 @@ import urllib.parse
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from framework.engine.signing import KEY_ENV, SigningKeyError, key_path, load_key, mac
+
+if TYPE_CHECKING:  # pandas is imported by the methods that return DataFrames: `modelhopper list` and `status` read
+    import pandas as pd  # a run through the plain rows (`config_rows`, ...) and start without it (a second or so)
+
+#: a run directory's catalog file
+CATALOG_FILE = "run.db"
+#: what a config's `status` says in a Result (`config_outcome`): it trained its budget, a procedure stopped it early
+#: for its results, a person stopped it (a command), its user code failed, or it was still training when the run
+#: ended (a crashed run)
+OUTCOMES = ("completed", "pruned", "stopped", "failed", "active")
 
 
 class CatalogError(RuntimeError):
@@ -468,10 +476,17 @@ class SQLiteCatalog:
             with self._tx():
                 self._update("configs", {"id": config_id}, sets)
 
-    def configs(self) -> pd.DataFrame:
+    def config_rows(self) -> list[tuple]:
+        """The configs table by id, as plain rows: (config_id, config as its JSON text, status, epochs, parent, error,
+        first_round, outcome); `configs()` as a DataFrame. Nothing here is verified: see `verify()`."""
         outcome = "outcome" if "outcome" in self._columns else "NULL"
-        rows = self._read(f"SELECT id, config, status, epochs, parent, error, first_round, {outcome} FROM configs "
+        return self._read(f"SELECT id, config, status, epochs, parent, error, first_round, {outcome} FROM configs "
                           "ORDER BY id")
+
+    def configs(self) -> pd.DataFrame:
+        import pandas as pd
+
+        rows = self.config_rows()
         df = pd.DataFrame(rows, columns=["config_id", "config", "status", "epochs", "parent", "error", "first_round",
                                          "outcome"])
         df["config"] = [_loads(text, f"config {cid}") for cid, text in zip(df.config_id, df.config)]
@@ -487,7 +502,18 @@ class SQLiteCatalog:
                 "num_examples": report.num_examples, "state_bytes": report.state_bytes,
                 "metrics": json.dumps(report.metrics), "error": report.error, "grp": report.group})
 
+    def unit_kinds(self, status: str = "done") -> list[tuple]:
+        """Per `kind` of the units with `status`: (kind, how many, their latest `end`, how many of them hold a value
+        of another type than a unit has: a `kind` that is not text, a `start` or `end` that is not a number, a group
+        that is not an int). What `units()` says of the schedule, summed up in SQLite, without pandas."""
+        return self._read(
+            "SELECT kind, COUNT(*), MAX(end), SUM(typeof(kind) != 'text' OR typeof(start) NOT IN ('integer', 'real') "
+            "OR typeof(end) NOT IN ('integer', 'real') OR typeof(grp) NOT IN ('integer', 'null')) FROM units "
+            "WHERE status = ? GROUP BY kind ORDER BY kind", (status,))
+
     def units(self, status: str | None = "done") -> pd.DataFrame:
+        import pandas as pd
+
         where, args = ("WHERE status = ?", (status,)) if status else ("", ())
         rows = self._read(
             "SELECT seq, round, config_id, epoch, partition, kind, worker, start, end, status, num_examples, "
@@ -505,8 +531,15 @@ class SQLiteCatalog:
         with self._tx():
             self._insert("epochs", _epoch_row(config_id, epoch, round_, metrics), replace=True)
 
+    def epoch_rows(self) -> list[tuple]:
+        """The epochs table by config and epoch, as plain rows: (config_id, epoch, round, metrics as JSON text);
+        `epochs()` as a DataFrame."""
+        return self._read("SELECT config_id, epoch, round, metrics FROM epochs ORDER BY config_id, epoch")
+
     def epochs(self) -> pd.DataFrame:
-        rows = self._read("SELECT config_id, epoch, round, metrics FROM epochs ORDER BY config_id, epoch")
+        import pandas as pd
+
+        rows = self.epoch_rows()
         records = [{"config_id": c, "epoch": e, "round": r, **_loads(m, f"epochs (config {c}, epoch {e})", dict)}
                    for c, e, r, m in rows]
         return pd.DataFrame.from_records(records, columns=None if records else ["config_id", "epoch", "round"])
@@ -606,12 +639,20 @@ class SQLiteCatalog:
         with self._tx():
             self._insert("events", {"time": time.time(), "kind": kind, "detail": json.dumps(detail, default=str)})
 
+    def event_rows(self, kind: str | None = None) -> list[tuple]:
+        """The events in the order they were logged (only those of `kind` when given), as plain rows: (time, kind,
+        detail as JSON text); `events()` as a DataFrame."""
+        order = "seq" if "seq" in {r[1] for r in self._read("PRAGMA table_info(events)")} else "rowid"  # older runs
+        where, args = ("WHERE kind = ?", (kind,)) if kind is not None else ("", ())
+        return self._read(f"SELECT time, kind, detail FROM events {where} ORDER BY {order}", args)
+
     def events(self, kind: str | None = None, verified: bool = False) -> pd.DataFrame:
         """The events in the order they were logged; only those of `kind` when given; with `verified`, only rows
         whose signature verifies under this machine's key (what a sender trusts as its command's answer)."""
-        order = "seq" if "seq" in {r[1] for r in self._read("PRAGMA table_info(events)")} else "rowid"  # older runs
-        where, args = ("WHERE kind = ?", (kind,)) if kind is not None else ("", ())
+        import pandas as pd
+
         if verified:
+            where, args = ("WHERE kind = ?", (kind,)) if kind is not None else ("", ())
             try:
                 self._key = self._key or load_key()
             except SigningKeyError:
@@ -621,7 +662,7 @@ class SQLiteCatalog:
                 f"SELECT seq, time, kind, detail, mac FROM events {where} ORDER BY seq", args)
                 if self._verifies(table, (q, t, k, d), m)]
         else:
-            rows = self._read(f"SELECT time, kind, detail FROM events {where} ORDER BY {order}", args)
+            rows = self.event_rows(kind)
         return pd.DataFrame(rows, columns=["time", "kind", "detail"])
 
 
@@ -632,6 +673,14 @@ def _config_row(config_id: int, config: dict[str, Any], status: str, parent: int
 
 def _epoch_row(config_id: int, epoch: int, round_: int, metrics: dict[str, float]) -> dict:
     return {"config_id": config_id, "epoch": epoch, "round": round_, "metrics": json.dumps(metrics)}
+
+
+def config_outcome(status: Any, outcome: Any) -> str:
+    """A config's status as users read it (`OUTCOMES`), from the engine's status and the reason it stopped (a
+    configs row's `status` and `outcome`)."""
+    if status in ("failed", "active"):
+        return status
+    return outcome if isinstance(outcome, str) else "completed"  # a run from before outcomes were recorded
 
 
 def describe_problems(problems: list[str], shown: int = 3) -> str:

@@ -3,8 +3,8 @@
 `framework.run_record` records, where `framework.engine.storage` puts them), and it starts a driver only to resume or
 replay one::
 
-    manage.py    list, compare, export and resume the runs on disk (`list_runs`, `compare_runs`, `export_run`,
-                 `resume_run`, `find_runs`)
+    manage.py    list, compare, export and resume the runs on disk (`list_runs`, `run_rows`, `compare_runs`,
+                 `export_run`, `resume_run`, `find_runs`)
     status.py    a run's status: finished, running, crashed, running?, unknown or unreadable (`run_status`); wait
                  for a run just launched to start (`wait_for_run`)
     steering.py  `connect(run)`: watch and steer a running run from another process
@@ -12,7 +12,7 @@ replay one::
 
 """
 
-from framework.runs.manage import compare_runs, export_run, find_runs, list_runs, resume_run
+from framework.runs.manage import compare_runs, export_run, find_runs, list_runs, resume_run, run_rows
 from framework.runs.status import (
     RECENT_S,
     STATUSES,
@@ -35,6 +35,7 @@ __all__ = [
     "list_runs",
     "open_result",
     "resume_run",
+    "run_rows",
     "run_started",
     "run_status",
     "wait_for_run",

@@ -18,22 +18,24 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from framework.cli import printable
-from framework.engine.catalog import CatalogError, SQLiteCatalog, check_verified
+from framework.engine.catalog import CATALOG_FILE, CatalogError, SQLiteCatalog, check_verified
 from framework.engine.storage import default_root, is_uri, run_name, unusable_dir
 from framework.options import FUNCTIONS
-from framework.result import CATALOG_FILE, Result
 from framework.runs.status import (
     open_quietly,
     opened,
     run_status,
 )
 
-__all__ = ["compare_runs", "export_run", "find_runs", "list_runs", "resume_run"]
+if TYPE_CHECKING:  # pandas is imported where a DataFrame is made: `modelhopper list` prints `run_rows` without it
+    import pandas as pd
+
+    from framework.result import Result
+
+__all__ = ["compare_runs", "export_run", "find_runs", "list_runs", "resume_run", "run_rows"]
 
 EXPORT_FORMATS = ("csv", "parquet")
 
@@ -72,15 +74,9 @@ LIST_COLUMNS = ["path", "status", "configs", "best", "metric", "mode", "last_act
                 "error"]
 
 
-def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = None) -> pd.DataFrame:
-    """One row per run under `root` (default `framework.engine.storage.default_root()`, see `find_runs`), newest first:
-    `path` (relative to `root`), `status` (module docstring), `configs`, `best` (the best config's value of the
-    run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
-    `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).
-    Runs that do not verify are listed too (`verified` False); nothing they name is imported. The text columns are
-    `framework.cli.printable`: a folder whose name is not UTF-8 (an `unreadable` run: SQLite cannot open it) is
-    listed with its bytes escaped (`run-\\xff`), and no control character of a name or an edited catalog reaches a
-    terminal."""
+def run_rows(root: str | None = None, max_depth: int = 4, now: float | None = None) -> list[dict[str, Any]]:
+    """`list_runs` as plain dicts, one per run, newest first, with its columns as keys (`LIST_COLUMNS`): what
+    `modelhopper list` prints, without pandas (a run that does not verify is read as a `Result`, which imports it)."""
     given = root is not None
     root = os.path.abspath(os.path.expanduser(root if given else default_root()))
     now = time.time() if now is None else now
@@ -100,9 +96,24 @@ def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = N
         rows.append({"path": rel, "status": s["status"], "configs": s["num_configs"], "best": best,
                      "metric": _text(s["metric"]), "mode": _text(s["mode"]), "last_activity": s["last_activity"],
                      "age_s": s["age_s"], "verified": s["verified"], "pid": s["pid"], "error": None})
-    df = pd.DataFrame(rows, columns=LIST_COLUMNS)
+    # newest first; runs of the same time in the order found, one whose time is NaN last (as pandas sorts)
+    return sorted(rows, key=lambda r: (r["last_activity"] != r["last_activity"], -r["last_activity"]))
+
+
+def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = None) -> pd.DataFrame:
+    """One row per run under `root` (default `framework.engine.storage.default_root()`, see `find_runs`), newest first:
+    `path` (relative to `root`), `status` (module docstring), `configs`, `best` (the best config's value of the
+    run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
+    `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).
+    Runs that do not verify are listed too (`verified` False); nothing they name is imported. The text columns are
+    `framework.cli.printable`: a folder whose name is not UTF-8 (an `unreadable` run: SQLite cannot open it) is
+    listed with its bytes escaped (`run-\\xff`), and no control character of a name or an edited catalog reaches a
+    terminal. `run_rows` gives the same rows as dicts."""
+    import pandas as pd
+
+    df = pd.DataFrame(run_rows(root, max_depth, now), columns=LIST_COLUMNS)
     df["pid"] = df.pid.astype("Int64")
-    return df.sort_values("last_activity", ascending=False, kind="stable").reset_index(drop=True)
+    return df
 
 
 def _text(value: Any) -> Any:
@@ -131,6 +142,8 @@ def compare_runs(paths: list[str], metric: str | None = None, mode: str | None =
     `value` (with an averaging scope, the mean it is ranked by), `epoch`, `epochs_trained`, `status`, `config`.
     Each run is ranked by its own metric and mode unless `metric` (and, for a metric other than a run's, `mode`) is
     given. Reads only."""
+    import pandas as pd
+
     if not paths:
         raise ValueError("`paths` is [], but compare needs at least one run")
     if not isinstance(top, int) or top < 1:
@@ -154,6 +167,7 @@ def export_tables(result: Result) -> dict[str, pd.DataFrame]:
     """A run's tables as `export_run` writes them: `leaderboard`, `metrics` (one row per config x epoch),
     `schedule` (one row per unit), `configs` (status, epochs, parent and the config as JSON text), `failures`
     (tracebacks) and `events`."""
+
     configs = result.status.copy()
     configs["config"] = configs.config_id.map(lambda c: json.dumps(result.configs[c], sort_keys=True, default=str))
     return {"leaderboard": result.leaderboard(), "metrics": result.metrics, "schedule": result.schedule,
@@ -204,6 +218,7 @@ def export_run(path: str, fmt: str = "csv", out: str | None = None) -> dict[str,
 def _storable(df: pd.DataFrame) -> pd.DataFrame:
     """`df` with each object column that mixes value types (a hyper-parameter that is an int in one config and a
     string in another) as text, which Parquet can store."""
+
     df = df.copy()
     for col in df.select_dtypes(include="object").columns:
         types = {type(v) for v in df[col] if v is not None and v == v}

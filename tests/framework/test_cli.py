@@ -194,6 +194,18 @@ def test_commands_that_read_a_run_import_neither_torch_nor_ray_nor_the_driver(tm
     assert not set(HEAVY) & modules, sorted(set(HEAVY) & modules)
 
 
+@pytest.mark.parametrize("command", [["list", "{root}"], ["list", "{root}", "--json"], ["status", "{run}"],
+                                     ["status", "{run}", "--json"]])
+def test_list_and_status_of_a_run_that_verifies_import_no_pandas(tmp_path, command):
+    """They start in a fraction of a second: a run that verifies is read from its rows (no pandas, no numpy: about
+    a second to import on two cores); `show`, `watch`, `compare` and `export` print DataFrames."""
+    run = _run_dir(tmp_path / "run")
+    code, modules = _imported_by([a.format(root=tmp_path, run=run) for a in command])
+    assert code == 0 and "framework.runs.status" in modules  # it read the run
+    heavy = {*HEAVY, "pandas", "numpy", "framework.result"}
+    assert not heavy & modules, sorted(heavy & modules)
+
+
 def test_the_command_entries_the_cli_reads_are_the_drivers():
     import automl
     from framework.command_specs import _ACTIVE, _STOPPED, COMMAND_ENTRIES

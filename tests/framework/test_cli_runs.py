@@ -166,6 +166,26 @@ def test_status_of_the_finished_and_the_crashed_run(runs, capsys):
     assert out["best"].strip().startswith("config ") and "ago" in out["last activity"]
 
 
+def test_a_real_run_is_read_without_pandas_as_a_result_reads_it(runs):
+    """`list` and `status` read a run that verifies from its rows (`_plain_reading`, no pandas): the same status, and
+    the best value `Result.get_best_result()` gives (each config's last epoch; a failed config is never best)."""
+    from framework.runs.status import _plain_reading, _reading_of, _status_dict, opened
+
+    for name in ("finished", "crashed"):
+        path = runs[name]
+        plain, now = _plain_reading(path), time.time()
+        assert plain is not None
+        with opened(path) as result:
+            want = {**_status_dict(_reading_of(result), now), "path": path}
+            best = result.get_best_result()
+            metric = result.metric
+        got = {**_status_dict(plain, now), "path": path}
+        assert json.dumps(got, indent=1, default=str) == json.dumps(want, indent=1, default=str)
+        assert (got["best"]["config_id"], got["best"]["value"]) == (best.config_id, best.metrics[metric])
+        [row] = [r for r in list_runs(runs["root"]).itertuples() if os.path.join(runs["root"], r.path) == path]
+        assert (row.status, row.configs, row.best) == (got["status"], got["num_configs"], best.metrics[metric])
+
+
 def test_a_run_whose_driver_is_alive_is_running_and_resume_refuses_it(runs, tmp_path, capsys):
     run = _copy(runs["crashed"], tmp_path)
     catalog = SQLiteCatalog(os.path.join(run, CATALOG_FILE))  # signed: the run still verifies
