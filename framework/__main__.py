@@ -6,6 +6,7 @@ one) and `framework.dashboard` (a web page of one)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -130,6 +131,24 @@ def _replay(args: argparse.Namespace) -> int:
                               trust_unverified=args.trust_unverified)
     _say(f"Replayed into {result.storage_path}")
     _say(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
+    return 0
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    import psutil
+
+    from framework.engine import orphans
+
+    pids = orphans.reap(dry_run=True)
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            _say(f"{pid} {psutil.Process(pid).name()}")
+    if not pids:
+        _say("No Ray processes left by killed drivers")
+    elif args.dry_run:
+        _say(f"{len(pids)} Ray processes left by killed drivers (--dry-run: none stopped)")
+    else:
+        _say(f"stopped {len(orphans.reap())} Ray processes left by killed drivers")
     return 0
 
 
@@ -614,6 +633,12 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                           "else, or edited); it still imports no function the run names")
     rep.set_defaults(func=_replay)
 
+    cl = sub.add_parser("cleanup", help="stop the Ray processes that drivers killed on this machine left behind",
+                        formatter_class=fmt, description="A driver killed with SIGKILL leaves Ray's agents running "
+                        "for about a minute; the next run stops them, and so does this command. Only processes a "
+                        "driver of yours recorded (same pid and start time, this host) are stopped.")
+    cl.add_argument("--dry-run", action="store_true", help="list the processes that would be stopped; stop none")
+    cl.set_defaults(func=_cleanup)
     ls = sub.add_parser("list", help="list the runs under a storage root, newest first (reads only)",
                         formatter_class=fmt, description=_STATUS_RULE)
     ls.add_argument("root", nargs="?", default=None,

@@ -65,3 +65,26 @@ def test_a_record_names_its_host(tmp_path, monkeypatch):
     finally:
         orphans.forget()
     assert not os.path.exists(path)
+
+
+def test_the_cleanup_command_names_then_stops_what_a_killed_driver_left(tmp_path):
+    """`modelhopper cleanup --dry-run` lists the left-over process and stops nothing; `cleanup` stops it."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    os.makedirs(os.path.join(tmp_path, "modelhopper", "ray"))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child = psutil.Process(sleeper.pid)
+        with open(os.path.join(tmp_path, "modelhopper", "ray", "driver-5.json"), "w") as f:
+            json.dump({"driver": [1, 0.0], "processes": [[child.pid, child.create_time()]],
+                       "host": socket.gethostname()}, f)
+        cli = [sys.executable, "-m", "framework", "cleanup"]
+        dry = subprocess.run([*cli, "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
+        assert dry.returncode == 0 and f"{child.pid} " in dry.stdout and "none stopped" in dry.stdout, dry
+        assert sleeper.poll() is None
+        done = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "stopped 1 Ray processes" in done.stdout, done
+        sleeper.wait(timeout=10)
+        again = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
+        assert "No Ray processes left" in again.stdout
+    finally:
+        sleeper.kill()
