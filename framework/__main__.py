@@ -287,9 +287,9 @@ def _watch(args: argparse.Namespace) -> int:
             with open_result(args.run) as result:
                 board = result.get_dataframe().head(args.top).drop(columns=["round"], errors="ignore")
                 table = _board_text(result, board)
+                unverified = result.unverified  # the board's own reading: a row edited since run_status is flagged
                 recent = result.events[result.events.kind.isin(("command", "worker_failed", "worker_joined",
                                                                 "config_failed", "worker_killed", "inbox"))].tail(5)
-        unverified = s["problems"]  # what run_status's verification found
         units = s["units_done"]
         frame = [f"{s['path']}: {s['status']}, {s['num_configs']} configs {s['configs']}, "
                  f"{units.get('train', 0)} train units, {s['rounds']} rounds, last activity {age(s['age_s'])} ago"]
@@ -324,7 +324,8 @@ def _status(args: argparse.Namespace) -> int:
     configs = ", ".join(f"{n} {k}" for k, n in s["configs"].items()) or "none"
     units = s["units_done"]
     w = s["workers"]
-    count = str(w["live"]) if w["live"] == w["num_workers"] else f"{w['live']} now, {w['num_workers']} at the start"
+    when = "now" if s["status"] in ("running", "running?") else "at the end"  # a stopped run has no live workers
+    count = str(w["live"]) if w["live"] == w["num_workers"] else f"{w['live']} {when}, {w['num_workers']} at the start"
     best = s["best"]
     lines = [
         ("run", s["path"]),

@@ -475,3 +475,6 @@ def test_status_counts_the_workers_a_person_added_to_a_running_run(ray_cluster, 
         runner.join(timeout=180)
     assert done["result"].status.status.tolist() == ["completed", "completed"]
     assert run_status(path)["workers"]["live"] == 3  # a finished run: the workers it had at its end
+    assert cli(["status", path]) == 0  # ... and it says so: none of them runs now
+    [workers] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("workers:")]
+    assert workers.split(":", 1)[1].strip().startswith("3 at the end, 2 at the start ("), workers
