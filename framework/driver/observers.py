@@ -117,11 +117,14 @@ TIME_PARTS = {"before_run": "before run()", "ray": "Ray", "set_up": "set-up", "w
               "training": "training", "results": "results"}
 _START_UP = ("before_run", "ray", "set_up", "workers")
 _runs_timed = 0  # `RunClock`s made in this process
+BEFORE_RUN_MAX_S = 300.0  # a longer wait before the first run is a process that did other work first, not start-up
 
 
 def _time_before_first_run() -> float | None:
     """Seconds from this process's start to now (its imports and data preparation) when no run was timed in it
-    before and it is not interactive (a notebook's or a shell's process has waited on a person); else None."""
+    before, it is not interactive (a notebook's or a shell's process has waited on a person) and they are at most
+    `BEFORE_RUN_MAX_S` (a service that starts a selection an hour after it started has no start-up to show); else
+    None."""
     global _runs_timed
     _runs_timed += 1
     ipython = sys.modules.get("IPython")
@@ -130,9 +133,10 @@ def _time_before_first_run() -> float | None:
     if _runs_timed > 1 or interactive:
         return None
     try:
-        return max(0.0, time.time() - psutil.Process().create_time())
+        before = max(0.0, time.time() - psutil.Process().create_time())
     except psutil.Error:
         return None
+    return before if before <= BEFORE_RUN_MAX_S else None
 
 
 class RunClock(Callback):

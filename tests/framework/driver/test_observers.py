@@ -125,3 +125,18 @@ def test_a_token_file_others_can_read_is_named():
         os.chmod(shared, 0o700)
         os.remove(os.path.join(shared, "auth_token"))
         os.rmdir(shared)
+
+
+def test_time_before_the_first_run_is_start_up_only_in_a_young_process(monkeypatch):
+    """A process's first run counts the time since the process started, unless that is longer than start-up can be
+    (a service that starts a selection an hour later): then the part is left out, not reported as hours."""
+    from framework.driver import observers
+
+    monkeypatch.setattr(observers, "_runs_timed", 0)
+    monkeypatch.setattr(observers, "BEFORE_RUN_MAX_S", 1e9)
+    before = observers._time_before_first_run()
+    assert before is not None and before > 0
+    assert observers._time_before_first_run() is None  # the second run of a process has no start-up before it
+    monkeypatch.setattr(observers, "_runs_timed", 0)
+    monkeypatch.setattr(observers, "BEFORE_RUN_MAX_S", before / 2)
+    assert observers._time_before_first_run() is None
