@@ -80,6 +80,7 @@ class ASHA(OptunaProcedure):
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.space = SearchSpace(space)
+        self.space.to_optuna()  # a domain Optuna cannot search (randn) raises here, before any work
         self.max_epochs = check_int("max_epochs", max_epochs, 1)
         self.eta = check_int("eta", eta, 2)
         self.min_epochs = check_int("min_epochs", min_epochs, 1)

@@ -43,10 +43,12 @@ class OptunaSearch(OptunaProcedure):
     """`num_samples` configs from any Optuna sampler, each trained up to `epochs` epochs, `concurrency` at once.
 
     Args:
-        space: a search space dict (see `automl.space`), or a define-by-run function `fn(trial) -> dict | None`
-            that calls `trial.suggest_*` and may branch on what it drew (a conditional space: e.g. `momentum` only
-            when `optimizer == "sgd"`); it returns the config (constants included), or None for `trial.params`.
-            It must be a module-level function, since the procedure is pickled with the run.
+        space: a search space dict (see `automl.space`; `randn` and `qrandn` raise, since Optuna has no normal
+            distribution; a nested space's parameters are named "outer/inner" in the study), or a define-by-run
+            function `fn(trial) -> dict | None` that calls `trial.suggest_*` and may branch on what it drew (a
+            conditional space: e.g. `momentum` only when `optimizer == "sgd"`); it returns the config (constants
+            included), or None for `trial.params`. It must be a module-level function, since the procedure is
+            pickled with the run.
         num_samples: configs to train in all, `points_to_evaluate` included (as in Ray Tune).
         epochs: epochs per config (fewer when the pruner stops it).
         sampler: an `optuna.samplers.BaseSampler`, or a name in `SAMPLERS`: "tpe" (the default for one
@@ -99,6 +101,7 @@ class OptunaSearch(OptunaProcedure):
             self.space, self.define_by_run = None, space
         else:
             self.space = SearchSpace(space)
+            self.space.to_optuna()  # a domain Optuna cannot search (randn) raises here, before any work
         self.num_samples = check_int("num_samples", num_samples, 1)
         self.epochs = check_int("epochs", epochs, 1)
         self._concurrency = check_optional_int("concurrency", concurrency, 1)

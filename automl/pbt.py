@@ -11,22 +11,25 @@ import numpy as np
 
 from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, Procedure, check_states
 from automl._checks import check_int, check_seed
-from automl.space import Categorical, Constant, RandInt, SearchSpace, Uniform
+from automl.space import Categorical, Constant, Normal, RandInt, SampleFrom, SearchSpace, Uniform
 
 
 def perturb(space: SearchSpace, config: dict[str, Any], rng: np.random.Generator, resample_probability: float) -> dict:
     """PBT's explore step: each searched hyper-parameter of `config` moved a little, kept inside `space`.
 
-    Floats and ints are multiplied by 0.8 or 1.2 (each with probability 1/2) and clipped to `[lo, hi]` (ints
-    rounded); a categorical value is redrawn from its list with probability `resample_probability`, else moved to a
-    neighbouring entry of the list (clipped at the ends). Constants stay. Draws happen in the space's key order.
+    Floats and ints (normal ones too) are multiplied by 0.8 or 1.2 (each with probability 1/2) and clipped to
+    `[lo, hi]` (ints rounded, quantised values rounded to a multiple of `q`); a categorical value is redrawn from its
+    list with probability `resample_probability`, else moved to a neighbouring entry of the list (clipped at the
+    ends). Constants stay; `sample_from` values are computed again from the perturbed config. Draws happen in the
+    space's key order (nested spaces depth first, as `SearchSpace.domains`).
     """
+    values = space.flatten(config)
     out = {}
     for name, domain in space.domains.items():
-        value = config[name]
-        if isinstance(domain, Constant):
+        value = values[name]
+        if isinstance(domain, (Constant, SampleFrom)):
             out[name] = value
-        elif isinstance(domain, (Uniform, RandInt)):
+        elif isinstance(domain, (Uniform, RandInt, Normal)):
             out[name] = domain.clip(value * (0.8 if rng.random() < 0.5 else 1.2))
         elif isinstance(domain, Categorical):
             if rng.random() < resample_probability:
@@ -36,7 +39,7 @@ def perturb(space: SearchSpace, config: dict[str, Any], rng: np.random.Generator
                 out[name] = domain.choices[min(max(i, 0), len(domain.choices) - 1)]
         else:
             raise TypeError(f"`space[{name!r}]` is {domain!r}, which PBT cannot perturb")
-    return out
+    return space.assemble(out)
 
 
 class PBT(Procedure):

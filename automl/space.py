@@ -5,16 +5,36 @@ A space is a dict of name -> domain:
 * a `list` is a categorical choice among its entries (any Python values);
 * `uniform(lo, hi)`, `loguniform(lo, hi)` are floats in `[lo, hi]` (log-uniform needs `0 < lo`);
 * `randint(lo, hi)` is an int in `[lo, hi]`, **both ends inclusive** (as Optuna's `IntDistribution`);
-* anything else (a number, a string, a tuple, a dict, ...) is a constant copied into every config.
+* `quniform(lo, hi, q)`, `qloguniform(lo, hi, q)` are floats and `qrandint(lo, hi, q)` ints: the multiples of `q`
+  in `[lo, hi]` (both ends inclusive; at least one multiple must lie there);
+* `randn(mean, sd)` is a normally distributed float, `qrandn(mean, sd, q)` one rounded to a multiple of `q`; they are
+  unbounded (any finite real, resp. any finite multiple of `q`, lies in them);
+* `sample_from(fn)` is a value computed from the rest of the config, `fn(config)`, after every other parameter was
+  drawn (in key order; Ray Tune's `tune.sample_from`, which passes `spec` where this passes the config dict);
+* a `dict` that holds a domain (at any depth) is a nested space: the config holds a dict there, drawn by the same
+  rules; its parameters are named `"outer/inner"` (Optuna's parameter names, `SearchSpace.domains`);
+* anything else (a number, a string, a tuple, a dict without domains, ...) is a constant copied into every config.
+
+The names are Ray Tune's (`tune.quniform`, `tune.qloguniform`, `tune.qrandint`, `tune.randn`, `tune.qrandn`,
+`tune.sample_from`); unlike Tune, a plain list is a choice here (Tune's `tune.choice`), and `quniform` draws each
+multiple of `q` with the same probability (Optuna's `step`), where Tune rounds a uniform draw (the two end multiples
+then come half as often).
 
 `SearchSpace(space)` validates the dict once and then samples configs with a `numpy.random.Generator`, converts
 to Optuna distributions (and back), checks membership, and clips values into the space (PBT's perturbations).
+Optuna has no normal distribution: `to_optuna` raises for `randn` and `qrandn`; `qloguniform` (Optuna cannot combine
+`log=True` with `step`) becomes a categorical of its multiples when there are at most `MAX_OPTUNA_CHOICES` of them.
+`GridSearch` grids over lists only and rejects the other random domains (it draws nothing); `sample_from` is
+computed at every grid point.
 """
 
 from __future__ import annotations
 
 import math
+import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 import numpy as np
@@ -23,6 +43,9 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 # Optuna stores only these as categorical choices; other choices are encoded by their index.
 _OPTUNA_CHOICE_TYPES = (type(None), bool, int, float, str)
 
+#: the most multiples a `qloguniform` may have for Optuna, which searches it as a categorical of its multiples
+MAX_OPTUNA_CHOICES = 1000
+
 
 def _check_real(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -30,8 +53,50 @@ def _check_real(name: str, value: Any) -> float:
     return value
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _dec(x: float) -> Decimal:
+    """`x` as the decimal it is written as (`0.2`, not the binary fraction nearest to it), as Optuna's `step`
+    arithmetic, so that the multiples of 0.2 in [3.2, 5.4] are 3.2, 3.4, ..., 5.4 exactly."""
+    return Decimal(int(x)) if isinstance(x, (int, np.integer)) else Decimal(repr(float(x)))
+
+
+def _multiple(k: int, q: float) -> float:
+    """`k * q` as the float nearest to the exact decimal product (so 27 * 0.2 is 5.4, not 5.4000000000000004)."""
+    return float(k * _dec(q))
+
+
+def _nearest_k(value: float, q: float) -> int:
+    """The `k` of the multiple `k * q` nearest to `value` (ties to even)."""
+    return int((_dec(value) / _dec(q)).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _on_grid(value: Any, q: float) -> bool:
+    """Whether `value` is a finite real number within rounding error of a multiple of `q`."""
+    if not _is_real(value) or not math.isfinite(value):
+        return False
+    return math.isclose(value, _multiple(_nearest_k(value, q), q), rel_tol=1e-9, abs_tol=1e-9 * q)
+
+
+def _check_q(lo: float, hi: float, q: float) -> tuple[int, int]:
+    """`(kmin, kmax)`: the multiples of `q` in `[lo, hi]` are `k * q` for `kmin <= k <= kmax` (at least one)."""
+    _check_real("q", q)
+    if not q > 0:
+        raise ValueError(f"`q` is {q!r}, but must be > 0")
+    kmin = math.ceil(_dec(lo) / _dec(q))
+    kmax = math.floor(_dec(hi) / _dec(q))
+    if kmin > kmax:
+        raise ValueError(f"`q` is {q!r}, but no multiple of it lies in [`lo`, `hi`] = [{lo!r}, {hi!r}]; "
+                         "at least one must")
+    return kmin, kmax
+
+
 class Domain:
-    """A range of values for one hyper-parameter (the base of `Uniform`, `LogUniform`, `RandInt`, `Categorical`)."""
+    """A range of values for one hyper-parameter (the base of `Uniform`, `LogUniform`, `RandInt`, `Categorical`,
+    `Constant`, the quantised `QUniform`, `QLogUniform`, `QRandInt`, the normal `Normal`, `QNormal`, and
+    `SampleFrom`)."""
 
     def sample(self, rng: np.random.Generator) -> Any:
         """One value drawn from the domain.
@@ -40,8 +105,9 @@ class Domain:
             rng: The generator every draw comes from, so the same seed gives the same value.
 
         Returns:
-            A value for which `contains` is true: a `float` for `Uniform` and `LogUniform`, an `int` for `RandInt`,
-            one of the choices for `Categorical`, the value itself for `Constant`.
+            A value for which `contains` is true: a `float` for `Uniform`, `LogUniform`, `Normal` and their
+            quantised forms, an `int` for `RandInt` and `QRandInt`, one of the choices for `Categorical`, the value
+            itself for `Constant`.
         """
         raise NotImplementedError
 
@@ -49,13 +115,15 @@ class Domain:
         """Whether `value` lies in the domain.
 
         Numeric domains accept real numbers (ints and floats, not bools; `RandInt` only ints) within `[lo, hi]`, both
-        ends inclusive. `Categorical` and `Constant` accept a value equal to a choice and of exactly its type, so
-        `1` is not in `[1.0, 2.0]` and `True` is not in `[1, 2]`.
+        ends inclusive; quantised ones only multiples of `q` (within rounding error for floats); `Normal` any finite
+        real. `Categorical` and `Constant` accept a value equal to a choice and of exactly its type, so `1` is not
+        in `[1.0, 2.0]` and `True` is not in `[1, 2]`. `SampleFrom` accepts any value (it is computed, not drawn).
         """
         raise NotImplementedError
 
     def clip(self, value: Any) -> Any:
-        """The value of the domain nearest to `value` (numeric domains); categorical values pass unchanged."""
+        """The value of the domain nearest to `value` (numeric domains: quantised ones round to the nearest multiple
+        of `q` inside the range); categorical values pass unchanged."""
         return value
 
     def to_optuna(self) -> BaseDistribution:
@@ -65,10 +133,25 @@ class Domain:
         over the same inclusive `[lo, hi]`, and `Categorical` a `CategoricalDistribution` of its choices, or of
         their indices when Optuna cannot store them (see `Categorical.optuna_native`).
 
+        The quantised `QUniform` and `QRandInt` give a distribution with `step=q` over their multiples;
+        `QLogUniform` a `CategoricalDistribution` of its multiples (Optuna cannot combine `log=True` with `step`).
+
         Raises:
-            NotImplementedError: For `Constant`, which is not searched; `SearchSpace.to_optuna` leaves it out.
+            NotImplementedError: For `Constant` and `SampleFrom`, which are not searched; `SearchSpace.to_optuna`
+                leaves them out.
+            ValueError: For `Normal` and `QNormal` (Optuna has no normal distribution) and for a `QLogUniform` with
+                more than `MAX_OPTUNA_CHOICES` multiples.
         """
         raise NotImplementedError
+
+    def to_optuna_value(self, value: Any) -> Any:
+        """`value` (in the domain) as a parameter of the distribution `to_optuna` gives (the inverse of
+        `from_optuna_value`)."""
+        return value
+
+    def from_optuna_value(self, value: Any) -> Any:
+        """The config value for a parameter value Optuna suggested from `to_optuna`'s distribution."""
+        return value
 
 
 @dataclass(frozen=True)
@@ -140,6 +223,9 @@ class RandInt(Domain):
     def to_optuna(self) -> IntDistribution:
         return IntDistribution(int(self.lo), int(self.hi))
 
+    def from_optuna_value(self, value: Any) -> int:
+        return int(value)
+
 
 @dataclass(frozen=True)
 class Categorical(Domain):
@@ -182,6 +268,12 @@ class Categorical(Domain):
             return CategoricalDistribution(self.choices)
         return CategoricalDistribution(tuple(range(len(self.choices))))
 
+    def to_optuna_value(self, value: Any) -> Any:
+        return value if self.optuna_native else self.index(value)
+
+    def from_optuna_value(self, value: Any) -> Any:
+        return value if self.optuna_native else self.choices[value]
+
 
 @dataclass(frozen=True)
 class Constant(Domain):
@@ -194,6 +286,184 @@ class Constant(Domain):
 
     def contains(self, value: Any) -> bool:
         return type(value) is type(self.value) and value == self.value
+
+
+@dataclass(frozen=True)
+class QUniform(Uniform):
+    """A multiple of `q` in `[lo, hi]` (both ends inclusive), each with the same probability: a float."""
+
+    q: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_q(self.lo, self.hi, self.q)
+
+    @property
+    def ks(self) -> tuple[int, int]:
+        """`(kmin, kmax)`: the domain's values are `k * q` for `kmin <= k <= kmax`."""
+        return _check_q(self.lo, self.hi, self.q)
+
+    def sample(self, rng: np.random.Generator) -> float:
+        kmin, kmax = self.ks
+        return _multiple(int(rng.integers(kmin, kmax, endpoint=True)), self.q)
+
+    def contains(self, value: Any) -> bool:
+        if not _on_grid(value, self.q):
+            return False
+        kmin, kmax = self.ks
+        return kmin <= _nearest_k(value, self.q) <= kmax
+
+    def clip(self, value: Any) -> float:
+        kmin, kmax = self.ks
+        return _multiple(min(max(_nearest_k(value, self.q), kmin), kmax), self.q)
+
+    def to_optuna(self) -> FloatDistribution:
+        kmin, kmax = self.ks
+        return FloatDistribution(_multiple(kmin, self.q), _multiple(kmax, self.q), step=float(self.q))
+
+    def to_optuna_value(self, value: Any) -> float:
+        return self.clip(value)
+
+    def from_optuna_value(self, value: Any) -> float:
+        return self.clip(value)  # Optuna computes low + k * step in binary: 3.4000000000000004 becomes 3.4
+
+
+@dataclass(frozen=True)
+class QLogUniform(QUniform):
+    """A log-uniform draw from `[lo, hi]` (`0 < lo`) rounded to the nearest multiple of `q` in the range: a float.
+
+    For Optuna (which cannot combine `log=True` with `step`) it is a `CategoricalDistribution` of its multiples, if
+    there are at most `MAX_OPTUNA_CHOICES`.
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.lo > 0:
+            raise ValueError(f"`lo` is {self.lo!r}, but must be > 0 for a log-uniform domain")
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return self.clip(math.exp(rng.uniform(math.log(self.lo), math.log(self.hi))))
+
+    def to_optuna(self) -> CategoricalDistribution:
+        kmin, kmax = self.ks
+        if kmax - kmin + 1 > MAX_OPTUNA_CHOICES:
+            raise ValueError(f"it has {kmax - kmin + 1} multiples of `q` ({self.q!r}) and Optuna, which cannot "
+                             "combine log=True with a step, searches a qloguniform as a categorical of at most "
+                             f"{MAX_OPTUNA_CHOICES} multiples: use a larger `q`, or loguniform")
+        return CategoricalDistribution(tuple(_multiple(k, self.q) for k in range(kmin, kmax + 1)))
+
+
+@dataclass(frozen=True)
+class QRandInt(RandInt):
+    """An int multiple of `q` in `[lo, hi]`, both ends inclusive, each with the same probability."""
+
+    q: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.q, bool) or not isinstance(self.q, (int, np.integer)):
+            raise TypeError(f"`q` is {self.q!r}, but must be an int")
+        _check_q(self.lo, self.hi, self.q)
+
+    @property
+    def ks(self) -> tuple[int, int]:
+        """`(kmin, kmax)`: the domain's values are `k * q` for `kmin <= k <= kmax`."""
+        return -(-int(self.lo) // int(self.q)), int(self.hi) // int(self.q)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        kmin, kmax = self.ks
+        return int(rng.integers(kmin, kmax, endpoint=True)) * int(self.q)
+
+    def contains(self, value: Any) -> bool:
+        return super().contains(value) and value % self.q == 0
+
+    def clip(self, value: Any) -> int:
+        kmin, kmax = self.ks
+        return min(max(_nearest_k(value, self.q), kmin), kmax) * int(self.q)
+
+    def to_optuna(self) -> IntDistribution:
+        kmin, kmax = self.ks
+        return IntDistribution(kmin * int(self.q), kmax * int(self.q), step=int(self.q))
+
+
+@dataclass(frozen=True)
+class Normal(Domain):
+    """A float drawn from the normal distribution of mean `mean` and standard deviation `sd` (unbounded: any finite
+    real lies in it). Optuna has no normal distribution: `to_optuna` raises."""
+
+    mean: float
+    sd: float
+
+    def __post_init__(self) -> None:
+        _check_real("mean", self.mean)
+        _check_real("sd", self.sd)
+        if not self.sd > 0:
+            raise ValueError(f"`sd` is {self.sd!r}, but must be > 0")
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.normal(self.mean, self.sd))
+
+    def contains(self, value: Any) -> bool:
+        return _is_real(value) and math.isfinite(value)
+
+    def clip(self, value: Any) -> float:
+        return float(value)
+
+    def to_optuna(self) -> BaseDistribution:
+        raise ValueError("Optuna has no normal distribution, so an Optuna-based procedure cannot search randn or "
+                         "qrandn: use uniform/quniform over the range you mean, or RandomSearch")
+
+
+@dataclass(frozen=True)
+class QNormal(Normal):
+    """A normal draw (`mean`, `sd`) rounded to the nearest multiple of `q` (unbounded: any finite multiple lies in
+    it)."""
+
+    q: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_real("q", self.q)
+        if not self.q > 0:
+            raise ValueError(f"`q` is {self.q!r}, but must be > 0")
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return self.clip(rng.normal(self.mean, self.sd))
+
+    def contains(self, value: Any) -> bool:
+        return _on_grid(value, self.q)
+
+    def clip(self, value: Any) -> float:
+        return _multiple(_nearest_k(value, self.q), self.q)
+
+
+@dataclass(frozen=True)
+class SampleFrom(Domain):
+    """A value computed from the config: `fn(config)`, called after every other parameter was drawn, in the space's
+    key order (a later `sample_from` sees the earlier ones). `config` is the config so far (nested as the space),
+    which `fn` must not change. Nothing is searched: any value lies in it, Optuna never sees it, and PBT computes
+    it again from the perturbed config."""
+
+    fn: Callable[[dict[str, Any]], Any]
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"`fn` is {self.fn!r}, but must be a function fn(config) -> value")
+        try:
+            pickle.dumps(self.fn)
+        except Exception as e:
+            raise TypeError(f"`fn` is {self.fn!r}, but must pickle (a module-level function, not a lambda or a nested "
+                            f"function): procedures are saved with the run ({type(e).__name__}: {e})") from None
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        raise TypeError("a sample_from value is computed from the config: use SearchSpace.sample")
+
+    def contains(self, value: Any) -> bool:
+        return True
+
+    def compute(self, config: dict[str, Any]) -> Any:
+        """`fn(config)`."""
+        return self.fn(config)
 
 
 def uniform(lo: float, hi: float) -> Uniform:
@@ -211,12 +481,59 @@ def randint(lo: int, hi: int) -> RandInt:
     return RandInt(lo, hi)
 
 
+def quniform(lo: float, hi: float, q: float) -> QUniform:
+    """A float multiple of `q > 0` in `[lo, hi]` (both ends inclusive), each equally likely (Ray Tune's
+    `tune.quniform`; Optuna's `FloatDistribution(step=q)`). At least one multiple must lie in the range."""
+    return QUniform(lo, hi, q)
+
+
+def qloguniform(lo: float, hi: float, q: float) -> QLogUniform:
+    """A log-uniform draw from `[lo, hi]` (`0 < lo < hi`) rounded to the nearest multiple of `q > 0` in the range
+    (Ray Tune's `tune.qloguniform`). Optuna searches it as a categorical of its multiples (at most
+    `MAX_OPTUNA_CHOICES`)."""
+    return QLogUniform(lo, hi, q)
+
+
+def qrandint(lo: int, hi: int, q: int = 1) -> QRandInt:
+    """An int multiple of `q >= 1` in `[lo, hi]`; **`hi` is inclusive** (Ray Tune's `tune.qrandint`; Optuna's
+    `IntDistribution(step=q)`). At least one multiple must lie in the range."""
+    return QRandInt(lo, hi, q)
+
+
+def randn(mean: float = 0.0, sd: float = 1.0) -> Normal:
+    """A float drawn from the normal distribution (`sd > 0`; Ray Tune's `tune.randn`). Not for Optuna-based
+    procedures (Optuna has no normal distribution)."""
+    return Normal(mean, sd)
+
+
+def qrandn(mean: float, sd: float, q: float) -> QNormal:
+    """A normal draw rounded to the nearest multiple of `q > 0` (Ray Tune's `tune.qrandn`). Not for Optuna-based
+    procedures."""
+    return QNormal(mean, sd, q)
+
+
+def sample_from(fn: Callable[[dict[str, Any]], Any]) -> SampleFrom:
+    """A value computed from the config, `fn(config)`, after the other parameters were drawn (Ray Tune's
+    `tune.sample_from`, whose `fn` gets `spec` where this one gets the config dict). `fn` must be a module-level
+    function (procedures are pickled with the run) and should be deterministic (a value to draw is a domain)."""
+    return SampleFrom(fn)
+
+
+def _label(path: tuple[str, ...]) -> str:
+    return "space" + "".join(f"[{k!r}]" for k in path)
+
+
+def _is_nested(value: Any) -> bool:
+    """Whether `value` is a nested space: a dict holding a domain at some depth (a dict without one is a constant)."""
+    return isinstance(value, dict) and any(isinstance(v, Domain) or _is_nested(v) for v in value.values())
+
+
 def _to_domain(name: str, value: Any) -> Domain:
     if isinstance(value, Domain):
         return value
     if isinstance(value, list):
         if not value:
-            raise ValueError(f"`space[{name!r}]` is [], but a categorical list must hold at least one value")
+            raise ValueError(f"`{name}` is [], but a categorical list must hold at least one value")
         return Categorical(tuple(value))
     return Constant(value)
 
@@ -224,7 +541,10 @@ def _to_domain(name: str, value: Any) -> Domain:
 class SearchSpace:
     """A validated search space (see the module docstring for what a space dict may hold).
 
-    Configs keep the space's key order; sampling draws the parameters in that order from one generator.
+    `domains` maps every parameter to its domain, in key order, depth first; a parameter of a nested space is named
+    by its keys joined with "/" (`"optimizer/lr"`), which is also its Optuna name. `paths` maps the same names to
+    their key paths (`("optimizer", "lr")`). Configs keep the space's key order (nested dicts theirs); sampling draws
+    the parameters in `domains`' order from one generator, then computes the `sample_from` values in that order.
     """
 
     def __init__(self, space: dict[str, Any] | SearchSpace) -> None:
@@ -232,50 +552,119 @@ class SearchSpace:
             space = space.raw
         if not isinstance(space, dict) or not space:
             raise ValueError(f"`space` is {space!r}, but must be a non-empty dict of name -> domain")
-        for name in space:
-            if not isinstance(name, str):
-                raise TypeError(f"`space` has the key {name!r}, but every key must be a str")
         self.raw = dict(space)
-        self.domains: dict[str, Domain] = {name: _to_domain(name, v) for name, v in space.items()}
+        self.domains: dict[str, Domain] = {}
+        self.paths: dict[str, tuple[str, ...]] = {}
+        self._tree = self._build(space, ())
+
+    def _build(self, space: dict[str, Any], prefix: tuple[str, ...]) -> dict[str, Any]:
+        tree: dict[str, Any] = {}
+        for key, value in space.items():
+            if not isinstance(key, str):
+                where = f"`{_label(prefix)}`" if prefix else "`space`"
+                raise TypeError(f"{where} has the key {key!r}, but every key must be a str")
+            path = (*prefix, key)
+            if _is_nested(value):
+                tree[key] = self._build(value, path)
+                continue
+            name = "/".join(path)
+            if name in self.domains:
+                raise ValueError(f"`{_label(path)}` is named {name!r}, as `{_label(self.paths[name])}` is: the "
+                                 "names of a nested space's parameters join its keys with '/' and must be unique")
+            self.domains[name] = tree[key] = _to_domain(_label(path), value)
+            self.paths[name] = path
+        return tree
 
     def __repr__(self) -> str:
         return f"SearchSpace({self.raw!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SearchSpace) and self.domains == other.domains
+        return isinstance(other, SearchSpace) and self._tree == other._tree
+
+    @property
+    def searched(self) -> dict[str, Domain]:
+        """The parameters a procedure searches: `domains` without constants and `sample_from` values."""
+        return {n: d for n, d in self.domains.items() if not isinstance(d, (Constant, SampleFrom))}
 
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         """One config drawn from the space."""
-        return {name: d.sample(rng) for name, d in self.domains.items()}
+        return self.assemble({n: d.sample(rng) for n, d in self.domains.items() if not isinstance(d, SampleFrom)})
+
+    def assemble(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The config of the parameter values `values` (flat names, as `domains`): nested as the space, constants
+        filled in where `values` lacks them, and every `sample_from` computed, in key order, from the config so far
+        (its entry in `values`, if any, is ignored)."""
+        partial: dict[str, Any] = {}
+        for name, d in self.domains.items():
+            if not isinstance(d, SampleFrom):
+                value = values[name] if name in values or not isinstance(d, Constant) else d.value
+                _put(partial, self.paths[name], value)
+        for name, d in self.domains.items():
+            if isinstance(d, SampleFrom):
+                _put(partial, self.paths[name], d.compute(partial))
+        return _ordered(self._tree, partial)
+
+    def flatten(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The values of `config`'s parameters by flat name (as `domains`); the inverse of `assemble`.
+
+        Raises:
+            KeyError: If `config` lacks a parameter of the space.
+        """
+        out = {}
+        for name, path in self.paths.items():
+            value = config
+            for key in path:
+                value = value[key]
+            out[name] = value
+        return out
 
     def contains(self, config: dict[str, Any]) -> bool:
-        """Whether `config` has exactly the space's keys and every value lies in its domain."""
-        return set(config) == set(self.domains) and all(d.contains(config[n]) for n, d in self.domains.items())
+        """Whether `config` has exactly the space's keys (nested dicts theirs) and every value lies in its domain
+        (a `sample_from` value is not checked: any value lies in it)."""
+        if not _same_keys(config, self._tree):
+            return False
+        values = self.flatten(config)
+        return all(d.contains(values[n]) for n, d in self.domains.items())
 
     def to_optuna(self) -> dict[str, BaseDistribution]:
-        """Optuna distributions of the searched (non-constant) parameters."""
-        return {n: d.to_optuna() for n, d in self.domains.items() if not isinstance(d, Constant)}
+        """Optuna distributions of the searched parameters (not the constants and `sample_from` values), by flat name.
+
+        Raises:
+            ValueError: Naming the parameter, if its domain has no Optuna distribution (`randn`, `qrandn`, a
+                `qloguniform` with too many multiples).
+        """
+        out = {}
+        for name, d in self.searched.items():
+            try:
+                out[name] = d.to_optuna()
+            except ValueError as e:
+                raise ValueError(f"`{_label(self.paths[name])}` is {d!r}, but {e}") from None
+        return out
 
     def to_optuna_params(self, config: dict[str, Any]) -> dict[str, Any]:
         """An Optuna trial's `params` for a config of the space (the inverse of `from_optuna`): the searched
-        parameters, choices Optuna cannot store encoded by their index."""
-        params: dict[str, Any] = {}
-        for name, d in self.domains.items():
-            if isinstance(d, Constant):
-                continue
-            params[name] = d.index(config[name]) if isinstance(d, Categorical) and not d.optuna_native else config[name]
-        return params
+        parameters by flat name, choices Optuna cannot store encoded by their index."""
+        values = self.flatten(config)
+        return {name: d.to_optuna_value(values[name]) for name, d in self.searched.items()}
 
     def from_optuna(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The config for an Optuna trial's `params` (decodes index-encoded choices, adds the constants)."""
-        config: dict[str, Any] = {}
-        for name, d in self.domains.items():
-            if isinstance(d, Constant):
-                config[name] = d.value
-            elif isinstance(d, Categorical) and not d.optuna_native:
-                config[name] = d.choices[params[name]]
-            elif isinstance(d, RandInt):
-                config[name] = int(params[name])
-            else:
-                config[name] = params[name]
-        return config
+        """The config for an Optuna trial's `params` (decodes index-encoded choices, rounds quantised values to their
+        multiple, adds the constants, computes the `sample_from` values)."""
+        return self.assemble({name: d.from_optuna_value(params[name]) for name, d in self.searched.items()})
+
+
+def _put(config: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        config = config.setdefault(key, {})
+    config[path[-1]] = value
+
+
+def _ordered(tree: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with the keys in the space's order (a `sample_from` value was inserted last)."""
+    return {k: _ordered(sub, config[k]) if isinstance(sub, dict) else config[k] for k, sub in tree.items()}
+
+
+def _same_keys(config: Any, tree: dict[str, Any]) -> bool:
+    if not isinstance(config, dict) or set(config) != set(tree):
+        return False
+    return all(_same_keys(config[k], sub) for k, sub in tree.items() if isinstance(sub, dict))
