@@ -42,6 +42,51 @@ def perturb(space: SearchSpace, config: dict[str, Any], rng: np.random.Generator
     return space.assemble(out)
 
 
+def mutate(mutations: SearchSpace, config: dict[str, Any], rng: np.random.Generator, resample_probability: float,
+           factors: tuple[float, ...]) -> dict:
+    """PBT's explore step with Ray Tune's `hyperparam_mutations`: only the hyper-parameters named in `mutations`
+    change. Each is redrawn from its domain with probability `resample_probability` (or when the config's value is not
+    in it); else a number is multiplied by one of `factors` (drawn uniformly) and kept inside its domain (clipped,
+    ints rounded, quantised values snapped), and a list's value moves to a neighbouring entry (clipped at the ends).
+    The other keys of `config` are copied. Draws happen in `mutations`' key order."""
+    out = dict(config)
+    for name, domain in mutations.domains.items():
+        value = config.get(name)
+        if rng.random() < resample_probability or not domain.contains(value):
+            out[name] = domain.sample(rng)
+        elif isinstance(domain, Categorical):
+            i = domain.index(value) + (-1 if rng.random() < 0.5 else 1)
+            out[name] = domain.choices[min(max(i, 0), len(domain.choices) - 1)]
+        else:
+            out[name] = domain.clip(value * factors[int(rng.integers(len(factors)))])
+    return out
+
+
+def _mutations(value: Any) -> SearchSpace | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"`hyperparam_mutations` is {value!r}, but must be None or a non-empty dict of name -> "
+                         "list or domain (automl.uniform, ...)")
+    space = SearchSpace(value)
+    for name, domain in space.domains.items():
+        if name not in value:
+            raise ValueError(f"`hyperparam_mutations` holds the nested space {name.split('/')[0]!r}, but PBT mutates "
+                             "top-level hyper-parameters only")
+        if not isinstance(domain, (Uniform, RandInt, Normal, Categorical)):
+            raise ValueError(f"`hyperparam_mutations[{name!r}]` is {value.get(name, domain)!r}, but must be a list or a "
+                             "random domain (automl.uniform, loguniform, randint, ...): PBT mutates it")
+    return space
+
+
+def _factors(value: Any) -> tuple[float, ...]:
+    ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        not isinstance(f, bool) and isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in value)
+    if not ok:
+        raise ValueError(f"`perturbation_factors` is {value!r}, but must be a non-empty tuple of positive numbers")
+    return tuple(float(f) for f in value)
+
+
 class PBT(Procedure):
     """Synchronous PBT with truncation selection on the round template.
 
@@ -63,10 +108,20 @@ class PBT(Procedure):
     (`epochs` by default) and is never a donor nor replaced; a member a person stops is replaced by a clone at the
     next perturbation, like a failed one; a member a person resumes leaves the population. The budget cannot be
     extended.
+
+    `hyperparam_mutations` (as Ray Tune's): a dict of name -> list or domain. Only those hyper-parameters change at an
+    exploit (`mutate`: redrawn with probability `resample_probability`, else multiplied by one of
+    `perturbation_factors` or moved to a neighbouring list entry); a name `space` lacks starts from a draw of its
+    mutation. Without it, every searched hyper-parameter of `space` is perturbed (`perturb`).
     """
 
-    #: Probability that a categorical hyper-parameter is redrawn instead of moved to a neighbour (as Ray Tune).
+    #: Probability that a hyper-parameter is redrawn instead of moved (as Ray Tune; without `hyperparam_mutations`,
+    #: only categorical ones are redrawn).
     resample_probability = 0.25
+    #: Ray Tune's `hyperparam_mutations` as a space (None: every searched hyper-parameter of `space` is perturbed).
+    mutations: SearchSpace | None = None
+    #: What a mutated number is multiplied by (one drawn uniformly), as Tune's `perturbation_factors`.
+    perturbation_factors: tuple[float, ...] = (1.2, 0.8)
 
     def __init__(
         self,
@@ -76,8 +131,18 @@ class PBT(Procedure):
         perturbation_interval: int,
         quantile_fraction: float = 0.25,
         seed: int = 0,
+        *,
+        hyperparam_mutations: dict[str, Any] | None = None,
+        resample_probability: float = 0.25,
+        perturbation_factors: tuple[float, ...] = (1.2, 0.8),
     ) -> None:
         self.space = SearchSpace(space)
+        self.mutations = _mutations(hyperparam_mutations)
+        if isinstance(resample_probability, bool) or not isinstance(resample_probability, (int, float)) \
+                or not 0 <= resample_probability <= 1:
+            raise ValueError(f"`resample_probability` is {resample_probability!r}, but must be in [0, 1]")
+        self.resample_probability = float(resample_probability)
+        self.perturbation_factors = _factors(perturbation_factors)
         self.population = check_int("population", population, 2)
         self.epochs = check_int("epochs", epochs, 1)
         self.perturbation_interval = check_int("perturbation_interval", perturbation_interval, 1)
@@ -108,6 +173,11 @@ class PBT(Procedure):
     def step(self, states: list[ConfigState]) -> Decision:
         if self._issued == 0:
             add = [self.space.sample(self._rng) for _ in range(self.population)]
+            if self.mutations is not None:  # a mutated key the space leaves out starts from its mutation's domain
+                for config in add:
+                    for name, domain in self.mutations.domains.items():
+                        if name not in config:
+                            config[name] = domain.sample(self._rng)
             self.members = list(range(self.population))
             self.offsets = dict.fromkeys(self.members, 0)
             self._issued = self.population
@@ -129,7 +199,10 @@ class PBT(Procedure):
         clone = []
         for j, victim in enumerate(bottom + failed):
             donor = donors[j % len(donors)]
-            clone.append((donor, perturb(self.space, states[donor].config, self._rng, self.resample_probability)))
+            config = states[donor].config
+            clone.append((donor, perturb(self.space, config, self._rng, self.resample_probability)
+                          if self.mutations is None else
+                          mutate(self.mutations, config, self._rng, self.resample_probability, self.perturbation_factors)))
             new_id = len(states) + j
             self._issued += 1
             self.offsets[new_id] = self.progress(states[donor])
