@@ -180,18 +180,27 @@ class Uniform(Domain):
         return FloatDistribution(float(self.lo), float(self.hi))
 
 
+def _check_log_lo(lo: float) -> None:
+    if not lo > 0:
+        raise ValueError(f"`lo` is {lo!r}, but must be > 0 for a log-uniform domain")
+
+
+def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    """A draw whose logarithm is uniform in `[log lo, log hi]` (the caller clips: exp(log) may round outside)."""
+    return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+
+
 @dataclass(frozen=True)
 class LogUniform(Uniform):
     """A float whose logarithm is drawn uniformly from `[log lo, log hi]` (`0 < lo < hi`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.lo > 0:
-            raise ValueError(f"`lo` is {self.lo!r}, but must be > 0 for a log-uniform domain")
+        _check_log_lo(self.lo)
 
     def sample(self, rng: np.random.Generator) -> float:
         # exp(log) can land a rounding error outside the ends; clip keeps the value inside.
-        return self.clip(math.exp(rng.uniform(math.log(self.lo), math.log(self.hi))))
+        return self.clip(_log_uniform(rng, self.lo, self.hi))
 
     def to_optuna(self) -> FloatDistribution:
         return FloatDistribution(float(self.lo), float(self.hi), log=True)
@@ -338,11 +347,10 @@ class QLogUniform(QUniform):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.lo > 0:
-            raise ValueError(f"`lo` is {self.lo!r}, but must be > 0 for a log-uniform domain")
+        _check_log_lo(self.lo)
 
     def sample(self, rng: np.random.Generator) -> float:
-        return self.clip(math.exp(rng.uniform(math.log(self.lo), math.log(self.hi))))
+        return self.clip(_log_uniform(rng, self.lo, self.hi))
 
     def to_optuna(self) -> CategoricalDistribution:
         kmin, kmax = self.ks

@@ -179,6 +179,11 @@ def confine(root: str, stored: Any, what: str, under: str = "") -> str:
     return path
 
 
+def readonly_uri(path: str) -> str:
+    """SQLite's URI that opens the file `path` read-only (never created or written), for any bytes of the path."""
+    return f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro"
+
+
 class SQLiteCatalog:
     """Thread-safe access to a run's SQLite file (the driver loop and the checkpoint writers share it).
 
@@ -198,8 +203,7 @@ class SQLiteCatalog:
         if readonly:
             if not os.path.isfile(path):
                 raise CatalogError(f"{path} does not exist: not a run directory's catalog")
-            uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(readonly_uri(path), uri=True, check_same_thread=False, isolation_level=None)
         else:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         try:

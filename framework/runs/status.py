@@ -32,7 +32,6 @@ import re
 import socket
 import sqlite3
 import time
-import urllib.parse
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -47,6 +46,7 @@ from framework.engine.catalog import (
     SQLiteCatalog,
     UnverifiedRunWarning,
     config_outcome,
+    readonly_uri,
 )
 from framework.engine.storage import check_utf8, is_uri, not_utf8
 
@@ -434,8 +434,7 @@ def run_started(path: str) -> bool:
     if not is_being_written(path):
         return True  # a run not being written is what it is: reading it says what is wrong with it, if anything
     try:
-        uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(db)))}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True)
+        conn = sqlite3.connect(readonly_uri(db), uri=True)
         try:
             return conn.execute("SELECT 1 FROM meta WHERE key = 'start_time'").fetchone() is not None
         finally:
