@@ -109,7 +109,7 @@ def test_the_library_imports_what_it_declares_and_uses_every_core_dependency():
     project = _project()
     core = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
     optional = {canonicalize_name(Requirement(r).name) for extra in ("examples", "models", "tensorboard", "mlflow",
-                "samplers") for r in project["optional-dependencies"][extra]} | UNDECLARED
+                "samplers", "integrations") for r in project["optional-dependencies"][extra]} | UNDECLARED
     imports = _third_party_imports()
     undeclared = {dist: sorted(mods) for dist, mods in imports.items() if dist not in core | optional}
     assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
