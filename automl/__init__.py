@@ -20,9 +20,11 @@ from automl._base import (
     own_active,
 )
 from automl.asha import ASHA, asha_promotable, asha_rungs
+from automl.bohb import BOHB
 from automl.grid import GridSearch
 from automl.hyperband import Bracket, HyperBand, Rung, hyperband_brackets
 from automl.optuna_search import OptunaSearch
+from automl.pb2 import PB2
 from automl.pbt import PBT, perturb
 from automl.plugins import available_procedures, load_procedure
 from automl.random_search import RandomSearch
@@ -55,9 +57,11 @@ from automl.tpe import TPE
 __all__ = [
     "ACTIVE",
     "ASHA",
+    "BOHB",
     "FAILED",
     "PERSON",
     "PROCEDURE",
+    "PB2",
     "PBT",
     "STATUSES",
     "STOPPED",

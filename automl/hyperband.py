@@ -115,21 +115,27 @@ class HyperBand(Procedure):
         check_states(states, self._issued)
         stop: list[int] = []
         pruned: list[int] = []
-        for b, bracket in enumerate(self.brackets):
-            alive = [i for i in self._members[b] if states[i].status == ACTIVE and states[i].owner == PROCEDURE]
-            i = self._rung[b]
-            if i >= len(bracket.rungs) or not alive:
-                continue
-            r = bracket.rungs[i].r
-            if any(states[c].epochs < r for c in alive):
-                continue  # the rung is not complete yet (all alive configs of a bracket move in lockstep)
-            if i == len(bracket.rungs) - 1:
-                stop.extend(alive)
-            else:
-                ranked = self.rank([states[c] for c in self._members[b]], epochs=r)
-                keep = set([c for c in ranked if c in alive][: bracket.rungs[i + 1].n])
-                stop.extend(c for c in alive if c not in keep)
-                pruned.extend(c for c in alive if c not in keep)
-                self._members[b] = sorted(keep)
-            self._rung[b] = i + 1
+        for b in range(len(self._members)):
+            self._advance(b, states, stop, pruned)
         return Decision(stop=sorted(stop), pruned=sorted(pruned))
+
+    def _advance(self, b: int, states: list[ConfigState], stop: list[int], pruned: list[int]) -> None:
+        """Successive halving in bracket `b`: once its alive configs reach their rung, keep the best for the next
+        rung (appending the others to `stop` and `pruned`), or stop them all at the last rung."""
+        bracket = self.brackets[b]
+        alive = [i for i in self._members[b] if states[i].status == ACTIVE and states[i].owner == PROCEDURE]
+        i = self._rung[b]
+        if i >= len(bracket.rungs) or not alive:
+            return
+        r = bracket.rungs[i].r
+        if any(states[c].epochs < r for c in alive):
+            return  # the rung is not complete yet (all alive configs of a bracket move in lockstep)
+        if i == len(bracket.rungs) - 1:
+            stop.extend(alive)
+        else:
+            ranked = self.rank([states[c] for c in self._members[b]], epochs=r)
+            keep = set([c for c in ranked if c in alive][: bracket.rungs[i + 1].n])
+            stop.extend(c for c in alive if c not in keep)
+            pruned.extend(c for c in alive if c not in keep)
+            self._members[b] = sorted(keep)
+        self._rung[b] = i + 1

@@ -11,7 +11,7 @@ import numpy as np
 
 from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, Procedure, check_states
 from automl._checks import check_int, check_seed
-from automl.space import Categorical, Constant, Normal, RandInt, SampleFrom, SearchSpace, Uniform
+from automl.space import Categorical, Constant, Domain, Normal, RandInt, SampleFrom, SearchSpace, Uniform
 
 
 def perturb(space: SearchSpace, config: dict[str, Any], rng: np.random.Generator, resample_probability: float) -> dict:
@@ -170,12 +170,29 @@ class PBT(Procedure):
         """Every lineage trains `epochs` epochs (a clone continues its donor's count)."""
         return self.population * self.epochs
 
+    def _extra_domains(self) -> dict[str, Domain]:
+        """Explored hyper-parameters that may be missing from `space` (the first population draws them): the
+        mutations' domains."""
+        return {} if self.mutations is None else dict(self.mutations.domains)
+
+    def _observe(self, states: list[ConfigState], alive: list[ConfigState], bottom: list[int], t: int) -> None:
+        """Called at every perturbation, before the clones' configs are chosen: `alive` are the members training,
+        `bottom` the ids about to be replaced, `t` the lineage epochs. PBT learns nothing (PB2 fits its model)."""
+
+    def _explore(self, donor: ConfigState) -> dict[str, Any]:
+        """The config of a clone of `donor` (PBT's explore step: `perturb`, or `mutate` with
+        `hyperparam_mutations`), drawn from the procedure's generator."""
+        if self.mutations is None:
+            return perturb(self.space, donor.config, self._rng, self.resample_probability)
+        return mutate(self.mutations, donor.config, self._rng, self.resample_probability, self.perturbation_factors)
+
     def step(self, states: list[ConfigState]) -> Decision:
         if self._issued == 0:
             add = [self.space.sample(self._rng) for _ in range(self.population)]
-            if self.mutations is not None:  # a mutated key the space leaves out starts from its mutation's domain
+            extra = self._extra_domains()
+            if extra:  # an explored key the space leaves out starts from a draw of its domain
                 for config in add:
-                    for name, domain in self.mutations.domains.items():
+                    for name, domain in extra.items():
                         if name not in config:
                             config[name] = domain.sample(self._rng)
             self.members = list(range(self.population))
@@ -196,13 +213,11 @@ class PBT(Procedure):
         donors = ranked[: max(n_q, 1)]
         bottom = ranked[::-1][:n_q]  # worst first
         failed = [m for m in self.members if states[m].status != ACTIVE or states[m].owner != PROCEDURE]
+        self._observe(states, alive, bottom, t)
         clone = []
         for j, victim in enumerate(bottom + failed):
             donor = donors[j % len(donors)]
-            config = states[donor].config
-            clone.append((donor, perturb(self.space, config, self._rng, self.resample_probability)
-                          if self.mutations is None else
-                          mutate(self.mutations, config, self._rng, self.resample_probability, self.perturbation_factors)))
+            clone.append((donor, self._explore(states[donor])))
             new_id = len(states) + j
             self._issued += 1
             self.offsets[new_id] = self.progress(states[donor])

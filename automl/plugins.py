@@ -8,8 +8,8 @@
        [project.entry-points."modelhopper.procedures"]
        mysearch = "my_pkg.search:MySearch"
 
-The built-in procedures (grid, random, hyperband, asha, tpe, optuna, pbt) are always available by short name, even when
-this package is not installed (its own entry points then are not visible).
+The built-in procedures (grid, random, hyperband, asha, tpe, optuna, pbt, pb2, bohb) are always available by short
+name, even when this package is not installed (its own entry points then are not visible).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ BUILTINS = {
     "tpe": "automl.tpe:TPE",
     "optuna": "automl.optuna_search:OptunaSearch",
     "pbt": "automl.pbt:PBT",
+    "pb2": "automl.pb2:PB2",
+    "bohb": "automl.bohb:BOHB",
 }
 
 

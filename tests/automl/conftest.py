@@ -42,6 +42,8 @@ PROCEDURES = {
     "asha": (lambda seed: automl.ASHA(SPACE, max_epochs=9, eta=3, max_configs=12, seed=seed), SPACE),
     "tpe": (lambda seed: automl.TPE(SPACE, num_samples=8, epochs=2, concurrency=3, seed=seed), SPACE),
     "pbt": (lambda seed: automl.PBT(SPACE, population=6, epochs=6, perturbation_interval=2, seed=seed), SPACE),
+    "pb2": (lambda seed: automl.PB2(SPACE, population=6, epochs=6, perturbation_interval=2, seed=seed), SPACE),
+    "bohb": (lambda seed: automl.BOHB(SPACE, max_epochs=9, eta=3, iterations=2, concurrency=3, seed=seed), SPACE),
 }
 
 
