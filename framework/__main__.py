@@ -383,7 +383,7 @@ def _resume(args: argparse.Namespace) -> int:
         ("scheduler", args.scheduler), ("queue_depth", args.queue_depth), ("checkpoint", args.checkpoint),
         ("unit_timeout_s", args.unit_timeout_s), ("max_unit_retries", args.max_unit_retries),
         ("max_worker_restarts", args.max_worker_restarts), ("worker_resources", args.worker_resources),
-        ("pack", args.pack),
+        ("pack", args.pack), ("time_budget_s", args.time_budget_s),
     ) if v is not None}
     functions = {n: getattr(args, n) for n in FUNCTIONS if getattr(args, n) is not None}
     result = resume_run(args.run, trust_unverified=args.trust_unverified, functions=functions,
@@ -736,6 +736,9 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                           "workers (None: the run's)")
     res.add_argument("--pack", type=_pack, default=None,
                      help="configs a worker trains at once as one fused model: 1..16 or auto (None: the run's)")
+    res.add_argument("--time-budget-s", type=_any_seconds, default=None,
+                     help="the run's time budget in seconds, summed over its sessions: larger than what it has spent "
+                          "to continue a run that spent its budget (None: the run's)")
     res.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     res.set_defaults(func=_resume)
     da = sub.add_parser("dashboard", help="serve a live web dashboard of a run (framework.dashboard) until Ctrl-C",

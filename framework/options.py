@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from framework.stoppers import make_stopper, stopper_from_spec, stopper_spec
+
 EXECUTORS = ("mop", "task_parallel", "sequential")
 MODES = ("min", "max")
 #: `checkpoint=` policies besides a number of seconds
@@ -25,14 +27,14 @@ RAY_RESOURCES = ("CPU", "GPU")
 RECORDED = (
     "seed", "metric", "mode", "scheduler", "executor", "num_workers", "worker_resources", "unit_timeout_s",
     "max_unit_retries", "max_worker_restarts", "max_workers", "freezing", "deterministic", "queue_depth",
-    "checkpoint", "data_on_device", "pack",
+    "checkpoint", "data_on_device", "pack", "stop", "time_budget_s",
 )
 #: the user functions a run records by name (`meta["functions"]`), in `ModelSelection.resume`'s order
 FUNCTIONS = ("model_fn", "train_fn", "eval_fn", "input_fn", "step_fn", "eval_step")
 #: the recorded options a resumed run may change (`from_meta(meta, **overrides)`); the rest define the run
 RESUMABLE = frozenset({
     "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "queue_depth", "checkpoint",
-    "worker_resources", "pack",
+    "worker_resources", "pack", "stop", "time_budget_s",
 })
 #: the `queue_depth` of simulations, offline runs and replays (not `RunOptions.queue_depth`, the engine's): Cerebro's
 #: model, a worker gets its next unit only when it has finished the last, which the simulators' recorded schedules and
@@ -122,6 +124,15 @@ class RunOptions:
         pack: configs a worker trains at once as one fused model (`framework.engine.packs`): 1 (default) one at a
             time; k (2-16) packs of up to k configs of one architecture and batch size; `"auto"` sized per
             architecture by measuring the run's own units (`framework.scheduling.packing`). Needs a `step_fn`.
+        stop: when a config, or the run, stops early (Ray Tune's `stop`): a `framework.stoppers.Stopper`, a dict of
+            thresholds (`{"epochs": 10, "valid_acc": 0.98}`), a function `fn(config_id, result) -> bool` or a list of
+            these; held as one `Stopper` (`framework.stoppers.make_stopper`), None: none. A config a stopper stops
+            ends with the outcome "stopped" and its reason logged (a `config_stopped` event).
+        time_budget_s: the run's time budget: seconds of its driver loop (on the backend's clock), summed over the
+            sessions of the run that ran under a budget (a `TimeoutStopper` in `stop` sets one too; the smaller
+            counts). When it is spent nothing new starts, the units in flight finish, every config's latest state is
+            written, and the run ends, not finished (`time_budget_spent` event): resume it with a larger budget
+            (`framework.driver.stopping`). None: no budget.
         storage_path: the run's local directory, handed to the procedure's `bind` (`ModelSelection` sets it).
         holder_wait_s: how long units of a partition nobody holds wait for a worker before the run stops.
         barrier: keep the epoch barrier (None: as the procedure's `synchronous` says).
@@ -147,6 +158,8 @@ class RunOptions:
     checkpoint: str | float = "epoch"
     data_on_device: bool | None = None
     pack: int | str = 1
+    stop: Any = None  # a framework.stoppers.Stopper once validated
+    time_budget_s: float | None = None
     # the driver's own knobs (not recorded: a run directory, or what a simulation or replay needs)
     storage_path: str | None = None
     holder_wait_s: float = 300.0
@@ -213,6 +226,10 @@ class RunOptions:
         if not (c in CHECKPOINT_POLICIES or (_is_number(c) and c > 0)):
             raise ValueError(f"`checkpoint` is {c!r}, but must be one of {list(CHECKPOINT_POLICIES)} or a "
                              "number of seconds > 0")
+        object.__setattr__(self, "stop", make_stopper(self.stop, self.metric, self.mode))
+        b = self.time_budget_s
+        if b is not None and not (_is_number(b) and 0 < b < math.inf):
+            raise ValueError(f"`time_budget_s` is {b!r}, but must be a finite number of seconds > 0 or None")
         if not (_is_number(self.holder_wait_s) and self.holder_wait_s > 0):
             raise ValueError(f"`holder_wait_s` is {self.holder_wait_s!r}, but must be a number of seconds > 0")
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
@@ -262,7 +279,7 @@ class RunOptions:
         """The recorded options as the catalog stores them (JSON-able; the scheduler as its name)."""
         meta = {k: getattr(self, k) for k in RECORDED}
         meta.update(scheduler=self.scheduler_name, worker_resources=dict(self.worker_resources),
-                    freezing=dict(self.freezing) if self.freezing is not None else None)
+                    freezing=dict(self.freezing) if self.freezing is not None else None, stop=stopper_spec(self.stop))
         return meta
 
     @classmethod
@@ -281,4 +298,6 @@ class RunOptions:
                 raise ValueError(f"the run used the scheduler instance {recorded['scheduler']!r}, which resume() "
                                  "cannot rebuild; pass `scheduler=` (the same instance or a name from "
                                  "framework.scheduling.SCHEDULERS)")
+        if "stop" not in overrides and recorded.get("stop") is not None:
+            recorded["stop"] = stopper_from_spec(recorded["stop"])
         return cls(**{**recorded, **overrides})

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from framework import stoppers
 from framework.engine.catalog import (  # noqa: F401 - CATALOG_FILE, CHECKPOINT_DIR, OUTCOMES: callers import them here
     CATALOG_FILE,
     CHECKPOINT_DIR,
@@ -113,7 +114,7 @@ class Result:
     Attributes:
         storage_path: the run's directory.
         metrics: long DataFrame, one row per (config_id, epoch): `train_*` and `valid_*` metric columns, then one
-            `config/<name>` column per hyper-parameter.
+            `config/<name>` column per hyper-parameter (a nested config's flattened: `config/optim/lr`).
         schedule: one row per executed unit: config_id, epoch, partition, worker, kind (train/eval), start, end
             (seconds since the run started), plus round, num_examples, state_bytes.
         configs: id -> config dict.
@@ -157,6 +158,18 @@ class Result:
     def verified(self) -> bool:
         """Whether every row of the run's catalog verified under this machine's key (see `unverified`)."""
         return not self.unverified
+
+    @property
+    def ended_by(self) -> str | None:
+        """Why the run's last session ended before the run finished: its time budget was spent (e.g.
+        `"time_budget_s=60"`; resume it with a larger one), else None (`framework.stoppers.ended_by`)."""
+        return stoppers.ended_by(list(zip(self.events.kind, self.events.detail)))
+
+    @property
+    def stop_reasons(self) -> pd.DataFrame:
+        """config_id, epochs, reason of every config the run's stopper stopped (config_id None: a run-wide stop)."""
+        rows = stoppers.stop_reasons(list(zip(self.events.kind, self.events.detail)))
+        return pd.DataFrame(rows, columns=["config_id", "epochs", "reason"])
 
     def _read(self, catalog: SQLiteCatalog) -> None:
         meta = self.meta = catalog.meta()
@@ -212,11 +225,13 @@ class Result:
         self.close()
 
     def _with_config_columns(self, metrics: pd.DataFrame) -> pd.DataFrame:
-        """`metrics` with one `config/<name>` column per hyper-parameter (as Ray Tune's `get_dataframe`)."""
-        names = sorted({k for c in self.configs.values() for k in c})
+        """`metrics` with one `config/<name>` column per hyper-parameter (as Ray Tune's `get_dataframe`); a nested
+        config's are flattened, `config/optim/lr`."""
+        flat = {cid: _flat_config(c) for cid, c in self.configs.items()}
+        names = sorted({k for c in flat.values() for k in c})
         if metrics.empty:
             return metrics.reindex(columns=[*metrics.columns, *(f"config/{k}" for k in names)])
-        cols = {f"config/{k}": metrics.config_id.map(lambda cid, k=k: _cell(self.configs[cid].get(k))) for k in names}
+        cols = {f"config/{k}": metrics.config_id.map(lambda cid, k=k: _cell(flat[cid].get(k))) for k in names}
         return pd.concat([metrics, pd.DataFrame(cols, index=metrics.index)], axis=1)
 
     # ---- ranking ------------------------------------------------------------------------------------------------
@@ -526,6 +541,18 @@ def _replacing(folder: str, name: str) -> Iterator[tuple[str, str]]:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's hyper-parameters by column name: a nested dict's joined with '/' (Ray Tune's `flatten_dict`, the
+    names a nested space gives them); an empty dict stays one value."""
+    flat: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict) and v:
+            flat.update(_flat_config(v, f"{prefix}{k}/"))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
 
 
 def _cell(v: Any) -> Any:

@@ -1,10 +1,9 @@
 """`ModelSelection`: what a user calls. It validates the arguments, records the run, and wires the driver.
 
-The work itself is done by the driver loop (`framework.driver`) over a `RayBackend` (`framework.engine`): workers
-hold partitions, units hop between them, the procedure decides at every barrier (or at every epoch end when it
-needs no barrier), and every decision is committed to the run directory (the point a resume restarts from).
-Failures (Cerebro 5.6) are the driver's event handlers. The run's options (their defaults, their validation) are
-`framework.options.RunOptions`; what a run records and resume reads is `framework.run_record`.
+The work is the driver loop's (`framework.driver`) over a `RayBackend` (`framework.engine`): workers hold partitions,
+units hop between them, the procedure decides at every barrier (or epoch end without one), and every decision is
+committed to the run directory (where a resume restarts). Failures (Cerebro 5.6) are the driver's handlers. The run's
+options are `framework.options.RunOptions`; what a run records and resume reads is `framework.run_record`.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from framework.arguments import (
 )
 from framework.callbacks import Callback, RunInfo
 from framework.data import PartitionedDataset
-from framework.driver import Driver, SQLiteRunLog
+from framework.driver import Driver, SQLiteRunLog, stopping
 from framework.driver.commands import QueueCommands, Sources
 from framework.driver.observers import ProgressBar, RunClock, StorageMirror, print_summary
 from framework.engine.catalog import SQLiteCatalog
@@ -103,13 +102,14 @@ class ModelSelection:
         checkpoint: when config states reach the disk: `"epoch"` (default), `"unit"`, every N seconds, or `"off"`.
         data_on_device: where a GPU worker keeps its partitions (None: on the GPU when they fit).
         pack: configs of one architecture a worker trains at once as one fused model (1, k <= 16, or "auto").
+        stop, time_budget_s: stoppers as Ray Tune's (`framework.stoppers`); the run's seconds (resumable with more).
     """
 
     def __init__(
         self, model_fn: Callable, train_fn: Callable | None = None, eval_fn: Callable | None = None,
         dataset: PartitionedDataset | None = None, procedure: Procedure | str | None = None, input_fn: Callable | None = None, num_workers: int | None = _D.num_workers,
         worker_resources: Mapping[str, float] | None = None, scheduler: str | Scheduler = _D.scheduler,
-        executor: str = _D.executor, seed: int = _D.seed, storage_path: str | None = None,
+        executor: str = _D.executor, seed: int = _D.seed, storage_path: str | None = None, stop: Any = _D.stop,
         metric: str = _D.metric, mode: str = _D.mode, progress: bool = True,
         unit_timeout_s: float | None = _D.unit_timeout_s, max_unit_retries: int = _D.max_unit_retries,
         max_worker_restarts: int = _D.max_worker_restarts, freezing: Mapping[str, Any] | None = _D.freezing,
@@ -119,6 +119,7 @@ class ModelSelection:
         callbacks: list[Callback] | None = None, name: str | None = None,
         procedure_args: Mapping[str, Any] | None = None, dashboard: bool | Mapping[str, Any] = False,
         step_fn: Callable | None = None, eval_step: Callable | None = None, pack: int | str = _D.pack,
+        time_budget_s: float | None = _D.time_budget_s,
     ) -> None:
         check_user_code(model_fn, train_fn, eval_fn, input_fn, extract, step_fn, eval_step, pack)
         check_dataset(dataset)
@@ -127,7 +128,7 @@ class ModelSelection:
             worker_resources=worker_resources, unit_timeout_s=unit_timeout_s, max_unit_retries=max_unit_retries,
             max_worker_restarts=max_worker_restarts, max_workers=max_workers, freezing=freezing,
             deterministic=deterministic, queue_depth=queue_depth, checkpoint=checkpoint,
-            data_on_device=data_on_device, pack=pack, check_metric=True,
+            data_on_device=data_on_device, pack=pack, check_metric=True, stop=stop, time_budget_s=time_budget_s,
         ).resolve_workers(dataset.num_partitions).for_live_run()
         n = options.num_workers
         self.placement = dataset.placement(n) if executor == "mop" else {0: list(range(n))}
@@ -135,8 +136,7 @@ class ModelSelection:
         self.step_fn, self.eval_step = step_fn, eval_step
         self.dataset, self.extract, self.progress = dataset, extract, progress
         self.procedure = resolve_procedure(procedure, procedure_args)
-        self.faults = check_faults(faults)
-        self.callbacks = check_callbacks(callbacks, dashboard)
+        self.faults, self.callbacks = check_faults(faults), check_callbacks(callbacks, dashboard)
         self.storage = new_run_storage(storage_path, name, self.procedure)
         self.options: RunOptions = options.replace(storage_path=self.storage.local)
         self._driver: Driver | None = None
@@ -168,12 +168,12 @@ class ModelSelection:
         catalog must verify under this machine's key, else resume raises `UnverifiedRunError` naming what failed,
         unless `trust_unverified=True` (it warns; nothing unverified is re-signed or unpickled)."""
         run = load_run(storage_path, procedure, extract, trust_unverified, overrides)
+        stopping.check_budget_left(run.storage.local, run.options.time_budget_s, run.options.stop)  # before any work
         self = cls(model_fn, train_fn, eval_fn, run.dataset, run.procedure, input_fn=input_fn, extract=extract,
                    progress=progress, faults=faults, callbacks=callbacks, step_fn=step_fn, eval_step=eval_step,
                    **{k: getattr(run.options, k) for k in RECORDED})
-        self.storage, self._resuming = run.storage, True
-        self.options = self.options.replace(storage_path=run.storage.local)
-        self._trust_unverified, self._partial_removed = trust_unverified, 0
+        self.storage, self._resuming, self._trust_unverified = run.storage, True, trust_unverified
+        self.options, self._partial_removed = self.options.replace(storage_path=run.storage.local), 0
         return self
 
     def run(self) -> Result:

@@ -53,6 +53,9 @@ class RunState:
     _cpu_mark: float = field(default_factory=time.process_time)
     cpu_units: list[int] = field(default_factory=list)  # epochs of the units done since the last mark
     metric_seen: bool = False  # a report of the metric's kind (train or eval) held the metric
+    # the run's stopper and time budget (`framework.driver.stopping.RunStopping`; None: a driver built without them)
+    stop_rules: Any = None
+    ending: str | None = None  # why this session ends before the run does (its time budget is spent); None: it runs
     # the one observer channel: progress bar, leaderboard, trackers, the mirror, the fault plan's observer (what
     # one of them raises is logged as the run's event)
     observers: CallbackList = field(init=False)
@@ -139,6 +142,11 @@ class RunState:
     def told_workers(self, n: int) -> None:
         """The procedure was told that `n` workers live (at `bind`, then at each change)."""
         self.live_workers = n
+
+    def end_session(self, reason: str) -> None:
+        """The session ends before the run does (`reason`: its time budget is spent): nothing new is dispatched,
+        what is in flight finishes, then the loop returns."""
+        self.ending = reason
 
     def metric_found(self) -> None:
         """A report of the metric's kind held the metric: the check is done."""

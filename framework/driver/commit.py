@@ -14,7 +14,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from automl import ACTIVE, FAILED
+from automl import ACTIVE, FAILED, Decision
+from framework.driver import stopping
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
 from framework.driver.control import grow_into_free_resources
@@ -100,8 +101,10 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     units the caller opens besides those that ended: the new ones, then those it resumed."""
     run.run_deferred()  # every unit of the epochs that ended is logged (and its checkpoint queued) first
     t0 = time.perf_counter()
+    was_stopped = stopping.run_stopped(run)
+    stopped = stopping.stop_ended(run, ended)  # the run's stopper first: the procedure sees what it stopped
     run.procedure_asked()
-    decision = run.procedure.step(run.configs.views())
+    decision = Decision() if stopping.run_stopped(run) else run.procedure.step(run.configs.views())
     new = run.configs.apply(decision, type(run.procedure).__name__)
     ended_ids = {c.id for c in ended}  # (one of those the decision resumes opens with them)
     resumed = [run.configs[cid] for cid in dict.fromkeys(decision.resume) if cid not in ended_ids]
@@ -134,6 +137,7 @@ def decide(run: RunState, ended: list[ConfigRecord]) -> list[ConfigRecord]:
     t3 = time.perf_counter()
     run.event("round_committed", round=run.round, decide_s=round(t1 - t0, 6), flush_s=round(t2 - t1, 6),
               commit_s=round(t3 - t2, 6))
+    stopping.log_stops(run, stopped, first=stopping.run_stopped(run) and not was_stopped)
     # what the observers see is committed: a resume never shows them an epoch twice
     for c in ended:
         run.observers.call("on_epoch_end", c.id, len(c.history) - 1, dict(c.history[-1]), dict(c.config))
@@ -271,5 +275,6 @@ def restore(run: RunState, catalog) -> list[Unit]:
         lost_seqs += lost
         todo += run_units
     run.log.mark_seqs(lost_seqs, "lost")
+    stopping.restore(run, catalog, history)
     run.event("resume_plan", round=run.round, rerun=len(todo), lost_units=len(lost_seqs))
     return todo

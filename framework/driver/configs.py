@@ -27,7 +27,8 @@ from automl import ACTIVE, FAILED, PERSON, PROCEDURE, STOPPED, ConfigState, Deci
 from framework.scheduling import TRAIN, Unit
 from framework.scheduling.units import UnitReport, epoch_metrics
 
-#: the `outcome` of a config a person stopped (a procedure's stops say "completed" or "pruned")
+#: the `outcome` of a config a person stopped (a procedure's stops say "completed" or "pruned"; the run's stopper's say
+#: "stopped" too: `framework.driver.stopping`)
 BY_PERSON = "stopped"
 
 
@@ -47,7 +48,8 @@ class ConfigRecord:
     failures: int = 0  # failures of user code so far
     open: int = 0  # units of the current epoch not completed yet (0: between epochs)
     stopping: bool = False  # the procedure stopped it while an epoch was open: it stops when that epoch ends
-    outcome: str | None = None  # why it stopped: "completed" (its budget) or "pruned" (its results); None: active
+    outcome: str | None = None  # why it stopped: "completed" (its budget), "pruned" (its results) or "stopped" (a
+    # person or the run's stopper); None: active
     reports: list[UnitReport] = field(default_factory=list)  # the current epoch's completed units
     # (units, backend time) of its last checkpoint queued; the time starts at its first training unit
     checkpointed: tuple[int, float | None] = (-1, None)
@@ -104,8 +106,8 @@ class ConfigRecord:
             self.status, self.outcome = STOPPED, "completed"
 
     def stop(self, outcome: str) -> None:
-        """The procedure stops it (`outcome`: "completed" or "pruned"): at once between epochs, else when its open
-        epoch ends (an epoch is never cut short)."""
+        """The procedure stops it (`outcome`: "completed" or "pruned"), or the run's stopper ("stopped"): at once
+        between epochs, else when its open epoch ends (an epoch is never cut short)."""
         self.outcome = outcome
         if self.open:
             self.stopping = True

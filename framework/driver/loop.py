@@ -24,7 +24,7 @@ from typing import Any
 
 from automl import ACTIVE, FAILED, Procedure
 from framework.callbacks import Callback
-from framework.driver import commands, commit, control, recovery, units
+from framework.driver import commands, commit, control, recovery, stopping, units
 from framework.driver._state import RunState
 from framework.driver.commands import CommandSource, QueueCommands
 from framework.driver.dispatch import Dispatcher
@@ -121,6 +121,7 @@ class Driver:
             dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth, self._packer(options, pack_key)),
             round=-1,
             synchronous=synchronous,
+            stop_rules=stopping.RunStopping(options.stop, options.time_budget_s),
         )
         if faults.on_event is not None:
             run.observers.add(_PlanObserver(faults), propagate=True)
@@ -193,30 +194,33 @@ class Driver:
             self.start(resume_from)
         stop_at = None if max_commits is None else run.round + max_commits
         run.start_cpu_clock()
+        run.stop_rules.start(run.backend.now())
         while True:
             if commit.settle(run):
                 freeze()
             if run.dispatch.idle and not run.dispatch.flights and not run.ended:
                 if run.stops_untold and not run.synchronous and commit.refill(run):
                     continue  # the procedure started configs where a person's stops had left none
-                run.run_deferred()
-                run.account_cpu()
-                self.commands.close()
-                commit.check_complete(run)
-                return True  # nothing open: every config has stopped or failed (an active config always has units)
+                return self._end()  # nothing open: every config has stopped or failed (an active one has units)
             if stop_at is not None and run.round >= stop_at:
                 run.run_deferred()
                 run.account_cpu()
                 return False
             for command in self.commands.poll():  # commands act before the next dispatch
                 commands.apply(run, command)
-            for a in run.dispatch.select() if not run.paused else []:
+            stopping.check_budget(run)
+            if run.ending is not None and not run.dispatch.flights and not run.workers.loading:
+                stopping.checkpoint_latest(run)  # the time budget is spent and what was in flight has finished
+                return self._end()
+            for a in run.dispatch.select() if not (run.paused or run.ending) else []:
                 units.submit(run, a)
             run.run_deferred()  # log and checkpoint the last completions once their successors are on their way
             if not run.dispatch.flights and not run.workers.loading:
                 if run.paused:  # every running unit has finished: wait for `unpause` (or a worker's news)
                     for ev in run.backend.poll(COMMAND_WAIT_S):
                         HANDLERS[type(ev)](run, ev)
+                    continue
+                if run.dispatch.idle:  # a command stopped what was left to run: the loop's top decides or ends
                     continue
                 self._wait_for_holders()
                 continue
@@ -234,6 +238,16 @@ class Driver:
             for ev in events:
                 HANDLERS[type(ev)](run, ev)
             run.account_cpu(at_least=64)
+
+    def _end(self) -> bool:
+        """The session ends: the run finished, or its time budget is spent (`RunState.ending`)."""
+        run = self.run_state
+        run.run_deferred()
+        run.account_cpu()
+        self.commands.close()
+        commit.check_complete(run)
+        stopping.session_ended(run)
+        return True
 
     def _wait_for_holders(self) -> None:
         """Nothing runs and nothing loads, yet units wait: their partitions have no live holder."""

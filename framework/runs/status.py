@@ -16,6 +16,8 @@ and the run is
   or when it ran on this host and its pid is gone (or belongs to a process that started after the driver did: the
   pid was reused);
 - `running` when it ran on this host and its pid is alive;
+- `budget_spent` when it would be `crashed`, but its last session ended because its time budget was spent
+  (`framework.stoppers.ended_by`): it ended cleanly, and resumes with a larger budget;
 - `running?` when the driver cannot be checked from here (another host, or a run from before drivers were recorded,
   or a replay) and the run changed within the last `RECENT_S` seconds, `unknown` when it has not.
 
@@ -49,6 +51,7 @@ from framework.engine.catalog import (
     readonly_uri,
 )
 from framework.engine.storage import check_utf8, is_uri, not_utf8
+from framework.stoppers import ended_by
 
 if TYPE_CHECKING:  # pandas (with `Result`) is imported where a run is read into DataFrames: `run_status` of a run that
     import pandas as pd  # verifies reads its rows as they are, so `modelhopper list` and `status` start without it
@@ -59,7 +62,7 @@ __all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "driver_of", "open_
            "run_status", "wait_for_run"]
 
 
-STATUSES = ("finished", "running", "crashed", "running?", "unknown", "unreadable")
+STATUSES = ("finished", "running", "crashed", "running?", "unknown", "unreadable", "budget_spent")
 
 
 #: a run whose driver cannot be checked counts as maybe running (`running?`) while it changed this recently (seconds)
@@ -247,6 +250,8 @@ def _status_dict(r: _Reading, now: float) -> dict[str, Any]:
     status = classify(finished, driver, float(end_time) if end_time is not None else None,
                       r.last_activity, host=socket.gethostname(), alive=pid_alive, now=now,
                       locked=locked)
+    if status == "crashed" and ended_by([(kind, detail) for _, kind, detail in r.events]) is not None:
+        status = "budget_spent"
     counts = Counter(r.statuses)
     order = [*OUTCOMES, *sorted(set(counts) - set(OUTCOMES))]
     kinds = Counter(kind for _, kind, _ in r.events)

@@ -1,0 +1,184 @@
+"""Stoppers and the time budget on the driver loop (`RunOptions.stop`, `RunOptions.time_budget_s`).
+
+At every decision (`commit.decide`), before the procedure is asked, the run's stopper (`framework.stoppers`) sees
+each config whose epoch ended, in id order: a config it stops is STOPPED with the outcome "stopped" (an epoch is
+never cut short: it stops at the epoch end it was shown). Then its `stop_all` may end the run: every active config
+stops the same way (those in the middle of an epoch when that epoch ends) and the procedure is not asked again, so
+the run finishes. The stops commit with the decision; their reasons are logged right after it (`config_stopped`,
+`run_stopped` events).
+
+The time budget counts the seconds the driver loop runs on the backend's clock (a simulation's simulated seconds),
+summed over the run and its resumes: each session that ran under a budget logs its seconds (a `time_spent` event)
+when it ends, and a resume starts from the total. When the budget is spent, nothing new is dispatched, the units in
+flight finish (and count: their rows are logged and their configs absorb them), the decisions they complete are
+committed, every active config's latest state is checkpointed, and the loop returns: the run has ended by its budget
+(a `time_budget_spent` event) but not finished, and resumes with a larger budget where it stopped. A budget spent
+before the run's first decision ends the session once that decision is committed (the procedure's state is saved
+with it: without one a resume would need the procedure passed again).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+from automl import ACTIVE, ConfigState
+from framework.driver._state import RunState
+from framework.driver.configs import ConfigRecord
+from framework.stoppers import Stopper, event_detail
+
+#: the outcome of a config a stopper stopped (the same word as a person's stop: it stopped before its procedure said)
+BY_STOPPER = "stopped"
+
+
+class RunStopping:
+    """The run's stopper (a private copy: its state is this run's) and its time budget, on one clock."""
+
+    def __init__(self, stopper: Stopper | None, time_budget_s: float | None) -> None:
+        self.stopper = copy.deepcopy(stopper)
+        budgets = [b for b in (time_budget_s, stopper.timeout_s if stopper is not None else None) if b is not None]
+        self.budget_s: float | None = min(budgets) if budgets else None
+        self.by = ("time_budget_s" if self.budget_s == time_budget_s else "TimeoutStopper") if budgets else None
+        self.spent_before = 0.0  # seconds earlier sessions of the run spent
+        self.started: float | None = None  # when this session's loop started (the backend's clock)
+        self.stopped_all: str | None = None  # why `stop_all` ended the run
+
+    def start(self, now: float) -> None:
+        """This session's loop starts at `now`."""
+        if self.started is None:
+            self.started = now
+
+    def spent(self, now: float) -> float:
+        """Seconds of the budget spent by `now`: earlier sessions' and this one's."""
+        return self.spent_before + (now - self.started if self.started is not None else 0.0)
+
+    def over_budget(self, now: float) -> bool:
+        return self.budget_s is not None and self.spent(now) >= self.budget_s
+
+    def resume_from(self, spent: float) -> None:
+        """A resumed run's earlier sessions spent `spent` seconds."""
+        self.spent_before = spent
+
+    def end_run(self, reason: str) -> None:
+        self.stopped_all = reason
+
+
+def stop_ended(run: RunState, ended: list[ConfigRecord]) -> list[tuple[ConfigRecord, str]]:
+    """Show the stopper the configs whose epoch ended (in id order), then ask whether the run ends; stop what it
+    says. Returns the configs stopped, with their reasons (the caller logs them once the decision committed)."""
+    stopping = run.stop_rules
+    if stopping is None or stopping.stopper is None:
+        return []
+    stopper, stopped = stopping.stopper, []
+    for c in sorted(ended, key=lambda c: c.id):  # every committed epoch is shown (a resume shows them all again)
+        reason = stopper.on_epoch(c.view())
+        if reason and c.status == ACTIVE:  # (one that stops at this epoch end already, e.g. a person's stop, stays so)
+            c.stop(BY_STOPPER)
+            stopped.append((c, f"{type(stopper).__name__}: {reason}"))
+    if stopping.stopped_all is None:
+        reason = stopper.stop_all()
+        if reason:
+            stopping.end_run(f"{type(stopper).__name__}: {reason}")
+    if stopping.stopped_all is not None:
+        for c in run.configs.active():
+            c.stop(BY_STOPPER)
+    return stopped
+
+
+def run_stopped(run: RunState) -> bool:
+    """Whether a stopper ended the run (the procedure is not asked again)."""
+    return run.stop_rules is not None and run.stop_rules.stopped_all is not None
+
+
+def log_stops(run: RunState, stopped: list[tuple[ConfigRecord, str]], first: bool) -> None:
+    """The reasons of the stops a decision committed (`first`: the run-wide stop happened at this decision)."""
+    for c, reason in stopped:
+        run.event("config_stopped", config_id=c.id, epochs=len(c.history), reason=reason)
+        run.write(f"config {c.id} stopped after {len(c.history)} epochs: {reason}")
+    if first:
+        reason = run.stop_rules.stopped_all
+        run.event("run_stopped", reason=reason)
+        run.write(f"the run stops: {reason}")
+
+
+def check_budget(run: RunState) -> None:
+    """Once the time budget is spent: the session ends (nothing new is dispatched; see the module docstring)."""
+    stopping = run.stop_rules
+    if stopping is None or stopping.budget_s is None or run.ending is not None:
+        return
+    if run.round == 0:  # the first decision commits first: a run that committed none could not resume by itself
+        return
+    now = run.backend.now()
+    if stopping.over_budget(now):
+        spent = stopping.spent(now)
+        run.end_session(f"{stopping.by}={stopping.budget_s:g}")
+        run.event("time_budget_spent", budget_s=stopping.budget_s, by=stopping.by, spent_s=round(spent, 3),
+                  running=len(run.dispatch.flights))
+        run.write(f"the time budget ({stopping.by}={stopping.budget_s:g} s) is spent: {len(run.dispatch.flights)} "
+                  "unit(s) in flight finish, nothing new starts; resume the run with a larger budget to go on")
+
+
+def checkpoint_latest(run: RunState) -> None:
+    """Every active config's latest state reaches the disk (also in the middle of an epoch: a resume keeps the units
+    it holds), after the log rows of the units it absorbed."""
+    run.run_deferred()
+    for c in run.configs.active():
+        if c.state is not None and c.checkpointed[0] != c.units:
+            epoch = max((e for e, parts in c.visited.items() if parts), default=0)  # the epoch of its latest unit
+            run.checkpoint(c, epoch, c.units, c.state, None)
+
+
+def session_ended(run: RunState) -> None:
+    """The loop returns: a run under a budget logs the seconds spent so far (what a resume counts from)."""
+    stopping = run.stop_rules
+    if stopping is None or stopping.budget_s is None or stopping.started is None:
+        return
+    now = run.backend.now()
+    run.event("time_spent", session_s=round(now - stopping.started, 3), total_s=round(stopping.spent(now), 3))
+
+
+def spent_before(events: Any) -> float:
+    """Seconds a run's sessions spent, from its `time_spent` events (`catalog.events("time_spent")`): the last
+    total."""
+    totals = [event_detail(d).get("total_s") for d in events.detail]
+    totals = [float(t) for t in totals if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0]
+    return totals[-1] if totals else 0.0
+
+
+def restore(run: RunState, catalog: Any, history: dict[int, list[dict]]) -> None:
+    """A resumed run: the budget counts from what earlier sessions spent, and the stopper sees every committed epoch
+    again, in the order they were committed (what it returns is ignored), so its state is what it was."""
+    stopping = run.stop_rules
+    if stopping is None:
+        return
+    stopping.resume_from(spent_before(catalog.events("time_spent")))
+    if stopping.stopper is None:
+        return
+    epochs = catalog.epochs()
+    configs = {int(r.config_id): r.config for r in catalog.configs().itertuples()}
+    order = sorted(zip(epochs["round"].tolist(), epochs.config_id.tolist(), epochs.epoch.tolist()))
+    for _, cid, e in order:
+        cid, e = int(cid), int(e)
+        past = tuple(history.get(cid, [])[:e + 1])
+        if len(past) == e + 1:
+            stopping.stopper.on_epoch(ConfigState(cid, dict(configs.get(cid, {})), e + 1, past))
+
+
+def check_budget_left(storage_path: str, time_budget_s: float | None, stop: Stopper | None) -> None:
+    """Before a resume starts: its budget (`time_budget_s`, or a `TimeoutStopper`'s) must exceed what the run spent,
+    else a `ValueError` naming both."""
+    budgets = [b for b in (time_budget_s, stop.timeout_s if stop is not None else None) if b is not None]
+    if not budgets:
+        return
+    from framework.engine.catalog import CATALOG_FILE, SQLiteCatalog
+
+    catalog = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
+    try:
+        spent = spent_before(catalog.events("time_spent"))
+    finally:
+        catalog.close()
+    if min(budgets) <= spent:
+        arg = "time_budget_s" if min(budgets) == time_budget_s else "stop (its TimeoutStopper)"
+        raise ValueError(f"`{arg}` gives a budget of {min(budgets):g} s, but the run has spent {spent:g} s of its "
+                         "budget already: pass a larger one (or time_budget_s=None)")
