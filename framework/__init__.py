@@ -2,7 +2,7 @@
 
 Public API: `PartitionedDataset`, `ModelSelection` (its options: `RunOptions`), `Trainable`, `Result`, `replay`;
 callbacks and trackers:
-`Callback`, `TensorBoardCallback`, `MLflowCallback`; transfer learning that shares frozen
+`Callback`, `TensorBoardCallback`, `MLflowCallback`, `WandbCallback`; transfer learning that shares frozen
 computation: `plan_transfer`, `TransferSelection` (in-process) and `transfer_on_engine` (on the MOP engine).
 """
 
@@ -15,6 +15,7 @@ _EXPORTS = {
     "Callback": "framework.callbacks",
     "MLflowCallback": "framework.trackers",
     "TensorBoardCallback": "framework.trackers",
+    "WandbCallback": "framework.trackers",
     "PartitionedDataset": "framework.data",
     "connect": "framework.runs.steering",
     "RunHandle": "framework.runs.steering",
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from framework.runs.replay import replay
     from framework.runs.steering import RunHandle, connect
     from framework.selection import ModelSelection
-    from framework.trackers import MLflowCallback, TensorBoardCallback
+    from framework.trackers import MLflowCallback, TensorBoardCallback, WandbCallback
     from framework.trainable import Trainable
 
 
@@ -62,6 +63,7 @@ __all__ = [
     "Callback",
     "MLflowCallback",
     "TensorBoardCallback",
+    "WandbCallback",
     "EngineTransfer",
     "ModelSelection",
     "PartitionedDataset",

@@ -1,15 +1,20 @@
-"""Trackers: callbacks that send each config's metrics to TensorBoard or MLflow (optional extras:
-`pip install "modelhopper[tensorboard]"` or `"modelhopper[mlflow]"`). Both are `framework.Callback`s built on the
-contract in `framework.callbacks`; `framework.TensorBoardCallback` and `framework.MLflowCallback` name them.
+"""Trackers: callbacks that send each config's metrics to TensorBoard, MLflow or Weights & Biases (optional extras:
+`pip install "modelhopper[tensorboard]"`, `"modelhopper[mlflow]"` or `"modelhopper[wandb]"`). All are
+`framework.Callback`s built on the contract in `framework.callbacks`; `framework.TensorBoardCallback`,
+`framework.MLflowCallback` and `framework.WandbCallback` name them.
 
-Epochs are 0-based everywhere: TensorBoard's and MLflow's `step` is the epoch index of `Result.metrics`.
+Epochs are 0-based everywhere: TensorBoard's, MLflow's and W&B's `step` is the epoch index of `Result.metrics`.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
+import secrets
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from framework.callbacks import Callback, RunInfo
@@ -146,3 +151,143 @@ class MLflowCallback(Callback):
         except LookupError:
             pass  # no config succeeded: the parent run says so through its children's outcomes
         self.client.set_terminated(self.parent_run_id, "FINISHED")
+
+
+#: what `WandbCallback` sets on every run itself (the rest of `wandb.init`'s keywords pass through `**init_kwargs`)
+_WANDB_OWN = ("project", "mode", "dir", "group", "tags", "name", "id", "config", "reinit", "resume")
+_WANDB_MODES = ("online", "offline", "disabled", "shared")
+
+
+class WandbCallback(Callback):
+    """Weights & Biases runs: one per config, in a group named after the selection run (as Ray Tune's
+    `WandbLoggerCallback` groups its trials by experiment). A config's run is named `config_<id>`, holds the config
+    as its W&B config (nested dicts kept: W&B shows `optim.lr`), a point per epoch with `step=epoch`, and its outcome
+    in the summary (`modelhopper/outcome`: completed, pruned, failed, stopped); it is finished once its config ends,
+    a failed config's with exit code 1 (W&B marks it failed), like the MLflow runs' FAILED status.
+
+    A config ends at the procedure's decision to stop it (completed or pruned; a stop in the middle of an epoch
+    after that epoch is logged), when it fails, or at the end of the run (the rest: a person's stop, the run's
+    budget). A config trained again after its run finished (a procedure's `resume`) logs into the same W&B id.
+    Run ids are `<run_id>-<config_id>`, stable across a resume of the selection run (`RunInfo.meta["run_id"]`), so
+    online runs continue where a crashed driver left them.
+
+    Args:
+        project: the W&B project (default: W&B's, from `WANDB_PROJECT` or its own).
+        mode: "online", "offline" (files only: `wandb sync <dir>/wandb/offline-run-*` uploads them later),
+            "disabled" or "shared" (default: W&B's, from `WANDB_MODE` or online).
+        dir: where W&B writes (it adds `wandb/`; default: the run's storage directory).
+        group: the runs' group (default: the selection run's name, `RunInfo.name`).
+        tags: tags of every run.
+        **init_kwargs: more keywords of `wandb.init` (`entity`, `notes`, `job_type`, `settings`, ...). `settings`
+            default to `{"console": "off", "quiet": True}`: the driver's output is not copied into every config's
+            run. Online, `wandb.init` waits up to `settings.init_timeout` (90 s) and a finish until the config's data
+            is uploaded (`settings.finish_timeout` bounds it).
+
+    A W&B error switches the tracker off for the rest of the run (a warning and a `callback_failed` event, as for
+    any callback) after finishing the runs it holds open; the selection goes on. Needs `wandb`
+    (`pip install "modelhopper[wandb]"`).
+    """
+
+    def __init__(self, project: str | None = None, mode: str | None = None, dir: str | None = None,
+                 group: str | None = None, tags: Sequence[str] | None = None, **init_kwargs: Any) -> None:
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("WandbCallback needs Weights & Biases: pip install 'modelhopper[wandb]'") from e
+        if mode is not None and mode not in _WANDB_MODES:
+            raise ValueError(f"`mode` is {mode!r}, but must be one of {list(_WANDB_MODES)} (or None: W&B's default)")
+        for name, value in (("project", project), ("dir", dir), ("group", group)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise TypeError(f"`{name}` is {value!r}, but must be a str (or None)")
+        if tags is not None and (isinstance(tags, str) or not all(isinstance(t, str) for t in tags)):
+            raise TypeError(f"`tags` is {tags!r}, but must be a list of str (or None)")
+        accepted = set(inspect.signature(wandb.init).parameters) - set(_WANDB_OWN)
+        for key in init_kwargs:
+            if key in _WANDB_OWN:
+                raise TypeError(f"`{key}` is set by WandbCallback for each config's run: it cannot be passed on to "
+                                "wandb.init")
+            if key not in accepted:
+                raise TypeError(f"`{key}` is not a keyword of wandb.init: pass one of {sorted(accepted)}")
+        self._wandb = wandb
+        self.project, self.mode, self.tags = project, mode, list(tags) if tags is not None else None
+        self._dir_arg, self._group_arg = dir, group
+        self.dir, self.group = dir, group
+        self.init_kwargs = init_kwargs
+        self.runs: dict[int, Any] = {}  # config_id -> its open W&B run
+        self.outcomes: dict[int, str] = {}  # config_id -> the outcome its finished run was given
+        self._prefix = ""
+        self._ended: set[int] = set()  # configs whose epoch ended since the last decision (between epochs now)
+        self._pending: dict[int, str] = {}  # stopped in the middle of an epoch: finished after that epoch
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """A W&B error finishes the runs held open (the callback list then switches the tracker off) and goes on up."""
+        try:
+            yield
+        except Exception:
+            for cid in list(self.runs):
+                try:
+                    self.runs.pop(cid).finish(exit_code=1)
+                except Exception:  # noqa: BLE001, S110 - the first error is the one reported
+                    pass
+            raise
+
+    def on_run_start(self, run: RunInfo) -> None:
+        self.dir = os.fspath(self._dir_arg) if self._dir_arg is not None else run.storage_path
+        self.group = self._group_arg or run.name or os.path.basename(run.storage_path.rstrip(os.sep))
+        self._prefix = str(run.meta.get("run_id") or secrets.token_hex(8))
+        self.runs, self.outcomes, self._ended, self._pending = {}, {}, set(), {}  # an instance may serve several runs
+
+    def _run(self, config_id: int, config: dict[str, Any]) -> Any:
+        if config_id not in self.runs:
+            kwargs = dict(self.init_kwargs)
+            settings = kwargs.pop("settings", None)
+            if settings is None or isinstance(settings, dict):
+                settings = {"console": "off", "quiet": True, **(settings or {})}
+            os.makedirs(self.dir, exist_ok=True)
+            self.runs[config_id] = self._wandb.init(
+                project=self.project, mode=self.mode, dir=self.dir, group=self.group, tags=self.tags,
+                name=f"config_{config_id}", id=f"{self._prefix}-{config_id}", resume="allow", config=dict(config),
+                reinit="create_new", settings=settings, **kwargs)
+            self.outcomes.pop(config_id, None)
+        return self.runs[config_id]
+
+    def _finish(self, config_id: int, outcome: str) -> None:
+        run = self.runs.pop(config_id)
+        self._pending.pop(config_id, None)
+        self.outcomes[config_id] = outcome
+        run.summary["modelhopper/outcome"] = outcome
+        run.finish(exit_code=1 if outcome == "failed" else 0)
+
+    def on_epoch_end(self, config_id: int, epoch: int, metrics: dict[str, float], config: dict[str, Any]) -> None:
+        with self._guard():
+            self._run(config_id, config).log(_finite(metrics), step=epoch)
+            self._ended.add(config_id)
+            if config_id in self._pending:
+                self._finish(config_id, self._pending[config_id])
+
+    def on_decision(self, round: int, decision: Any) -> None:
+        with self._guard():
+            pruned = set(decision.pruned)
+            for cid in decision.stop:
+                if cid not in self.runs:
+                    continue  # it failed (finished already) or ended before its first epoch (it has no run)
+                outcome = "pruned" if cid in pruned else "completed"
+                if cid in self._ended:
+                    self._finish(cid, outcome)
+                else:
+                    self._pending[cid] = outcome
+            for cid in decision.resume:
+                self._pending.pop(cid, None)
+            self._ended.clear()
+
+    def on_event(self, kind: str, detail: dict[str, Any]) -> None:
+        if kind == "config_failed" and detail.get("config_id") in self.runs:
+            with self._guard():
+                self._finish(detail["config_id"], "failed")
+
+    def on_run_end(self, result: Result) -> None:
+        with self._guard():
+            status = result.status.set_index("config_id").status.to_dict()
+            for cid in sorted(self.runs):
+                self._finish(cid, status.get(cid, "unknown"))
