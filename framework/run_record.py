@@ -191,10 +191,12 @@ def load_run(
             f"the run in {storage_path!r} used `extract` ({meta['extract']}), but `extract` is None; pass the same "
             "extract= to resume()"
         )
+    overrides = dict(overrides)
+    given = overrides.pop("dataset", None)  # the run's dataset passed again: a source run.db cannot rebuild
     options = RunOptions.from_meta(meta, **overrides)
     from framework.data import PartitionedDataset
 
-    dataset = PartitionedDataset.load(confine(path, "data", "the data folder"), meta["dataset"])
+    dataset = PartitionedDataset.load(confine(path, "data", "the data folder"), meta["dataset"], given)
     dataset.availability = {int(k): v for k, v in meta["placement"].items()} if options.executor == "mop" else None
     return LoadedRun(storage, options, procedure, dataset)
 

@@ -29,6 +29,7 @@ from framework.engine.runner import run_members, run_unit
 from framework.engine.state import ModelState, PackedState, map_leaves, self_contained, tensor_bytes, unpack_state
 from framework.engine.steps import StepLoop, device_of
 from framework.scheduling.units import EVAL, TRAIN, Unit, UnitReport, UnitTask
+from framework.sources import Source
 
 #: the prefix of a worker's activation-cache folder (layer freezing with `cache=True`)
 CACHE_PREFIX = "modelhopper-w"
@@ -131,7 +132,9 @@ class Worker(GangMember, FrozenLayers):
     ) -> dict[int, int]:
         """Load partitions `{id: (train_entries, valid_entries)}`; several entries are concatenated into one.
 
-        Returns the number of training examples per partition. `fault`: an injected fault to act out first.
+        An entry that is a `framework.sources.Source` is read here by its `read()` (`input_fn` is not called for
+        it); any other entry is data itself, or what `input_fn(entry)` makes of it. Returns the number of training
+        examples per partition. `fault`: an injected fault to act out first.
         """
         if fault is not None:
             self.act_out(fault, None)
@@ -139,7 +142,8 @@ class Worker(GangMember, FrozenLayers):
             self.extraction = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
         for pid, (train_entries, valid_entries) in partitions.items():
             for split, entries in (("train", train_entries), ("valid", valid_entries)):
-                parts = [self.input_fn(e) if self.input_fn is not None else e for e in entries]
+                parts = [e.read() if isinstance(e, Source) else self.input_fn(e) if self.input_fn is not None else e
+                         for e in entries]
                 data = concat_data(parts)
                 if self.extract is not None:
                     data = extract_features(self.extract, data, self.device, self.extraction)

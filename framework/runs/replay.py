@@ -180,6 +180,7 @@ def replay(
     trust_unverified: bool = False,
     step_fn: Callable | None = None,
     eval_step: Callable | None = None,
+    dataset: PartitionedDataset | None = None,
 ) -> Result:
     """Re-run every completed unit of the run in `storage_path` in the logged order; return the replay's `Result`.
 
@@ -196,9 +197,12 @@ def replay(
     `trust_unverified`: replay a run whose catalog does not verify under this machine's key (refused otherwise with
     `UnverifiedRunError`); its function names are still never imported (pass the functions), and the replay's own
     catalog is left unsigned.
+    `dataset`: the run's dataset passed again, for a run whose partitions came from a source its run.db cannot
+    rebuild (`PartitionedDataset.from_torch_dataset`, `from_ray_dataset`, or a `to_tensors` function).
     """
     args = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn, "extract": extract,
-            "device": device, "trust_unverified": trust_unverified, "step_fn": step_fn, "eval_step": eval_step}
+            "device": device, "trust_unverified": trust_unverified, "step_fn": step_fn, "eval_step": eval_step,
+            "dataset": dataset}
     if not is_uri(storage_path):
         return _replay_dir(storage_path, out_path=out_path, **args)
     copy = RunStorage(storage_path, "replayed").fetch()
@@ -223,6 +227,7 @@ def _replay_dir(
     source: str | None = None,
     step_fn: Callable | None = None,
     eval_step: Callable | None = None,
+    dataset: PartitionedDataset | None = None,
 ) -> Result:
     """`replay` of a run directory on this machine (`source`: where it came from, when it is a copy)."""
     if out_path is not None and os.path.exists(os.path.join(out_path, CATALOG_FILE)):
@@ -263,7 +268,7 @@ def _replay_dir(
             "extract= to replay()"
         )
     used = {n: f or import_ref(fns.get(n), n) for n, f in given.items()}
-    ds = PartitionedDataset.load(confine(storage_path, "data", "the data folder"), meta["dataset"])
+    ds = PartitionedDataset.load(confine(storage_path, "data", "the data folder"), meta["dataset"], dataset)
     held = ds.worker_entries(per_partition=meta["executor"] == "mop")
 
     # what runs, in order: every done unit of a committed epoch, and of the epoch in which a config failed, plus
