@@ -170,7 +170,7 @@ def test_every_results_table_says_where_it_came_from():
             assert machine.strip(), page
 
 
-API = ("framework", "automl", "simulators", "framework.runs", "framework.examples")
+API = ("framework", "automl", "simulators", "framework.runs", "framework.examples", "framework.stoppers")
 
 
 def _public(module: types.ModuleType) -> list[str]:
