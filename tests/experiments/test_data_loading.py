@@ -17,12 +17,13 @@ def test_data_loading_measures_mop_against_task_parallelism(ray_cluster, tmp_pat
 
     out = tmp_path / "out"
     table = data_loading.main(["--gb", "0.02", "--formats", "parquet", "--workers", "2", "--partitions", "2",
-                               "--replicas", "1", "2", "--out", str(out)])
-    assert list(zip(table.way, table.replicas)) == [("task", "-"), ("mop", 1), ("mop", 2)]
-    task, mop1, mop2 = table.itertuples()
-    # half the data (the largest partition: within a row of half); with 2 replicas on 2 workers, all of it
-    assert abs(2 * mop1.held_mb - task.held_mb) < 0.01 * task.held_mb and mop2.held_mb == task.held_mb
+                               "--replicas", "1", "--out", str(out)])
+    assert list(zip(table.way, table.replicas)) == [("task", "-"), ("mop", 1)]
+    task, mop1 = table.itertuples()
+    # half the data (the largest partition: within a row of half); a MOP row per replica count costs a fresh set of
+    # worker processes, so one is enough here (docs/guides/data.md has replicas 1 and 2 at 1 GB)
+    assert abs(2 * mop1.held_mb - task.held_mb) < 0.01 * task.held_mb
     assert mop1.read_mb < 0.75 * task.read_mb  # about half: each of 2 workers reads its one partition
     assert (table.load_s > 0).all() and (table.peak_rss_mb > 0).all()
-    assert pd.read_csv(out / "data_loading.csv").shape[0] == 3
+    assert pd.read_csv(out / "data_loading.csv").shape[0] == 2
     assert "| format | way | replicas |" in capsys.readouterr().out
