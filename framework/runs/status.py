@@ -51,7 +51,7 @@ from framework.engine.catalog import (
     readonly_uri,
 )
 from framework.engine.storage import check_utf8, is_uri, not_utf8
-from framework.stoppers import ended_by
+from framework.stoppers import ended_by, event_detail
 
 if TYPE_CHECKING:  # pandas (with `Result`) is imported where a run is read into DataFrames: `run_status` of a run that
     import pandas as pd  # verifies reads its rows as they are, so `modelhopper list` and `status` start without it
@@ -119,7 +119,7 @@ def _latest_driver(meta: Mapping[str, Any], events: Sequence[tuple[Any, Any, Any
         return None
     for t, kind, detail in reversed(events):
         if kind == "resumed":
-            parsed = json_dict(detail)
+            parsed = event_detail(detail)
             if "pid" in parsed:
                 return _driver(parsed, float(t))
     recorded = meta.get("driver")
@@ -255,7 +255,7 @@ def _status_dict(r: _Reading, now: float) -> dict[str, Any]:
     counts = Counter(r.statuses)
     order = [*OUTCOMES, *sorted(set(counts) - set(OUTCOMES))]
     kinds = Counter(kind for _, kind, _ in r.events)
-    started = [json_dict(d).get("count") for _, kind, d in r.events if kind == "workers_started"]
+    started = [event_detail(d).get("count") for _, kind, d in r.events if kind == "workers_started"]
     live = _live_workers(r.events)
     return {
         "path": r.path, "status": status, "verified": not r.problems,
@@ -285,7 +285,7 @@ def _live_workers(events: Sequence[tuple[Any, Any, Any]]) -> int | None:
     None when the run logged neither (it has not started its workers yet). `events`: (time, kind, detail) rows."""
     for _, kind, detail in reversed(events):
         if kind in ("workers_started", "workers_changed"):
-            n = json_dict(detail).get("count" if kind == "workers_started" else "num_workers")
+            n = event_detail(detail).get("count" if kind == "workers_started" else "num_workers")
             if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
                 return n
     return None
@@ -487,10 +487,3 @@ def open_result(path: str) -> Result:
                            "which its tables cannot hold") from None
 
 
-def json_dict(text: Any) -> dict[str, Any]:
-    """An event's detail as a dict ({} for one that is not a JSON object: an unverified run's rows may be anything)."""
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
