@@ -398,13 +398,12 @@ class PartitionedDataset:
             if bad:
                 raise ValueError(f"`availability` names workers {sorted(bad)}, but only 0..{num_workers - 1} exist")
             placed = {p: sorted(set(ws)) for p, ws in self.availability.items()}
-            self._check_memory({w: [p for p, ws in placed.items() if w in ws] for w in range(num_workers)})
-            return placed
-        if self.replicas > num_workers:
-            raise ValueError(f"`replicas` is {self.replicas}, but must be <= the number of workers ({num_workers})")
-        placed = {
-            j: sorted({(j + k) % num_workers for k in range(self.replicas)}) for j in range(self.num_partitions)
-        }
+        else:
+            if self.replicas > num_workers:
+                raise ValueError(f"`replicas` is {self.replicas}, but must be <= the number of workers ({num_workers})")
+            placed = {
+                j: sorted({(j + k) % num_workers for k in range(self.replicas)}) for j in range(self.num_partitions)
+            }
         self._check_memory({w: [p for p, ws in placed.items() if w in ws] for w in range(num_workers)})
         return placed
 
