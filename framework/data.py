@@ -73,6 +73,12 @@ def data_len(data: Any) -> int:
     return len(data)
 
 
+def _check_valid_fraction(valid_fraction: Any) -> None:
+    """The share of the rows that validate, when a constructor splits one data set in two."""
+    if not 0.0 < valid_fraction < 1.0:
+        raise ValueError(f"`valid_fraction` is {valid_fraction!r}, but must be in (0, 1)")
+
+
 def _check_reader_args(num_partitions: Any, columns: Any, label: Any, to_tensors: Any) -> None:
     """The arguments the source constructors share, checked before anything is listed or read."""
     if num_partitions is not None and (isinstance(num_partitions, bool) or not isinstance(num_partitions, int)
@@ -197,8 +203,7 @@ class PartitionedDataset:
             raise ValueError(f"`x` has {len(x_t)} rows but `y` has {len(y_t)}; they must match")
         if not isinstance(num_partitions, int) or num_partitions < 1:
             raise ValueError(f"`num_partitions` is {num_partitions!r}, but must be an int >= 1")
-        if not 0.0 < valid_fraction < 1.0:
-            raise ValueError(f"`valid_fraction` is {valid_fraction!r}, but must be in (0, 1)")
+        _check_valid_fraction(valid_fraction)
         n = len(x_t)
         n_valid = int(round(n * valid_fraction))
         if n - n_valid < num_partitions or n_valid < num_partitions:
@@ -322,8 +327,7 @@ class PartitionedDataset:
         _check_reader_args(num_partitions, None, "label", to_tensors)
         n = len(dataset)
         if valid is None:
-            if not 0.0 < valid_fraction < 1.0:
-                raise ValueError(f"`valid_fraction` is {valid_fraction!r}, but must be in (0, 1)")
+            _check_valid_fraction(valid_fraction)
             n_valid = int(round(n * valid_fraction))
             pairs = (("train", dataset, n, n_valid, n - n_valid), ("valid", dataset, n, n_valid, n_valid))
         else:
@@ -361,8 +365,7 @@ class PartitionedDataset:
             raise ValueError(f"`num_partitions` is {num_partitions!r}, but must be an int >= 1")
         _check_reader_args(num_partitions, columns, label, to_tensors)
         if valid is None:
-            if not 0.0 < valid_fraction < 1.0:
-                raise ValueError(f"`valid_fraction` is {valid_fraction!r}, but must be in (0, 1)")
+            _check_valid_fraction(valid_fraction)
             dataset, valid = dataset.train_test_split(test_size=valid_fraction)
         from framework.sources import RayDataSource, check_columns
 
