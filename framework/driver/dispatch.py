@@ -122,7 +122,7 @@ class Dispatcher:
             self.state.set_capacity(capacity)
             chosen = self.scheduler.select(self.state)
             if self.packer is not None:
-                chosen = self.packer.extend(chosen, self.state)
+                chosen = self.packer.extend(chosen, self.state, self.scheduler)
             self.state.clear_changes()
             self.decision_s += time.perf_counter() - t0
             self.select_calls += 1

@@ -30,6 +30,9 @@ class Scheduler(abc.ABC):
           of the call (`state.is_eligible`), at most one per worker and per config. It must not mutate `state`; the
           caller applies the assignments with `state.start`.
         * Policies are deterministic given their seed and the sequence of calls, hold no Ray objects, and pickle.
+        * `order(config_id, epoch, partitions)` says whether the policy fixes each config's visit order (None: no);
+          a policy that returns one must only ever select a config's training unit at the first partition of its
+          order still pending.
     """
 
     name: str = "base"
@@ -40,3 +43,10 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     def select(self, state: DispatchState) -> list[Assignment]:
         """Assignments to start now (see the class docstring)."""
+
+    def order(self, config_id: int, epoch: int, partitions: list[int]) -> list[int] | None:
+        """The partitions `config_id` visits in `epoch`, in order, where the policy fixes that order whatever the
+        timing (`SeededOrderScheduler`); None (the default): it fixes none, and any eligible unit may be a config's
+        next. The packer (`framework.scheduling.packing`) reads it: under a fixed order, a config joins a pack only
+        at its own next unit, so packing never moves it off its order."""
+        return None

@@ -7,8 +7,19 @@ A pack is an `Assignment` with several `members` on one worker: configs whose un
 partition, kind), free and eligible there now, and of one *pack key* (`key_of(config_id)`: the same architecture,
 optimizer class and batch size; None: a config that never packs). The worker trains them as one fused model
 (`framework.engine.packs`) and reports one row per member, so the schedule, the procedures and the dashboard still
-see configs. `extend` takes the policy's choices in order and adds to each, up to the pack size, configs the policy
-did not choose in this call; it leaves gangs (several workers) as they are, so packs combine with every policy.
+see configs. `extend` takes the policy's choices in order and adds to each, up to the pack size, configs of its key
+that are free there (taking a config the policy gave a later worker in the same call when that config's unit is
+the same one, so a replica does not cap a pack); it leaves gangs (several workers) as they are, so packs combine
+with every policy.
+
+Packing is a speed knob only: it never changes a config's visit order, row order or seeds, so never what it learns.
+Where the policy fixes each config's order (`Scheduler.order`, the seeded order of `deterministic=True`), a config
+joins a pack only at its own next unit, and only with configs that share its whole order: the configs of one
+(epoch, order, key) are cut into fixed *chunks* of the pack size by id, and a pack holds one chunk's free members.
+Members of a chunk move in lock-step, so the same seed gives the same packs, whatever the timing: two runs are
+bit-identical, and each config's weights are those of pack=1 up to the float rounding of the fused arithmetic.
+Where the policy fixes no order (randomized, MWR, ...), a config's order already depends on timing at pack=1; a
+pack only gives it a unit the policy could have given it.
 
 The pack size is fixed (`Packer(k)`) or found per key (`"auto"`, `PackSizer`): it starts at 1 and doubles while the
 per-config seconds per example measured on the run's own training units improve by `GAIN`, then keeps the fastest
@@ -22,8 +33,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from framework.scheduling._base import Scheduler
 from framework.scheduling.dispatch_state import DispatchState
-from framework.scheduling.units import TRAIN, Assignment
+from framework.scheduling.units import TRAIN, Assignment, Unit
 
 __all__ = ["AUTO", "MAX_PACK", "Packer", "PackSizer", "check_pack"]
 
@@ -88,6 +100,7 @@ class Packer:
         self._keys: dict[int, Hashable | None] = {}
         self.sizer = PackSizer() if self.size == AUTO else None
         self.refused: dict[Hashable, str] = {}  # keys whose packs did not fuse, and why (they run alone from then)
+        self._fixed = _FixedOrders()  # what a policy that fixes each config's order lets a pack hold
         self.state_bytes: dict[Hashable, int] = {}  # key -> the largest state of it seen
 
     def key(self, config_id: int) -> Hashable | None:
@@ -103,26 +116,37 @@ class Packer:
         state = self.state_bytes.get(key, 0)
         return max(1, min(k, self.max_bytes // state)) if state else k
 
-    def extend(self, chosen: list[Assignment], state: DispatchState) -> list[Assignment]:
-        """The policy's assignments, each single-config one grown into a pack with configs of its key that are free
-        and eligible on its worker at its unit's (epoch, partition, kind) and that the policy did not choose."""
-        taken = {c for a in chosen for c in a.members}
+    def extend(self, chosen: list[Assignment], state: DispatchState, policy: Scheduler | None = None
+               ) -> list[Assignment]:
+        """The policy's assignments, each single-config one grown into a pack (module docstring): with configs of
+        its key that are free and eligible on its worker at its unit's (epoch, partition, kind), that the policy
+        did not choose for an earlier assignment, and, under `policy.order`, that share the lead's order and chunk
+        and are at their own next unit there. A later assignment whose config joined a pack is dropped (its worker
+        asks again)."""
+        taken: set[int] = set()
         out = []
-        for a in chosen:
-            grown = a if a.plural else self._grow(a, state, taken)
+        for i, a in enumerate(chosen):
+            if a.unit.config_id in taken:
+                continue  # (it joined an earlier pack)
+            later = {b.unit.config_id: b.unit for b in chosen[i + 1:] if not b.plural}
+            grown = a if a.plural else self._grow(a, state, taken, later, policy)
             taken.update(grown.members)
             out.append(grown)
         return out
 
-    def _grow(self, a: Assignment, state: DispatchState, busy: set[int]) -> Assignment:
+    def _grow(self, a: Assignment, state: DispatchState, busy: set[int], later: dict[int, Unit],
+              policy: Scheduler | None) -> Assignment:
         key = self.key(a.unit.config_id)
         k = self.target(key) if key is not None else 1
         if k <= 1:
             return a
         u, w = a.unit, a.workers[0]
-        mates = [v.config_id for v in state.eligible(w)
-                 if v.config_id not in busy and (v.epoch, v.partition, v.kind) == (u.epoch, u.partition, u.kind)
-                 and self.key(v.config_id) == key][:k - 1]
+        candidates = [v for v in state.eligible(w)
+                      if v.config_id not in busy and v.config_id != u.config_id
+                      and (v.epoch, v.partition, v.kind) == (u.epoch, u.partition, u.kind)
+                      and later.get(v.config_id, v) == v and self.key(v.config_id) == key]
+        allowed = self._fixed.mates(policy, state, u, candidates, key, k, self) if policy is not None else None
+        mates = [v.config_id for v in candidates if allowed is None or v.config_id in allowed][:k - 1]
         pack = Assignment(u, (w,), (u.config_id, *mates))
         return pack if mates and state.can_start(pack) else a
 
@@ -138,3 +162,56 @@ class Packer:
             self.refused[key] = note
         elif self.sizer is not None and a.unit.kind == TRAIN:
             self.sizer.observe(key, len(a.members), seconds, examples)
+
+
+class _FixedOrders:
+    """What a policy that fixes each config's visit order (`Scheduler.order`) allows a pack: mates that share the
+    lead's whole order in the epoch, are at their own next unit, and are in the lead's chunk (module docstring).
+    Orders and chunks are cached: an order is fixed by (config, epoch, partitions), a chunk by the round's configs."""
+
+    def __init__(self) -> None:
+        self._orders: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...] | None] = {}
+        self._chunks: dict[tuple, dict[int, int]] = {}  # (epoch, order, key, k) -> config -> its chunk
+
+    def order(self, policy: Scheduler, config_id: int, epoch: int, parts: tuple[int, ...]) -> tuple[int, ...] | None:
+        key = (config_id, epoch, parts)
+        if key not in self._orders:
+            o = policy.order(config_id, epoch, list(parts))
+            self._orders[key] = None if o is None else tuple(o)
+        return self._orders[key]
+
+    def mates(self, policy: Scheduler, state: DispatchState, u: Unit, candidates: list[Unit], key: Hashable, k: int,
+              packer: Packer) -> list[int] | None:
+        """Which of `candidates` (units at u's epoch, partition and kind, of u's key) may join u's pack; None: the
+        policy fixes no order, so any of them may."""
+        parts = tuple(sorted(state.availability))
+        order = self.order(policy, u.config_id, u.epoch, parts)
+        if order is None:
+            return None
+        same = [v for v in candidates if self.order(policy, v.config_id, v.epoch, parts) == order]
+        done = _done(state, u, parts)
+        same = [v for v in same if _done(state, v, parts) == done]  # (else v's next unit is elsewhere)
+        chunks = self._chunk_of(policy, state, u.epoch, order, key, k, packer, parts,
+                                [u.config_id, *(v.config_id for v in same)])
+        return [v.config_id for v in same if chunks[v.config_id] == chunks[u.config_id]]
+
+    def _chunk_of(self, policy: Scheduler, state: DispatchState, epoch: int, order: tuple[int, ...], key: Hashable,
+                  k: int, packer: Packer, parts: tuple[int, ...], need: list[int]) -> dict[int, int]:
+        """config -> its chunk among the round's configs at `epoch` with this order and key: by id, k a chunk
+        (configs that join the round later form chunks of their own, after these)."""
+        ck = (epoch, order, key, k)
+        chunks = self._chunks.setdefault(ck, {})
+        if any(c not in chunks for c in need):
+            configs = sorted({v.config_id for v in state.units if v.epoch == epoch} - set(chunks))
+            new = [c for c in configs if packer.key(c) == key and self.order(policy, c, epoch, parts) == order]
+            base = max(chunks.values(), default=-1) + 1
+            chunks.update({c: base + i // k for i, c in enumerate(new)})
+            for c in need:  # (not in the round's units: alone in a chunk of its own)
+                chunks.setdefault(c, max(chunks.values(), default=-1) + 1)
+        return chunks
+
+
+def _done(state: DispatchState, u: Unit, parts: tuple[int, ...]) -> frozenset[int]:
+    """The partitions u's config has no pending unit of u's kind in u's epoch (done, or running)."""
+    pending = {v.partition for v in state.remaining(u.config_id) if v.epoch == u.epoch and v.kind == u.kind}
+    return frozenset(p for p in parts if p not in pending)

@@ -5,6 +5,7 @@ loop on the in-process backend runs packed configs to the end, each unit once, w
 from __future__ import annotations
 
 import pytest
+import torch
 
 import automl
 from framework.driver import Driver, MemoryRunLog
@@ -154,3 +155,122 @@ def test_auto_grows_packs_where_they_pay_and_stays_alone_where_they_do_not():
 def test_the_packer_leaves_a_policys_units_unchanged_when_pack_is_one():
     assert Driver(LocalBackend(), automl.GridSearch({"lr": [0.1]}, epochs=1), MemoryRunLog(), {0: [0]}, [0],
                   RunOptions()).run_state.dispatch.packer is None
+
+
+def _bn_model_fn(config):
+    """A small MLP with batch norm, and the optimizer the config names (per-member lr and weight decay)."""
+    import torch
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    lr, wd, name = config["lr"], config["weight_decay"], config["optimizer"]
+    if name == "sgd":
+        return net, torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=wd)
+    return net, (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(net.parameters(), lr=lr, weight_decay=wd)
+
+
+DET_SPACE = {"optimizer": ["sgd", "adam", "adamw"], "lr": [0.01, 0.05], "weight_decay": [0.0, 1e-3],
+             "batch_size": [16]}
+
+
+def _deterministic_run(pack, unit_time, scheduler=None, seed: int = 5):
+    """A 12-config grid, 2 epochs, on the in-process backend: `deterministic=True` (or the seeded order given as
+    `scheduler`), timed by `unit_time(unit, worker, members)` on the logical clock."""
+    from framework.scheduling import SeededOrderScheduler
+
+    class Clock(LocalBackend):
+        def _execute(self, workers, ticket, task, state):
+            out = super()._execute(workers, ticket, task, state)
+            if out is None:
+                return None
+            return unit_time(task.unit, workers[0], max(1, len(task.members))), out[1]
+
+    backend = Clock(fns={"model_fn": _bn_model_fn, "step_fn": classifier_step_fn}, entries=_entries(),
+                    num_threads=1)
+    log = MemoryRunLog()
+    options = (RunOptions(scheduler=SeededOrderScheduler(seed), seed=seed, pack=pack) if scheduler else
+               RunOptions(deterministic=True, seed=seed, pack=pack))
+    driver = Driver(backend, automl.GridSearch(DET_SPACE, epochs=2), log, {w: [w] for w in range(P)},
+                    list(range(P)), options, pack_key=pack_key(_bn_model_fn))
+    driver.run()
+    _assert_complete(driver, log)
+    weights = {c.id: driver.run_state.backend.get(c.state)["model"] for c in driver.run_state.configs}
+    return log.schedule(), weights, {c.id: c.history for c in driver.run_state.configs}
+
+
+def _visit_orders(s) -> dict:
+    t = s[s.kind == TRAIN].sort_values(["start", "seq"] if "seq" in s else ["start"])
+    return {key: tuple(g.partition) for key, g in t.groupby(["config_id", "epoch"])}
+
+
+def _pack_members(s) -> list[tuple]:
+    g = s[s.group.notna()]
+    return sorted(tuple(sorted(rows.config_id)) + (int(rows.epoch.iloc[0]), int(rows.partition.iloc[0]),
+                                                     rows.kind.iloc[0]) for _, rows in g.groupby("group"))
+
+
+def _even(unit, worker, k):
+    return 1.0 * k ** 0.5
+
+
+def _skewed(unit, worker, k):
+    return (1.0 + (7 * unit.config_id + 3 * unit.partition + unit.epoch) % 5) * k ** 0.5
+
+
+@pytest.mark.parametrize("scheduler", [None, "seeded"], ids=["deterministic", "seeded-scheduler"])
+def test_packing_never_changes_a_configs_visit_order_or_what_it_learns(scheduler):
+    s1, w1, h1 = _deterministic_run(1, _even, scheduler)
+    s4, w4, h4 = _deterministic_run(4, _skewed, scheduler)
+    assert s1.group.isna().all() and s4.group.notna().any()
+    assert max(len(p) - 3 for p in _pack_members(s4)) >= 2
+    assert _visit_orders(s4) == _visit_orders(s1)  # the seeded order, packed or not
+    assert w4.keys() == w1.keys() and len(w1) == 12
+    for cid in w1:
+        for name, t in w1[cid].items():
+            if t.is_floating_point():
+                # fused arithmetic sums in another order: rounding, far below what a different order changes
+                torch.testing.assert_close(w4[cid][name], t, rtol=1e-4, atol=1e-5, msg=f"config {cid}: {name}")
+            else:
+                assert torch.equal(w4[cid][name], t)
+        for e1, e4 in zip(h1[cid], h4[cid], strict=True):
+            assert e4["valid_loss"] == pytest.approx(e1["valid_loss"], rel=1e-4, abs=1e-6)
+
+
+def test_two_packed_runs_with_one_seed_make_the_same_packs_and_are_bit_identical_whatever_the_timing():
+    sa, wa, ha = _deterministic_run(4, _even)
+    sb, wb, hb = _deterministic_run(4, _skewed)
+    assert not sa[["start", "end"]].equals(sb[["start", "end"]])  # (other timings)
+    assert _pack_members(sa) == _pack_members(sb) and _pack_members(sa)
+    assert ha == hb
+    for cid in wa:
+        assert all(torch.equal(wa[cid][n], wb[cid][n]) for n in wa[cid]), f"config {cid}"
+
+
+def test_auto_packs_without_changing_what_a_config_learns():
+    s1, w1, _ = _deterministic_run(1, _even)
+    sa, wa, _ = _deterministic_run("auto", lambda unit, worker, k: 1.0 * k ** 0.3)
+    assert sa.group.notna().any()
+    assert _visit_orders(sa) == _visit_orders(s1)
+    for cid in w1:
+        for name, t in w1[cid].items():
+            torch.testing.assert_close(wa[cid][name], t, rtol=1e-4, atol=1e-5, msg=f"config {cid}: {name}")
+
+
+def test_under_a_fixed_order_a_config_joins_a_pack_only_at_its_own_next_unit_and_in_its_chunk():
+    from framework.scheduling import SeededOrderScheduler
+
+    policy = SeededOrderScheduler(0)
+    parts = [0, 1, 2]
+    orders = {c: policy.order(c, 0, parts) for c in range(9)}
+    assert orders[0] == orders[3] == orders[6] and orders[0] != orders[1]  # a Latin square: c and c + p share
+    assert sorted(orders[0]) == parts and {orders[c][0] for c in range(3)} == set(parts)
+    units = [Unit(c, 0, p, TRAIN) for c in range(9) for p in parts]
+    state = DispatchState(units, {p: [p] for p in parts})
+    first = orders[0][0]
+    w = first  # (worker w holds partition w)
+    packer = Packer(2, lambda c: "k")
+    lead = Assignment(Unit(0, 0, first, TRAIN), (w,))
+    # configs 3 and 6 share config 0's order; config 1's next partition is elsewhere; chunks of 2 by id: (0, 3), (6,)
+    assert packer.extend([lead], state, policy)[0].members == (0, 3)
+    assert packer.extend([Assignment(Unit(6, 0, first, TRAIN), (w,))], state, policy)[0].members == (6,)
+    # without a fixed order (policy None or one that fixes none), any free config at the unit may join
+    assert len(Packer(4, lambda c: "k").extend([lead], state)[0].members) == 4
