@@ -16,6 +16,12 @@ allows: a fused copy of the model on the members' folded batch, else the generic
     generic_speedup  alone_s / generic_s
     state_mb         the pack's stacked parameters and optimizer state
     peak_mb          the device's peak memory during the passes (CUDA only)
+    why_generic      why the default pack went generic, where the pack says (`FusedPack.why_generic`), else empty
+    error            each way that raised, as `way: ExceptionType: first line of its message` (its times are nan)
+
+A cell (a model and pack size) or one of its ways that raises does not end the run: its error goes in its row and the
+next cells run. Each row is printed, and the CSV rewritten, as soon as its cell finishes, so a run that is killed
+keeps the rows done so far.
 
 Models (small on purpose: what model selection is full of, bound by per-step overhead on a CPU):
 
@@ -49,6 +55,9 @@ from framework.engine.steps import StepLoop  # noqa: E402
 from framework.examples import classifier_step_fn, mlp_model_fn  # noqa: E402
 
 MODELS = ("mlp", "cnn", "transformer")
+WAYS = ("alone", "generic", "fused")
+COLUMNS = ("model", "pack", "alone_s", "generic_s", "fused_s", "path", "speedup", "generic_speedup", "state_mb",
+           "peak_mb", "why_generic", "error")
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def error_text(where: str, e: BaseException) -> str:
+    """`where: ExceptionType: first line of the message` (a CUDA error's message runs to many lines)."""
+    lines = str(e).strip().splitlines()
+    return f"{where}: {type(e).__name__}" + (f": {lines[0]}" if lines else "")
+
+
 def cell(cfg: Defaults, model: str, k: int, data: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    """One row: the k configs' pass timed each way. A way that raises (in its warm-up or a timed pass) is timed no
+    more: its times are nan and its error is in the row's `error`; the other ways go on."""
     device = torch.device(cfg.device)
     config = {"batch_size": cfg.batch_size}
     members = []
@@ -126,33 +143,58 @@ def cell(cfg: Defaults, model: str, k: int, data: tuple[torch.Tensor, torch.Tens
         for net, opt in members:
             loop.train(net, opt, data, config)
 
-    path = []
+    default: dict[str, FusedPack] = {}  # the last pack that ran as it runs by default: its path and why
 
     def pack(generic: bool) -> None:
         fused = FusedPack([m for m, _ in members], [o for _, o in members], generic=generic)
         fused.train(classifier_step_fn, data, [config] * k, orders)
         fused.write_back()
-        path.append(fused.path)
+        if not generic:
+            default["pack"] = fused
 
     ways = {"alone": alone, "generic": lambda: pack(True), "fused": lambda: pack(False)}
     times: dict[str, list[float]] = {way: [] for way in ways}
-    for run in ways.values():  # warm-up
-        run()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    for p in range(cfg.passes):
-        for way in list(ways)[p % 3:] + list(ways)[:p % 3]:
+    errors: dict[str, str] = {}
+
+    def timed(way: str) -> float | None:
+        """Seconds of one run of `way`; None when it raised (its error kept in `errors`)."""
+        try:
             _sync(device)
             t0 = time.perf_counter()
             ways[way]()
             _sync(device)
-            times[way].append(time.perf_counter() - t0)
-    a, g, f = (sorted(times[way])[len(times[way]) // 2] for way in ways)
+            return time.perf_counter() - t0
+        except Exception as e:  # one way's error is its result, not the run's end
+            errors[way] = error_text(way, e)
+            return None
+
+    for way in WAYS:  # warm-up
+        timed(way)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for p in range(cfg.passes):
+        for way in WAYS[p % 3:] + WAYS[:p % 3]:
+            if way not in errors:
+                seconds = timed(way)
+                if seconds is not None:
+                    times[way].append(seconds)
+    a, g, f = (sorted(times[way])[len(times[way]) // 2] if times[way] else float("nan") for way in WAYS)
     state = sum(p.numel() * p.element_size() for net, _ in members for p in net.parameters())
     state *= 3 if isinstance(members[0][1], torch.optim.Adam) else 2  # weights and the optimizer's state
-    return {"model": model, "pack": k, "alone_s": a, "generic_s": g, "fused_s": f, "path": path[-1],
-            "speedup": a / f, "generic_speedup": a / g, "state_mb": state / 2**20,
-            "peak_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan")}
+    fused = default.get("pack")
+    why = getattr(fused, "why_generic", None) if fused is not None and fused.path == "generic" else None
+    return {"model": model, "pack": k, "alone_s": a, "generic_s": g, "fused_s": f,
+            "path": fused.path if fused is not None else "", "speedup": a / f, "generic_speedup": a / g,
+            "state_mb": state / 2**20,
+            "peak_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan"),
+            "why_generic": why if isinstance(why, str) else "",
+            "error": "; ".join(errors[way] for way in WAYS if way in errors)}
+
+
+def failed_cell(model: str, k: int, e: BaseException) -> dict:
+    """The row of a cell that raised outside its ways (building its members): nan times, its error."""
+    return {**dict.fromkeys(COLUMNS, float("nan")), "model": model, "pack": k, "path": "", "why_generic": "",
+            "error": error_text("cell", e)}
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -161,13 +203,22 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     g = torch.Generator().manual_seed(cfg.seed)
     x = torch.randn(cfg.rows, 64, generator=g)
     data = (x.to(cfg.device), (x[:, :10].argmax(1)).to(cfg.device))
-    rows = [cell(cfg, m, k, data) for m in cfg.models for k in cfg.packs]
-    table = pd.DataFrame(rows)
-    table.to_csv(os.path.join(out, "fused_packs.csv"), index=False)
     where = torch.cuda.get_device_name() if cfg.device == "cuda" else f"{os.cpu_count()} CPU cores"
     print(f"\nfused pack vs one config at a time on {cfg.device} ({where}, {cfg.threads} torch thread(s)), "
           f"{cfg.rows} rows per pass, batch {cfg.batch_size}, median of {cfg.passes} passes:\n")
-    print(markdown(table))
+    table = pd.DataFrame(columns=list(COLUMNS))
+    print("\n".join(markdown(table).splitlines()[:2]), flush=True)  # the header; each row as its cell finishes
+    rows = []
+    for m in cfg.models:
+        for k in cfg.packs:
+            try:
+                row = cell(cfg, m, k, data)
+            except Exception as e:  # a cell that raises is a row with its error; the next cells run
+                row = failed_cell(m, k, e)
+            rows.append(row)
+            table = pd.DataFrame(rows, columns=list(COLUMNS))
+            table.to_csv(os.path.join(out, "fused_packs.csv"), index=False)  # rewritten: a killed run keeps its rows
+            print(markdown(table.tail(1)).splitlines()[-1], flush=True)
     record_run(out, cfg, torch=torch.__version__)
     return table
 

@@ -10,13 +10,19 @@ For each arm it prints the median over repeats of:
     best_valid_accuracy  the grid's best validation accuracy at the end (packing must not change what is learnt)
     mean_pack            training units per pack (1: every unit alone)
     largest_pack         the largest pack
+    lower_bound          True where the arm hit its time limit (Ray Tune at `--tune-limit-s`) or a trial stopped
+                         short: wall_s is then a lower bound on its time (its speedup an upper bound), and
+                         best_valid_accuracy is over what the trials reported
 
     python experiments/packed_grid.py --quick
     python experiments/packed_grid.py --arms 1 auto 8 --workers 2
     ray job submit --working-dir . -- python experiments/packed_grid.py
 
 On a GPU (`--gpus-per-worker 0.5`) the workers put models and data on the device; `--tune` then also times Ray Tune
-with its trials sharing the GPU the same way (needs the `bench` extra).
+with its trials sharing the GPU the same way (needs the `bench` extra), stopped at `--tune-limit-s` seconds.
+
+Each run's row is printed, and runs.csv rewritten, as soon as it finishes, so a run that is killed keeps the runs
+done so far; the table of medians comes at the end.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ class Defaults:
     gpus_per_worker: float = 0.0  # GPU share of each worker (0: CPU workers, one thread each)
     repeats: int = 2  # interleaved repetitions of every arm; the table shows medians
     tune: bool = False  # also time Ray Tune (one trial per config, sharing the workers' resources)
+    tune_limit_s: float = 600.0  # Ray Tune's time limit per repeat (all trials stopped then; its wall_s a lower bound)
     seed: int = 0  # seeds the data and the runs
 
 
@@ -63,6 +70,8 @@ def check(cfg: Defaults) -> None:
             raise ValueError(f"`--arms` holds {arm!r}, but each must be an int in 1..16 or 'auto'")
     if cfg.rows < 10 * cfg.workers * cfg.batch_size:
         raise ValueError(f"`--rows` is {cfg.rows}, but must be >= 10 x workers x batch size")
+    if not cfg.tune_limit_s > 0:
+        raise ValueError(f"`--tune-limit-s` is {cfg.tune_limit_s}, but must be > 0")
 
 
 def _resources(cfg: Defaults) -> dict:
@@ -89,12 +98,14 @@ def run_arm(cfg: Defaults, arm: str, ds, features: int, out: str) -> dict:
     busy = train.groupby(train.group.fillna(-1 - train.index.to_series()))[["start", "end"]].first()
     return {"arm": f"pack={arm}", "wall_s": wall, "train_s": float((busy.end - busy.start).sum()),
             "best_valid_accuracy": float(result.metrics.valid_accuracy.max()), "mean_pack": float(packs.mean()),
-            "largest_pack": int(packs.max())}
+            "largest_pack": int(packs.max()), "lower_bound": False}
 
 
 def run_tune(cfg: Defaults, x, y, out: str) -> dict:
     """Ray Tune: one trial per config on all the data (as users would run it), trials sharing the workers'
-    resources (`max_concurrent_trials` = workers, each with the workers' resources)."""
+    resources (`max_concurrent_trials` = workers, each with the workers' resources). Stopped after `tune_limit_s`
+    (`TuneConfig(time_budget_s=...)`: running trials stopped, pending ones never started): then `lower_bound`, as
+    when a trial did not report its every epoch."""
     import torch
     from ray import tune
 
@@ -124,12 +135,17 @@ def run_tune(cfg: Defaults, x, y, out: str) -> dict:
     t0 = time.time()
     grid = tune.Tuner(
         tune.with_resources(tune.with_parameters(trainable, data=data), resources), param_space=space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=cfg.workers, metric="valid_accuracy", mode="max"),
+        tune_config=tune.TuneConfig(max_concurrent_trials=cfg.workers, metric="valid_accuracy", mode="max",
+                                    time_budget_s=cfg.tune_limit_s),
         run_config=tune.RunConfig(storage_path=os.path.join(out, "tune"), verbose=0),
     ).fit()
-    return {"arm": "ray_tune", "wall_s": time.time() - t0, "train_s": float("nan"),
-            "best_valid_accuracy": float(grid.get_best_result().metrics["valid_accuracy"]), "mean_pack": 1.0,
-            "largest_pack": 1}
+    wall = time.time() - t0
+    results = [r.metrics or {} for r in grid]  # (a trial stopped before it reported: no metrics)
+    finished = sum(m.get("training_iteration", 0) >= cfg.epochs for m in results)
+    return {"arm": "ray_tune", "wall_s": wall, "train_s": float("nan"),
+            "best_valid_accuracy": max((m["valid_accuracy"] for m in results if "valid_accuracy" in m),
+                                       default=float("nan")), "mean_pack": 1.0, "largest_pack": 1,
+            "lower_bound": wall >= cfg.tune_limit_s or finished < len(cfg.widths) * len(cfg.lrs) * len(cfg.decays)}
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -138,15 +154,25 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     x, y = synthetic_classification(cfg.rows, cfg.features, seed=cfg.seed)
     ds = framework.PartitionedDataset.from_arrays(x, y, num_partitions=cfg.workers, seed=cfg.seed)
     rows = []
+
+    def done(row: dict) -> None:  # each run's row printed and on disk as it finishes: a killed run keeps them
+        rows.append(row)
+        runs = pd.DataFrame(rows)
+        runs.to_csv(os.path.join(out, "runs.csv"), index=False)
+        lines = markdown(runs).splitlines()
+        print("\n".join(lines[:2] + lines[-1:]) if len(rows) == 1 else lines[-1], flush=True)
+
+    print("\nEach run as it finishes:\n")
     for rep in range(cfg.repeats):  # interleaved: a slow spell of a shared machine hits every arm
         arms = list(cfg.arms[rep % len(cfg.arms):] + cfg.arms[:rep % len(cfg.arms)])
         for arm in arms:
-            rows.append({**run_arm(cfg, arm, ds, x.shape[1], out), "repeat": rep})
+            done({**run_arm(cfg, arm, ds, x.shape[1], out), "repeat": rep})
         if cfg.tune:
-            rows.append({**run_tune(cfg, x, y, out), "repeat": rep})
+            done({**run_tune(cfg, x, y, out), "repeat": rep})
     runs = pd.DataFrame(rows)
-    runs.to_csv(os.path.join(out, "runs.csv"), index=False)
-    table = runs.drop(columns="repeat").groupby("arm", sort=False).median().reset_index()
+    table = runs.drop(columns="repeat").groupby("arm", sort=False).agg(
+        {**{c: "median" for c in runs.columns if c not in ("arm", "repeat", "lower_bound")}, "lower_bound": "any"},
+    ).reset_index()
     base = table.loc[table.arm == "pack=1", "wall_s"]
     table.insert(3, "speedup", float(base.iloc[0]) / table.wall_s if len(base) else float("nan"))
     table.to_csv(os.path.join(out, "packed_grid.csv"), index=False)

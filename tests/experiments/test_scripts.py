@@ -200,6 +200,57 @@ def test_fused_packs_times_a_pack_against_its_members_one_at_a_time(tmp_path, mo
     assert "`--models` is ('rnn',), but each must be one of" in capsys.readouterr().err
 
 
+def test_fused_packs_prints_a_failing_cells_error_in_its_row_and_goes_on(tmp_path, monkeypatch, capsys):
+    script = _script_module("fused_packs", monkeypatch)
+
+    class Pack(script.FusedPack):
+        """As on CUDA: the default pack of 4 raises in its pass (the generic one does not); a pack of 1 goes
+        generic, saying why."""
+
+        def __init__(self, models, optimizers, *, generic=False):
+            super().__init__(models, optimizers, generic=generic or len(models) == 1)
+
+        @property
+        def why_generic(self):  # (whether or not FusedPack has one)
+            return "told to"
+
+        @why_generic.setter
+        def why_generic(self, value):
+            pass
+
+        def train(self, *args, **kwargs):
+            if self.k == 4 and self.fused is not None:
+                raise RuntimeError("LSE is not correctly aligned (strideH)\nand a second line")
+            return super().train(*args, **kwargs)
+
+    build, out, written_before = script.build, tmp_path / "out", []
+
+    def broken(model, width, lr):
+        if model == "cnn":
+            written_before.append(len(pd.read_csv(out / "fused_packs.csv")))  # the rows done so far: on disk
+            raise ValueError("no cnn today")
+        return build(model, width, lr)
+
+    monkeypatch.setattr(script, "FusedPack", Pack)
+    monkeypatch.setattr(script, "build", broken)
+    table = script.main(["--quick", "--models", "mlp", "cnn", "--out", str(out)])
+    assert table[["model", "pack"]].values.tolist() == [["mlp", 1], ["mlp", 4], ["cnn", 1], ["cnn", 4]]
+    assert table.error.tolist() == ["", "fused: RuntimeError: LSE is not correctly aligned (strideH)",
+                                    "cell: ValueError: no cnn today", "cell: ValueError: no cnn today"]
+    assert table.path.tolist() == ["generic", "", "", ""] and table.why_generic.tolist() == ["told to", "", "", ""]
+    assert (table.alone_s[:2] > 0).all() and (table.generic_s[:2] > 0).all()  # the other ways of the cell ran
+    assert table.fused_s[1:].isna().all() and table.alone_s[2:].isna().all()
+    written = pd.read_csv(out / "fused_packs.csv")
+    assert list(written.columns) == list(table.columns) and written.error.fillna("").tolist() == table.error.tolist()
+    assert written_before == [2, 3]
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| model | pack |") and len(rows) == 5  # the header, then one line per cell
+    assert rows[2].startswith("| mlp | 4 |") and rows[2].endswith("| fused: RuntimeError: LSE is not correctly "
+                                                                   "aligned (strideH) |")
+    assert rows[4].startswith("| cnn | 4 |") and rows[4].endswith("| cell: ValueError: no cnn today |")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--data-on-device", "maybe"], "`--data-on-device` is 'maybe', but must be one of ['auto', 'false', 'true']"),
     (["--clock", "gpu"], "`--clock` is 'gpu', but must be wall or cpu"),
