@@ -16,8 +16,8 @@ fused leaf computes all members in one kernel:
 A model that holds any other parameterized module (nn.MultiheadAttention, a parameter used directly in a forward,
 a parametrization), a buffer outside batch norm, a hook, a conv with padding other than zeros, or an embedding with
 `padding_idx`, `max_norm` or `sparse`, cannot be fused: `fuse` returns None. A forward that mixes rows across the
-batch (x.mean(0), a transposed batch dimension) folds wrongly: `FusedModel.agrees` checks the fused copy against
-each member alone, and the pack trusts it only then (`framework.engine.packs`).
+batch (x.mean(0), a transposed batch dimension) folds wrongly: the pack checks the fused copy's outputs against each
+member's own module (`member_share`, `differ`) and trusts it only then (`framework.engine.packs`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_unflatten
 
-__all__ = ["Fold", "FusedModel", "fuse"]
+__all__ = ["Fold", "FusedModel", "differ", "fuse", "member_share", "tolerance"]
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 _VMAP_MODE = torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchVmapMode)
@@ -214,57 +213,58 @@ class FusedModel(nn.Module):
         with torch._C._ExcludeDispatchKeyGuard(_VMAP_MODE):
             return self(*args, **kwargs)
 
-    def agrees(self, physical: list, spec: Any, base: nn.Module, stacked: Mapping[str, torch.Tensor]) -> bool:
-        """Whether `run`'s outputs equal, member by member, member i's own model (`base` with its slice of
-        `stacked`) on its own inputs, in eval mode without gradients: a forward that mixes rows (x.mean(0)) shows,
-        dropout and batch statistics do not. Errors count as disagreement. k + 1 forwards: once per pass."""
-        modes = [(m, m.training) for m in (*self.modules(), *base.modules())]
-        try:
-            with torch.no_grad(), torch._C._ExcludeDispatchKeyGuard(_VMAP_MODE):
-                self.eval(), base.eval()
-                fused = tree_flatten(self.run(physical, spec))[0]
-                for i in range(self.fold.k):
-                    args, kwargs = _unflatten([x[i] if torch.is_tensor(x) else x for x in physical], spec)
-                    alone = functional_call(base, {n: t[i] for n, t in stacked.items()}, args, kwargs)
-                    if not _matches(fused, tree_flatten(alone)[0], i, self.fold):
-                        return False
-            return True
-        except Exception:  # (the generic path raises it again if it is the step's own)
-            return False
-        finally:
-            for m, training in modes:
-                m.training = training
-
 
 def _unflatten(leaves: list, spec: Any) -> tuple[tuple, dict]:
     """(args, kwargs) from flattened leaves (spec None: one positional argument)."""
     return (tuple(leaves), {}) if spec is None else tree_unflatten(leaves, spec)
 
 
-def _matches(fused: list, alone: list, i: int, fold: Fold) -> bool:
-    """Whether member i's share of the fused outputs (folded by `fold`) equals its outputs alone, to a tolerance
-    far above rounding and far below what mixing rows does."""
-    if len(fused) != len(alone):
-        return False
-    for f, a in zip(fused, alone, strict=True):
+def member_share(fused: list, i: int, fold: Fold) -> list | None:
+    """Member i's share of the fused outputs (flattened leaves, folded by `fold`); None where a tensor does not
+    fold into k members' outputs."""
+    out = []
+    for f in fused:
+        if torch.is_tensor(f):
+            if f.dim() == 0 or f.shape[0] % fold.k:
+                return None
+            f = fold.split(f).select(fold.dim, i)
+        out.append(f)
+    return out
+
+
+def tolerance(t: torch.Tensor) -> float:
+    """The relative tolerance for comparing `t` computed two ways: far above rounding, far below what another
+    computation gives. TF32 (CUDA matmuls or convolutions that allow it) rounds to 10 bits, so 1e-2 there."""
+    if t.dtype not in (torch.float32, torch.float64):
+        return 2e-2
+    if t.is_cuda and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32):
+        return 1e-2
+    return 1e-3
+
+
+def differ(got: list, want: list) -> str | None:
+    """Why the flattened outputs `got` are not `want` (None: they agree), each floating tensor to `tolerance`
+    relative to the magnitude of `want` (an absolute floor for values near zero)."""
+    if len(got) != len(want):
+        return f"{len(got)} outputs against {len(want)}"
+    for j, (f, a) in enumerate(zip(got, want, strict=True)):
         if not (torch.is_tensor(f) and torch.is_tensor(a)):
             if torch.is_tensor(f) or torch.is_tensor(a) or f != a:
-                return False
+                return f"output {j} is {f!r} against {a!r}"
             continue
-        if f.dim() == 0 or f.shape[0] % fold.k or f.numel() != fold.k * a.numel():
-            return False
-        f = fold.split(f).select(fold.dim, i)
         if f.shape != a.shape or f.dtype != a.dtype:
-            return False
+            return f"output {j} has shape {tuple(f.shape)} {f.dtype} against {tuple(a.shape)} {a.dtype}"
         if not f.is_floating_point():
             if not torch.equal(f, a):
-                return False
+                return f"output {j} differs ({f.dtype})"
             continue
-        tol = 1e-3 if f.dtype in (torch.float32, torch.float64) else 2e-2
+        tol = tolerance(a)
         scale = float(a.nan_to_num(0.0, 0.0, 0.0).abs().max()) if a.numel() else 0.0
         if not torch.allclose(f, a, rtol=tol, atol=tol * scale + 1e-12, equal_nan=True):
-            return False
-    return True
+            gap = float((f.double() - a.double()).nan_to_num(float("inf")).abs().max())
+            return (f"output {j} differs by up to {gap:.3g} (its scale {scale:.3g}; tolerance {tol:g} of the "
+                    "scale)")
+    return None
 
 
 def fuse(model: nn.Module, k: int, stacked: dict[str, torch.Tensor]) -> FusedModel | None:

@@ -3,8 +3,9 @@
     pack = FusedPack([t.model for t in trainables], [t.optimizer for t in trainables])
     metrics = pack.train(step_fn, data, configs, orders)   # one pass, every member at once
     pack.write_back()                                       # into each member's own model and optimizer
+    metrics = pack.evaluate(step_fn, valid, configs)        # every member's evaluation at once (or an eval_step)
 
-The members' parameters and buffers are stacked along a leading pack dimension (`stack_module_state`); the user's
+The members' parameters and buffers are stacked along a leading pack dimension (`_stack_state`); the user's
 `step_fn` runs for all members at once under `torch.func.vmap(randomness="different")`, so its loss, metrics and
 random draws are per member whatever it computes; the members' losses are summed and one backward gives each member
 the gradient of its own loss; `StackedOptimizer` applies every member's own SGD/Adam/AdamW update (its learning
@@ -42,31 +43,47 @@ What cannot be packed raises `PackError` naming it (the runner then trains the m
 members that differ in `signature` (parameter and buffer names, shapes, dtypes, devices; the modules' repr; the
 optimizer's class and flags); optimizers other than SGD, Adam and AdamW, with several parameter groups, `maximize`,
 `amsgrad` or differing `nesterov`; and, while training, members with different batch sizes or a `step_fn` that reads
-a config key whose value differs among them (it runs once for all). LR schedulers and GradScalers are not stacked.
+a config key whose value differs among them (it runs once for all); while evaluating, different `eval_batch_size`s.
+
+LR schedulers: each member keeps its own (on its own torch optimizer). `train(..., lr_schedulers=...)` steps each
+member's per-step one after every step of the pass, as `StepLoop` does, and `StackedOptimizer.refresh` re-reads the
+members' learning rates (and momenta or betas: OneCycleLR cycles them) into the stacked update, so members with
+different schedules each follow their own; an "epoch" schedule the worker steps between passes, as alone (a pack
+starts from the members' current learning rates). An enabled GradScaler (mixed precision: its scale, inf checks and
+skipped steps per member) is not stacked: the runner trains such members one after another; a disabled one (the
+default on a CPU) changes nothing and packs.
+
+Evaluation (`FusedPack.evaluate`) runs every member's `eval_step` (or `step_fn`) at once, as `StepLoop.evaluate`
+runs each alone: under `torch.no_grad()`, the model in eval mode and called by the same paths (and check) as in
+training, every member on the same batches in order; per member, the same means and `num_examples`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch._C import _functorch as _ft
 from torch._functorch.vmap import lazy_load_decompositions
-from torch.func import functional_call, stack_module_state
+from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from framework.data import data_len
-from framework.engine.fused_modules import fuse
+from framework.engine.fused_modules import _unflatten, differ, fuse, member_share
 from framework.engine.steps import batch_size_of, device_of, split_output, take, to_device
 from framework.trainable import Trainable
 
 __all__ = ["pack_key", "FusedPack", "PackError", "StackedOptimizer", "signature"]
 
+_VMAP_MODE = torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchVmapMode)
 _FLAGS = ("maximize", "amsgrad", "nesterov", "decoupled_weight_decay")
+_HYPER = ("lr", "momentum", "dampening", "weight_decay", "betas", "eps")  # (what `StackedOptimizer.refresh` re-reads)
 
 
 class PackError(ValueError):
@@ -75,19 +92,23 @@ class PackError(ValueError):
 
 def signature(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple:
     """What configs must share to train in one pack (hashable): their parameters' and buffers' names, shapes, dtypes
-    and devices, the model's repr (its modules and their settings: an activation or dropout rate that differs makes
-    another architecture), and the optimizer's class and flags."""
+    and devices, the model's repr and its modules' plain attributes (their settings: an activation or dropout rate
+    that differs, or `self.act = config["act"]`, makes another architecture), and the optimizer's class and flags.
+    Cheap, so the driver groups by it; what it cannot see (a closure, a stored config read in `forward`) the
+    member check of every pack's first call finds (`FusedPack.check`)."""
     tensors = tuple((n, tuple(t.shape), t.dtype, str(t.device))
                     for n, t in (*model.named_parameters(), *model.named_buffers()))
     flags = tuple(tuple(bool(g.get(f, False)) for f in _FLAGS) for g in optimizer.param_groups)
-    return tensors, repr(model), type(optimizer), flags
+    return tensors, (repr(model), _attributes(model)), type(optimizer), flags
 
 
 def pack_key(model_fn: Callable) -> Callable[[Mapping[str, Any]], Hashable | None]:
     """`key(config)`: what configs of one pack share (`ModelSelection(pack=...)`, the driver's packer): the
     `signature` of what `model_fn` builds, and the batch size. The model is built on PyTorch's meta device (no
-    memory, no weights); None, a config that trains alone, where that fails or it has an LR scheduler or a
-    GradScaler (not stacked yet) or no optimizer."""
+    memory, no weights); None, a config that trains alone, where that fails, or it has no optimizer or an enabled
+    GradScaler (mixed precision: not stacked; a CUDA scaler built on a driver without CUDA reads as disabled, and
+    the worker that finds it enabled trains the pack's members one after another). An LR scheduler packs: each
+    member steps its own (`FusedPack.train`)."""
 
     def key(config: Mapping[str, Any]) -> Hashable | None:
         try:
@@ -95,7 +116,7 @@ def pack_key(model_fn: Callable) -> Callable[[Mapping[str, Any]], Hashable | Non
                 built = Trainable.of(model_fn(dict(config)))
         except Exception:  # e.g. a model_fn that loads weights from a file: the worker builds it for real
             return None
-        if built.optimizer is None or built.lr_scheduler is not None or built.grad_scaler is not None:
+        if built.optimizer is None or (built.grad_scaler is not None and built.grad_scaler.is_enabled()):
             return None
         return signature(built.model, built.optimizer), repr(config.get("batch_size"))
 
@@ -148,10 +169,34 @@ class StackedOptimizer:
                   for ps in zip(*(o.param_groups[0]["params"] for o in optimizers), strict=True)]  # [param][member]
         self.stepped = {j for j, s in enumerate(states) if any(s)}  # parameters with state to write back
         (self._init_adam if self.adam else self._init_sgd)(states)
+        self._seen = self._snapshot()
+
+    def refresh(self) -> None:
+        """Re-read the members' hyper-parameters from their optimizers' param groups, after their LR schedulers
+        stepped (a learning rate; OneCycleLR's momentum or betas too): every value derived from them (`neg_lr`,
+        `lr64`, `shrink` = 1 - lr*wd, the momenta, betas, ...) follows; the stacked state is untouched. Nothing is
+        recomputed when no value changed."""
+        self.hp = [o.param_groups[0] for o in self.optimizers]
+        seen = self._snapshot()
+        if seen != self._seen:
+            self._seen = seen
+            (self._hyper_adam if self.adam else self._hyper_sgd)()
+
+    def _snapshot(self) -> tuple:
+        return tuple(tuple(tuple(map(float, h[key])) if key == "betas" else float(h[key]) for key in _HYPER if key in h)
+                     for h in self.hp)
 
     def _value(self, key: str, f: Callable[[dict], float] | None = None) -> float | list[torch.Tensor]:
-        """The members' `key` (or `f(param_group)`): a float when all members share it, else per-member tensors."""
-        return self._values([[float(f(h) if f else h[key]) for h in self.hp]] * len(self.params))
+        """The members' `key` (or `f(param_group)`): a float when all members share it, else per-member tensors
+        (one per parameter, shared among parameters of one rank, dtype and device)."""
+        row = [float(f(h) if f else h[key]) for h in self.hp]
+        if len(set(row)) == 1:
+            return row[0]
+        shared: dict[tuple, torch.Tensor] = {}
+        for p in self.params:
+            if (p.dim(), p.dtype, p.device) not in shared:
+                shared[p.dim(), p.dtype, p.device] = _per_member(row, p)
+        return [shared[p.dim(), p.dtype, p.device] for p in self.params]
 
     def _values(self, rows: Sequence[Sequence[float]]) -> float | list[torch.Tensor]:
         """rows[j][i]: member i's value for parameter j; a float when all are equal, else one tensor per param."""
@@ -160,39 +205,53 @@ class StackedOptimizer:
         return [_per_member(r, p) for r, p in zip(rows, self.params, strict=True)]
 
     def _init_sgd(self, states: list[list[dict]]) -> None:
-        mom = [float(h["momentum"]) for h in self.hp]
-        self.neg_lr, self.nesterov = self._value("", lambda h: -h["lr"]), bool(self.hp[0].get("nesterov"))
+        self.nesterov, self.momentum_on = bool(self.hp[0].get("nesterov")), [bool(h["momentum"]) for h in self.hp]
+        self.bufs = self.fresh = None
+        if any(self.momentum_on):  # buf = momentum*buf + c*grad; a member without momentum keeps buf = grad (c = 1)
+            self.fresh = [[s.get("momentum_buffer") is None for s in row] for row in states]
+            self.bufs = [_stack([torch.zeros_like(p[0]) if f else s["momentum_buffer"] for s, f in zip(row, fr)], p)
+                         for row, fr, p in zip(states, self.fresh, self.params, strict=True)]
+        self._hyper_sgd()
+
+    def _hyper_sgd(self) -> None:
+        """What SGD's update reads of the members' hyper-parameters (`refresh` calls it again)."""
+        if [bool(h["momentum"]) for h in self.hp] != self.momentum_on:
+            raise PackError("a member's momentum turned on or off in the pass (its LR scheduler's), which a pack "
+                            "does not stack")
+        self.neg_lr = self._value("", lambda h: -h["lr"])
         self.wd = self._value("weight_decay") if any(h["weight_decay"] for h in self.hp) else None
-        self.bufs = None
-        if any(mom):  # buf = momentum*buf + c*grad; a member without momentum keeps buf = grad (c = 1)
+        if self.bufs is not None:
             self.mom = self._value("momentum")
             self.c = self._value("", lambda h: 1 - h["dampening"] if h["momentum"] else 1.0)
-            fresh = [[s.get("momentum_buffer") is None for s in row] for row in states]
             # a fresh buffer (torch: the first step's gradient itself) is zeros here, taking c = 1 on its first step
-            damped = any(f and h["dampening"] and h["momentum"] for fr in fresh for f, h in zip(fr, self.hp))
+            damped = any(f and h["dampening"] and h["momentum"] for fr in self.fresh for f, h in zip(fr, self.hp))
             self.c0 = self._values([[1.0 if f else (1 - h["dampening"] if h["momentum"] else 1.0)
-                                     for f, h in zip(fr, self.hp, strict=True)] for fr in fresh]) if damped else self.c
-            self.bufs = [_stack([torch.zeros_like(p[0]) if f else s["momentum_buffer"] for s, f in zip(row, fr)], p)
-                         for row, fr, p in zip(states, fresh, self.params, strict=True)]
+                                     for f, h in zip(fr, self.hp, strict=True)]
+                                    for fr in self.fresh]) if damped else self.c
 
     def _init_adam(self, states: list[list[dict]]) -> None:
         k, like = len(self.hp), self.params[0]
         self.decoupled = isinstance(self.optimizers[0], torch.optim.AdamW) or bool(
             self.hp[0].get("decoupled_weight_decay"))
-        decay = any(h["weight_decay"] for h in self.hp)
-        self.wd = self._value("weight_decay") if decay and not self.decoupled else None
-        self.shrink = self._value("", lambda h: 1 - h["lr"] * h["weight_decay"]) if decay and self.decoupled else None
-        self.b1c, self.b2 = self._value("", lambda h: 1 - h["betas"][0]), self._value("", lambda h: h["betas"][1])
-        self.b2c, self.eps = self._value("", lambda h: 1 - h["betas"][1]), self._value("eps")
-        as64 = {"dtype": torch.float64, "device": like.device}
-        self.lr64, self.b1_64, self.b2_64 = (torch.tensor([float(f(h)) for h in self.hp], **as64) for f in (
-            lambda h: h["lr"], lambda h: h["betas"][0], lambda h: h["betas"][1]))
-        self.steps = torch.tensor([[float(s.get("step", 0.0)) for s in row] for row in states], **as64)  # (P, k)
+        self.steps = torch.tensor([[float(s.get("step", 0.0)) for s in row] for row in states],
+                                  dtype=torch.float64, device=like.device)  # (P, k)
         self.uniform = bool((self.steps == self.steps[0]).all())  # (every parameter at the same step counts)
         self.exp_avg, self.exp_avg_sq = ([_stack([s.get(key, torch.zeros_like(p[0])) for s in row], p)
                                           for row, p in zip(states, self.params, strict=True)]
                                          for key in ("exp_avg", "exp_avg_sq"))
         self.shapes = [(k, *([1] * (p.dim() - 1))) for p in self.params]
+        self._hyper_adam()
+
+    def _hyper_adam(self) -> None:
+        """What Adam's update reads of the members' hyper-parameters (`refresh` calls it again)."""
+        decay = any(h["weight_decay"] for h in self.hp)
+        self.wd = self._value("weight_decay") if decay and not self.decoupled else None
+        self.shrink = self._value("", lambda h: 1 - h["lr"] * h["weight_decay"]) if decay and self.decoupled else None
+        self.b1c, self.b2 = self._value("", lambda h: 1 - h["betas"][0]), self._value("", lambda h: h["betas"][1])
+        self.b2c, self.eps = self._value("", lambda h: 1 - h["betas"][1]), self._value("eps")
+        as64 = {"dtype": torch.float64, "device": self.params[0].device}
+        self.lr64, self.b1_64, self.b2_64 = (torch.tensor([float(f(h)) for h in self.hp], **as64) for f in (
+            lambda h: h["lr"], lambda h: h["betas"][0], lambda h: h["betas"][1]))
 
     @torch.no_grad()
     def step(self) -> None:
@@ -296,7 +355,8 @@ class _Reads(dict):
 class _PackModel:
     """What `step_fn` gets as its model inside the pack's vmap: a call runs every member's model on its own inputs
     by the pack's path (module docstring); attributes are the architecture's (on the meta device: read, never
-    computed with). `mode`: "check" (fused, checked against the members alone), "fused" or "generic"."""
+    computed with). `mode`: "check" (the next call checks the members, `FusedPack.check`, then takes the path it
+    allows), "fused" or "generic"."""
 
     def __init__(self, pack: FusedPack) -> None:
         self._pack, self.level, self.mode = pack, 0, "generic"
@@ -305,26 +365,27 @@ class _PackModel:
         pack = self._pack
         if self.mode != "generic":
             leaves, spec = (args, None) if len(args) == 1 and not kwargs else tree_flatten((args, kwargs))
-            physical = self._unwrap(leaves)
-            if physical is not None:
-                if self.mode == "fused" or pack.fused.agrees(physical, spec, pack.base, pack.tensors):
-                    out = pack.fused.run(physical, spec)
-                    return self._wrap(out) if torch.is_tensor(out) else tree_map(self._wrap, out)
-                self.mode = "generic"
+            physical, batched = self._unwrap(leaves)
+            if self.mode == "check":
+                self.mode = pack.check(physical, batched, spec)
+            if self.mode == "fused" and all(batched):
+                out = pack.fused.run(physical, spec)
+                return self._wrap(out) if torch.is_tensor(out) else tree_map(self._wrap, out)
         weights = {n: _ft._add_batch_dim(t, 0, self.level) for n, t in pack.tensors.items()}
-        with pack.attention():  # (on a CPU, attention's math kernel: vmap loops over members for the fused one)
+        with pack.attention():  # (attention's math kernel: vmap has a rule for it; see `FusedPack.__init__`)
             return functional_call(pack.base, weights, args, kwargs)
 
-    def _unwrap(self, leaves: list) -> list | None:
-        """The inputs' physical (k, B, ...) tensors, or None when one is not batched over the members."""
-        out = []
+    def _unwrap(self, leaves: list) -> tuple[list, list[bool]]:
+        """The inputs with each tensor batched over the members as its physical (k, B, ...) tensor, and which
+        were (a tensor that is not, e.g. a constant the step made, is the same for every member)."""
+        out, batched = [], []
         for x in leaves:
-            if isinstance(x, torch.Tensor):
-                if _ft.maybe_get_level(x) != self.level or x.dim() == 0:
-                    return None
+            is_batched = isinstance(x, torch.Tensor) and _ft.maybe_get_level(x) == self.level and x.dim() > 0
+            if is_batched:
                 x = _ft._remove_batch_dim(x, self.level, self._pack.k, 0)
             out.append(x)
-        return out
+            batched.append(is_batched or not isinstance(x, torch.Tensor))
+        return out, batched
 
     def _wrap(self, y: Any) -> Any:
         fold = self._pack.fused.fold
@@ -334,12 +395,76 @@ class _PackModel:
         return getattr(self._pack.base, name)
 
 
+def _dropout_stand_in(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+                      ) -> torch.Tensor:
+    return input * (1 - p) if training else input  # (deterministic, and still tells p and the mode apart)
+
+
+def _random_stand_ins() -> dict[Callable, Callable]:
+    """Random ops as deterministic stand-ins that keep their arguments' effect (`_Deterministic`)."""
+    F = torch.nn.functional
+    out: dict[Callable, Callable] = {f: _dropout_stand_in for f in (
+        F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, torch.dropout,
+        torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout)}
+    out.update({
+        torch.rand: lambda *size, **kw: torch.full(_size(size), 0.5, **_factory(kw)),
+        torch.randn: lambda *size, **kw: torch.zeros(_size(size), **_factory(kw)),
+        torch.rand_like: lambda x, **kw: torch.full_like(x, 0.5, **_factory(kw)),
+        torch.randn_like: lambda x, **kw: torch.zeros_like(x, **_factory(kw)),
+        torch.bernoulli: lambda x, p=None, **kw: x if p is None else torch.full_like(x, p),
+        torch.normal: lambda mean, std=1.0, *a, **kw: (mean if torch.is_tensor(mean) else
+                                                       torch.full(_size(a[:1] or (kw.get("size", ()),)), mean)),
+        torch.Tensor.uniform_: lambda x, a=0.0, b=1.0, **kw: x.fill_((a + b) / 2),
+        torch.Tensor.normal_: lambda x, mean=0.0, std=1.0, **kw: x.fill_(mean),
+        torch.Tensor.bernoulli_: lambda x, p=0.5, **kw: x.copy_(p) if torch.is_tensor(p) else x.fill_(p),
+    })
+    return out
+
+
+def _size(size: tuple) -> tuple:
+    return tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+
+
+def _factory(kw: dict) -> dict:
+    return {k: v for k, v in kw.items() if k in ("dtype", "device", "requires_grad")}
+
+
+class _Deterministic(TorchFunctionMode):
+    """Random ops replaced by deterministic stand-ins (`_random_stand_ins`), so a member's own forward and the pack's
+    computation for it can be compared in training mode, dropout included: both get the same stand-ins. A random
+    op not replaced makes the two differ, and the pack trains its members alone (safe, not fast)."""
+
+    _STAND_INS: dict[Callable, Callable] | None = None
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if _Deterministic._STAND_INS is None:
+            _Deterministic._STAND_INS = _random_stand_ins()
+        stand_in = _Deterministic._STAND_INS.get(func)
+        return (stand_in or func)(*args, **(kwargs or {}))
+
+
+def _attributes(model: torch.nn.Module) -> tuple:
+    """The plain attributes of `model`'s modules (numbers, strings, None and tuples or lists of them), by module
+    path: what a forward may read besides its tensors (`self.act = config["act"]`). Dicts and objects are left out
+    (a stored config would keep every config apart); the member check covers what they change."""
+    plain = (bool, int, float, str, type(None))
+    out = []
+    for path, m in model.named_modules():
+        for name, v in vars(m).items():
+            if name.startswith("_") or name == "training":
+                continue
+            if isinstance(v, plain) or (isinstance(v, (tuple, list)) and all(isinstance(e, plain) for e in v)):
+                out.append((path, name, repr(v)))
+    return tuple(out)
+
+
 class FusedPack:
     """k members' models and optimizers as one stacked model for one pass (see the module docstring). `generic`:
-    never take the fused path (for comparisons). `path`: the path the last pass took ("fused" or "generic")."""
+    never take the fused path (for comparisons). `ids`: the members' config ids, for messages. `path`: the path
+    the last pass took ("fused" or "generic"); `why_generic`: why not fused (None when it was)."""
 
     def __init__(self, models: Sequence[torch.nn.Module], optimizers: Sequence[torch.optim.Optimizer], *,
-                 generic: bool = False) -> None:
+                 generic: bool = False, ids: Sequence[int] | None = None) -> None:
         if not models or len(models) != len(optimizers):
             raise PackError(f"a pack needs one optimizer per model, got {len(models)} models, {len(optimizers)}")
         signatures = [signature(m, o) for m, o in zip(models, optimizers, strict=True)]
@@ -347,16 +472,19 @@ class FusedPack:
             raise PackError("the members' models differ in their parameters' names, shapes or dtypes; a pack "
                             "stacks one architecture")
         if len({s[1] for s in signatures}) != 1:
-            raise PackError("the members' models differ in their modules (their repr: an activation, a dropout "
-                            "rate); a pack runs one architecture's forward")
+            raise PackError("the members' models differ in their modules or their plain attributes (an activation, "
+                            "a dropout rate, `self.act`); a pack runs one architecture's forward")
         self.models, self.k = list(models), len(models)
-        params, buffers = stack_module_state(self.models)
+        self.ids = list(range(self.k)) if ids is None else list(ids)  # (what messages call the members)
+        params, buffers = _stack_state(self.models)
         self.params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in params.items()}
         self.tensors = {**self.params, **buffers}
         self.base = copy.deepcopy(self.models[0]).to("meta")
         self.fused = None if generic else fuse(self.models[0], self.k, self.tensors)
         self.params = {n: self.tensors[n] for n in self.params}  # (as `fuse` laid them out)
         self.path = "generic" if self.fused is None else "fused"
+        self.why_generic = None if self.fused is not None else "asked for" if generic else (
+            "a module the fused path does not cover (framework.engine.fused_modules)")
         names_of = [{id(p): n for n, p in m.named_parameters()} for m in self.models]
         try:
             orders = [[names_of[i][id(p)] for p in o.param_groups[0]["params"]] for i, o in enumerate(optimizers)]
@@ -366,19 +494,71 @@ class FusedPack:
             raise PackError("the members' optimizers hold their parameters in different orders")
         self.optimizer = StackedOptimizer(optimizers, self.params, orders[0])
         self._model = _PackModel(self)
-        on_cpu = all(t.device.type == "cpu" for t in self.tensors.values())
-        self.attention = (lambda: sdpa_kernel([SDPBackend.MATH])) if on_cpu else contextlib.nullcontext
+        # attention's math kernel on every device: vmap has a batching rule for it, and the fused kernels' backward
+        # under vmap fails on CUDA ("LSE is not correctly aligned", an H200); for the small models packs are for,
+        # the math kernel costs little
+        self.attention = lambda: sdpa_kernel([SDPBackend.MATH])
+
+    def check(self, physical: list, batched: list[bool], spec: Any) -> str:
+        """The member check, on a pass's first call of the model (`_PackModel`): each member's own module (its own
+        object, attributes and forward) on its own inputs, against what the pack computes for it, in training mode
+        and in eval mode, random ops as deterministic stand-ins (`_Deterministic`), without gradients, every
+        running statistic restored after. Raises `PackError` naming the first member whose own forward differs
+        from the pack's generic computation (the lead's module on its weights), or whose forward changes its
+        module's plain attributes (a step counter: the pack runs one copy); returns the path the pass may take:
+        "fused" where the fused copy agrees with every member too, else "generic" (`why_generic` says why)."""
+        k, fold = self.k, None if self.fused is None else self.fused.fold
+        inputs = [_unflatten([x[i] if b and torch.is_tensor(x) else x for x, b in zip(physical, batched, strict=True)],
+                             spec) for i in range(k)]
+        fused_why = None if self.fused is not None and all(batched) else self.why_generic or "an input not batched"
+        with _kept(self) as restore:
+            for training in (True, False):
+                mode = "training" if training else "eval"
+                for m in (*self.models, self.base, *([self.fused] if self.fused is not None else [])):
+                    m.train(training)
+                fused = None
+                if fused_why is None:
+                    try:
+                        fused = tree_flatten(self.fused.run(physical, spec))[0]
+                    except Exception as e:
+                        fused_why = f"the fused forward raised {type(e).__name__}: {e}"
+                    restore()
+                for i in range(k):
+                    args, kwargs = inputs[i]
+                    before = _attributes(self.models[i])
+                    own = tree_flatten(self.models[i](*args, **kwargs))[0]
+                    restore()
+                    if _attributes(self.models[i]) != before:
+                        raise PackError(f"config {self.ids[i]}'s forward changes its module's plain attributes (a "
+                                        "counter?); a pack runs one copy of the forward, so it trains alone")
+                    weights = {n: t[i] for n, t in self.tensors.items()}
+                    why = differ(tree_flatten(functional_call(self.base, weights, args, kwargs))[0], own)
+                    restore()
+                    if why is not None:
+                        raise PackError(f"config {self.ids[i]}'s own forward differs from the pack's (config "
+                                        f"{self.ids[0]}'s module on its weights) on its first batch in {mode} mode: "
+                                        f"{why}; a plain attribute, a value read in forward or a closure differs")
+                    if fused is not None and fused_why is None:
+                        share = member_share(fused, i, fold)
+                        why = "its outputs do not fold by member" if share is None else differ(share, own)
+                        if why is not None:
+                            fused_why = f"the fused copy differs from config {self.ids[i]}'s own in {mode} mode: {why}"
+        self.why_generic = fused_why
+        return "generic" if fused_why is not None else "fused"
 
     def train(self, step_fn: Callable, data: Any, configs: Sequence[Mapping[str, Any]], orders: Sequence[torch.Tensor],
-              extras: Mapping[str, Any] | None = None) -> list[dict[str, float]]:
+              extras: Mapping[str, Any] | None = None, *, lr_schedulers: Sequence[Any] | None = None
+              ) -> list[dict[str, float]]:
         """One pass of every member over `data`, member i in the row order `orders[i]` (its unit seed's draw), in
-        batches of the members' common `batch_size`; per member: the mean loss and metrics and `num_examples`."""
+        batches of the members' common `batch_size`; per member: the mean loss and metrics and `num_examples`.
+        `lr_schedulers[i]`: member i's LR scheduler (on its own optimizer) to step after every step, as `StepLoop`
+        does with a `scheduler_interval` of "step" (None: none; an "epoch" one the worker steps between passes)."""
         batch = {batch_size_of(c) for c in configs}
         if len(batch) != 1:
             raise PackError(f"the members' batch sizes are {sorted(batch)}; a pack trains one batch size")
         size, n, extras = batch.pop(), data_len(data), dict(extras or {})
         model, reads = self._model, _Reads(configs[0])
-        model.mode = "generic" if self.fused is None else "check"
+        model.mode = "check"  # (the first call of the model checks the members: `check`)
         config: list[Mapping[str, Any]] = [reads]  # (the plain config after the first step's check)
         keys: list[tuple[str, ...]] = []
 
@@ -402,9 +582,63 @@ class FusedPack:
                 config[0] = configs[0]
             losses.sum().backward()
             self.optimizer.step()
+            if lr_schedulers:  # each member's own schedule, then the learning rates (momenta, betas) it set
+                with warnings.catch_warnings():  # (each member's optimizer did step: stacked, not through its `step`)
+                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                    for scheduler in filter(None, lr_schedulers):
+                        scheduler.step()
+                self.optimizer.refresh()
             log.append((keys.pop(), values.detach(), ids.shape[1]))  # (values: not on backward's path)
-            if model.mode == "check":
-                model.mode = "fused"
+        self.path = "fused" if model.mode == "fused" else "generic"
+        return _means(log, self.k, n)
+
+    def evaluate(self, fn: Callable, data: Any, configs: Sequence[Mapping[str, Any]],
+                 extras: Mapping[str, Any] | None = None, *, name: str = "step_fn") -> list[dict[str, float]]:
+        """Every member's evaluation at once, as `StepLoop.evaluate` runs each alone: `fn` (an `eval_step`, `name`
+        "eval_step", whose loss is optional, or the `step_fn`) for all members under vmap and `torch.no_grad()`, the
+        model in eval mode and called as in `train` (its path checked on the first batch), over `data` in order, in
+        batches of the members' common `eval_batch_size` (default: `batch_size`), every member on the same rows;
+        per member: the example-weighted means of its loss (if any) and metrics, and `num_examples`."""
+        batch = {batch_size_of(c, "eval_batch_size", batch_size_of(c)) for c in configs}
+        if len(batch) != 1:
+            raise PackError(f"the members' evaluation batch sizes are {sorted(batch)}; a pack evaluates one batch "
+                            "size")
+        size, n, extras = batch.pop(), data_len(data), dict(extras or {})
+        model, reads = self._model, _Reads(configs[0])
+        model.mode = "check"  # (the first call of the model checks the members: `check`)
+        config: list[Mapping[str, Any]] = [reads]  # (the plain config after the first batch's check)
+        keys: list[tuple[str, ...]] = []
+
+        def member(rows: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            model.level = _ft.current_level()
+            loss, metrics = split_output(fn(model, rows, config[0], **extras), name, need_loss=name != "eval_step")
+            named = metrics if loss is None else {"loss": loss, **metrics}
+            keys.append(tuple(named))
+            values = torch.stack([_metric(k, v) for k, v in named.items()]) if named else torch.zeros(0)
+            return values, values  # (`_vmap` returns two tensors)
+
+        log: list[tuple[tuple[str, ...], torch.Tensor, int]] = []
+        nets = [self.base, *([self.fused] if self.fused is not None else [])]
+        modes = [(m, m.training) for net in nets for m in net.modules()]
+        lazy_load_decompositions()
+        held, device = device_of(data), next(iter(self.params.values())).device
+        try:
+            with torch.no_grad():
+                for net in nets:
+                    net.eval()
+                for j, start in enumerate(range(0, n, size)):
+                    ids = torch.arange(start, min(start + size, n), device=held).view(1, -1)
+                    rows = _rows(data, ids)  # (1, b, ...): the same rows for every member, expanded (no copy)
+                    rows = tree_map(lambda t: t.expand(self.k, *t.shape[1:]),
+                                    rows if held == device else to_device(rows, device))
+                    _, values = _vmap(member, self.k, rows)
+                    if j == 0:
+                        _check_reads(reads, configs)
+                        config[0] = configs[0]
+                    log.append((keys.pop(), values, ids.shape[1]))
+        finally:
+            for m, training in modes:
+                m.training = training
         self.path = "fused" if model.mode == "fused" else "generic"
         return _means(log, self.k, n)
 
@@ -415,6 +649,43 @@ class FusedPack:
                 for name, t in (*model.named_parameters(), *model.named_buffers()):
                     t.copy_(self.tensors[name][i])
         self.optimizer.write_back()
+
+
+def _stack_state(models: Sequence[torch.nn.Module]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The members' parameters (leaves that require grad as theirs do) and buffers, each stacked as (k, ...) by
+    name. Unlike `torch.func.stack_module_state`, members may be objects of different classes of one shape (a
+    class defined inside `model_fn` is a new class per call): the member check vouches for their forwards."""
+    named = [dict(m.named_parameters()) for m in models]
+    params = {n: torch.stack([p[n].detach() for p in named]).requires_grad_(t.requires_grad)
+              for n, t in named[0].items()}
+    bufs = [dict(m.named_buffers()) for m in models]
+    return params, {n: torch.stack([b[n] for b in bufs]) for n in bufs[0]}
+
+
+@contextlib.contextmanager
+def _kept(pack: FusedPack) -> Any:
+    """For the member check: no gradients, vmap's random mode off, random ops deterministic; afterwards every
+    module's training mode and every buffer (running statistics, counts) as before, in the pack and the members.
+    Yields `restore()`, which puts the buffers back as they were (between forwards: each starts from the same)."""
+    modules = [m for model in (*pack.models, pack.base, *([pack.fused] if pack.fused is not None else []))
+               for m in model.modules()]
+    modes = [(m, m.training) for m in modules]
+    buffers = [b for model in pack.models for b in model.buffers()] + [
+        t for n, t in pack.tensors.items() if n not in pack.params]
+    saved = [b.clone() for b in buffers]
+
+    def restore() -> None:
+        with torch.no_grad():
+            for b, v in zip(buffers, saved, strict=True):
+                b.copy_(v)
+
+    try:
+        with torch.no_grad(), torch._C._ExcludeDispatchKeyGuard(_VMAP_MODE), _Deterministic():
+            yield restore
+    finally:
+        restore()
+        for m, training in modes:
+            m.training = training
 
 
 def _vmap(fn: Callable, k: int, rows: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,9 +9,13 @@ evaluates with the worker's functions (the user's `train_fn`/`eval_fn`, or the e
 A pack (`task.members` holds several configs) trains as one fused model when it can (`_run_fused`,
 `framework.engine.packs.FusedPack`): every member built from its own state and seeded as alone, each reading its
 rows in its own unit seed's order, all stepped at once, each ending with the weights it would reach alone (up to
-float rounding) and its own report; a member whose loss goes non-finite fails alone. A pack that cannot fuse
-(`PackError`: different architectures, a `train_fn`, an LR scheduler, ...; or an error of the fused pass itself),
-and every pack's evaluation, runs one member after another, each exactly as it would run on its own.
+float rounding) and its own report; a member whose loss goes non-finite fails alone. A member's LR scheduler is its
+own: a per-step one ("step" interval) steps after every step of the fused pass and the pack's optimizer follows its
+learning rate; an "epoch" one is stepped when the member is built, as alone. A pack's evaluation runs fused too
+(`_evaluate_fused`: the worker's `eval_step` or `step_fn`, every member on the same batches in order, each report
+as alone; a user's `eval_fn` is not fused). A pack that cannot fuse (`PackError`: different architectures, a
+`train_fn`, an enabled GradScaler, ...; or an error of the fused pass itself) runs one member after another, each
+exactly as it would run on its own, its reports noting why.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from framework.data import data_len, shard_data
 from framework.engine.gang import GangBrokenError
 from framework.engine.packs import FusedPack, PackError
 from framework.engine.state import ModelState, PackedState, pack_state, state_nbytes, unpack_state
-from framework.engine.steps import batch_size_of
+from framework.engine.steps import StepLoop, batch_size_of
 from framework.scheduling.units import TRAIN, Unit, UnitReport, UnitTask, unit_seed
 from framework.trainable import Trainable, accepted_kwargs
 
@@ -85,11 +89,9 @@ def run_members(
         raise NotImplementedError(f"a pack of {len(task.members)} configs on a gang of workers {task.workers} has no "
                                   "runner yet: a pack runs on one worker")
     members = member_tasks(task)
-    note = None
-    if task.unit.kind == TRAIN:
-        fused, note = _run_fused(worker, members, states)
-        if fused is not None:
-            return fused
+    fused, note = (_run_fused if task.unit.kind == TRAIN else _evaluate_fused)(worker, members, states)
+    if fused is not None:
+        return fused
     out = [run_unit(worker, t, s) for t, s in zip(members, states, strict=True)]
     start, end = out[0][1].start, out[-1][1].end
     for _, report in out:  # the pack held its worker as one: every member's row spans it (as a gang's rows do)
@@ -108,9 +110,81 @@ def member_tasks(task: UnitTask) -> list[UnitTask]:
 def _run_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[PackedState | ModelState | None]
                ) -> tuple[tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]] | None, str | None]:
     """Train a pack's members as one `FusedPack`: (their states and reports, None), or (None, why not) when they
-    cannot be fused (the caller then runs them one after another, from their untouched states)."""
+    cannot be fused (the caller then runs them one after another, from their untouched states). A member's LR
+    scheduler steps as alone: one with a `scheduler_interval` of "step" after every step of the pass (its own
+    schedule), an "epoch" one when the member is built for its first unit of an epoch (`_build`)."""
     if worker.step_fn is None or worker.freezing is not None:
         return None, "not fused: packs fuse a `step_fn` without layer freezing"
+    start, reports, built = _prepare_members(worker, members, states)
+    live = sorted(built)
+    data = worker.data[("train", members[0].unit.partition)]
+    n = data_len(data)
+    if len(live) < 2 or any(batch_size_of(members[i].config) > n for i in live):
+        return None, None  # (alone, each member reports its own error)
+    why = next((f"config {members[i].unit.config_id} has an enabled GradScaler (mixed precision)" for i in live
+                if built[i][0].grad_scaler is not None and built[i][0].grad_scaler.is_enabled()), None)
+    if why is not None:
+        return None, f"not fused: {why}, which a pack does not stack"
+    orders = []
+    for i in live:  # each member's rows in the order its own unit seed draws, as when it trains alone
+        _seed_unit(members[i].seed, members[i].unit)
+        orders.append(torch.randperm(n))
+    for i in live:
+        built[i][0].model.train()
+    trainables = [built[i][0] for i in live]
+    try:
+        pack = FusedPack([t.model for t in trainables], [t.optimizer for t in trainables],
+                         ids=[members[i].unit.config_id for i in live])
+        results = pack.train(worker.step_fn, data, [members[i].config for i in live], orders,
+                             accepted_kwargs(worker.step_fn, {"epoch": members[0].unit.epoch, "freezing": None}),
+                             lr_schedulers=[t.lr_scheduler if t.scheduler_interval == "step" else None
+                                            for t in trainables])
+        pack.write_back()
+    except PackError as e:
+        return None, f"not fused: {e}"
+    except Exception as e:  # the fused pass itself failed: alone, each member's own error (if any) is its own
+        return None, f"not fused: the fused pass raised {type(e).__name__}: {e}"
+    return _finish_members(worker, members, built, results, reports, data, start), None
+
+
+def _evaluate_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[PackedState | ModelState | None]
+                    ) -> tuple[tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]] | None, str | None]:
+    """Evaluate a pack's members as one `FusedPack` (`FusedPack.evaluate`: the worker's `eval_step`, or its
+    `step_fn`, as `StepLoop.evaluate` runs it alone): (their (None) states and reports, None), or (None, why not)
+    when they cannot be fused (the caller then evaluates them one after another). A user's `eval_fn` is not
+    fused, and says nothing (a note refuses the pack's key, training included: `Packer.observe`)."""
+    loop = getattr(worker.eval_fn, "__self__", None)
+    if not isinstance(loop, StepLoop) or getattr(worker.eval_fn, "__func__", None) is not StepLoop.evaluate:
+        return None, None
+    fn = loop.eval_step if loop.eval_step is not None else loop.step_fn
+    start, reports, built = _prepare_members(worker, members, states)
+    live = sorted(built)
+    if len(live) < 2:
+        return None, None  # (alone, each member reports its own error)
+    unit = members[live[0]].unit
+    data = worker.data[("valid", unit.partition)]
+    models = [built[i][0].model for i in live]
+    for model in models:
+        model.eval()
+    _seed_unit(members[live[0]].seed, unit)  # (an evaluation draws nothing as a rule; if it does, reproducibly)
+    try:
+        # (an evaluation reads no optimizer: a plain SGD per member, which stacks nothing, stands in for any)
+        pack = FusedPack(models, [torch.optim.SGD(m.parameters(), lr=0.0) for m in models],
+                         ids=[members[i].unit.config_id for i in live])
+        results = pack.evaluate(fn, data, [members[i].config for i in live],
+                                accepted_kwargs(fn, {"epoch": unit.epoch, "freezing": None}),
+                                name="eval_step" if loop.eval_step is not None else "step_fn")
+    except PackError as e:
+        return None, f"not fused: {e}"
+    except Exception as e:  # the fused pass itself failed: alone, each member's own error (if any) is its own
+        return None, f"not fused: the fused evaluation raised {type(e).__name__}: {e}"
+    return _finish_members(worker, members, built, results, reports, data, start), None
+
+
+def _prepare_members(worker: UnitHost, members: list[UnitTask], states: Sequence[PackedState | ModelState | None]
+                     ) -> tuple[float, list[UnitReport], dict[int, tuple[Trainable, ModelState | None]]]:
+    """A fused pack's start: (its start time, a report per member, each member's `_prepare` by index); a member
+    whose user code (or injected fault) fails has its report's error and is left out; the others go on."""
     start = time.time()
     reports = [UnitReport(unit=t.unit, worker=worker.worker_id, start=start, end=start) for t in members]
     built: dict[int, tuple[Trainable, ModelState | None]] = {}
@@ -121,33 +195,16 @@ def _run_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[Packe
             raise
         except Exception:  # this member's user code (or its injected fault) failed: the others go on
             reports[i].error = traceback.format_exc()
-    live = sorted(built)
-    data = worker.data[("train", members[0].unit.partition)]
-    n = data_len(data)
-    if len(live) < 2 or any(batch_size_of(members[i].config) > n for i in live):
-        return None, None  # (alone, each member reports its own error)
-    why = next((f"config {members[i].unit.config_id} has an LR scheduler or a GradScaler" for i in live
-                if built[i][0].lr_scheduler is not None or (built[i][0].grad_scaler is not None
-                                                           and built[i][0].grad_scaler.is_enabled())), None)
-    if why is not None:
-        return None, f"not fused: {why}, which a pack does not stack yet"
-    orders = []
-    for i in live:  # each member's rows in the order its own unit seed draws, as when it trains alone
-        _seed_unit(members[i].seed, members[i].unit)
-        orders.append(torch.randperm(n))
-    for i in live:
-        built[i][0].model.train()
-    try:
-        pack = FusedPack([built[i][0].model for i in live], [built[i][0].optimizer for i in live])
-        results = pack.train(worker.step_fn, data, [members[i].config for i in live], orders,
-                             accepted_kwargs(worker.step_fn, {"epoch": members[0].unit.epoch, "freezing": None}))
-        pack.write_back()
-    except PackError as e:
-        return None, f"not fused: {e}"
-    except Exception as e:  # the fused pass itself failed: alone, each member's own error (if any) is its own
-        return None, f"not fused: the fused pass raised {type(e).__name__}: {e}"
+    return start, reports, built
+
+
+def _finish_members(worker: UnitHost, members: list[UnitTask], built: dict[int, tuple[Trainable, ModelState | None]],
+                    results: list[dict[str, float]], reports: list[UnitReport], data: Any, start: float
+                    ) -> tuple[tuple[PackedState | None, ...], tuple[UnitReport, ...]]:
+    """A fused pack's end: each live member's metrics (`results`, in member order) checked into its report and its
+    new state packed (`_finish`; a member's failure there is its own); every report spans the pack."""
     new_states: list[PackedState | None] = [None] * len(members)
-    for i, metrics in zip(live, results, strict=True):
+    for i, metrics in zip(sorted(built), results, strict=True):
         trainable, state = built[i]
         try:
             new_states[i] = _finish(worker, members[i], trainable, state, metrics, None, reports[i], data)
@@ -156,7 +213,7 @@ def _run_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[Packe
     end = time.time()
     for r in reports:
         r.start, r.end = start, end
-    return (tuple(new_states), tuple(reports)), None
+    return tuple(new_states), tuple(reports)
 
 
 def _prepare(worker: UnitHost, task: UnitTask, unit: Unit, state: PackedState | ModelState | None, act: bool = True
