@@ -139,6 +139,12 @@ class RunState:
         """The procedure is asked to decide: it sees every stop so far."""
         self.stops_untold = False
 
+    @property
+    def config_slots(self) -> int:
+        """Configs a worker trains at once: the pack size under packing (`Packer.slots`), else 1. The procedures'
+        concurrency hint is the live workers times this."""
+        return self.dispatch.packer.slots if self.dispatch.packer is not None else 1
+
     def told_workers(self, n: int) -> None:
         """The procedure was told that `n` workers live (at `bind`, then at each change)."""
         self.live_workers = n

@@ -276,5 +276,13 @@ def restore(run: RunState, catalog) -> list[Unit]:
         todo += run_units
     run.log.mark_seqs(lost_seqs, "lost")
     stopping.restore(run, catalog, history)
+    if run.dispatch.packer is not None:  # what the packer learnt ("auto"'s sizes, refused keys): as if never stopped
+        import pandas as pd
+
+        refused = [(int(e["configs"][0]), e.get("unit_kind", TRAIN), e["why"])
+                   for e in map(json.loads, catalog.events("pack_not_fused").detail)]
+        run.dispatch.packer.restore(
+            [(int(r.config_id), r.kind, r.start, r.end, int(r.num_examples), int(r.state_bytes),
+              None if pd.isna(r.group) else int(r.group)) for r in done.itertuples()], refused)
     run.event("resume_plan", round=run.round, rerun=len(todo), lost_units=len(lost_seqs))
     return todo

@@ -42,7 +42,7 @@ def count_workers(run: RunState) -> None:
     n = len(run.workers.holds)
     if run.live_workers is not None and n != run.live_workers:  # None: the procedure is not bound yet
         run.told_workers(n)
-        run.procedure.workers_changed(n)
+        run.procedure.workers_changed(n * run.config_slots)
         run.event("workers_changed", num_workers=n)
 
 

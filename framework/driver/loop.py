@@ -159,6 +159,8 @@ class Driver:
         bind = run.procedure.bind
         n = len(self.placement) if run.options.num_workers is None else run.options.num_workers
         n = n or None  # None: unknown (no worker yet: a simulation whose workers all join later)
+        if n is not None:
+            n *= run.config_slots  # (packs: each worker trains several configs at once)
         extra = {"num_workers": n} if "num_workers" in inspect.signature(bind).parameters else {}
         bind(run.options.metric, run.options.mode, run.options.storage_path, **extra)
         run.told_workers(len(self.placement))

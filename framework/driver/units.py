@@ -81,9 +81,10 @@ def observe_pack(run: RunState, a: Assignment, reports: tuple[UnitReport, ...], 
     refused = len(packer.refused)
     packer.observe(a, seconds, first.num_examples, max(r.state_bytes for r in ok), first.note)
     if len(packer.refused) > refused:
-        run.event("pack_not_fused", configs=list(a.members), why=first.note)
-        run.write(f"configs {list(a.members)} trained one after another, {first.note}; configs like them train "
-                  "alone from now on")
+        run.event("pack_not_fused", configs=list(a.members), unit_kind=a.unit.kind, why=first.note)
+        did = "trained" if a.unit.kind == TRAIN else "evaluated"
+        run.write(f"configs {list(a.members)} {did} one after another, {first.note}; configs like them are "
+                  f"{did} alone from now on")
 
 
 def log_unit(run: RunState, round_: int, f: Flight, report: UnitReport, status: str) -> None:

@@ -30,7 +30,7 @@ Pure Python, like the rest of `framework.scheduling`: the simulators and the eng
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from framework.scheduling._base import Scheduler
@@ -46,6 +46,8 @@ MAX_PACK = 16
 GAIN = 0.9
 #: training units measured at a size before "auto" judges it
 SAMPLES = 2
+#: configs per worker the procedures are told of under "auto" (`Packer.slots`): the middle of the sizes it tries
+AUTO_SLOTS = 4
 
 
 def check_pack(pack: Any) -> int | str:
@@ -99,16 +101,24 @@ class Packer:
         self._key_of, self.max_bytes = key_of, max_bytes
         self._keys: dict[int, Hashable | None] = {}
         self.sizer = PackSizer() if self.size == AUTO else None
-        self.refused: dict[Hashable, str] = {}  # keys whose packs did not fuse, and why (they run alone from then)
+        # (key, kind) whose packs did not fuse, and why: that kind of unit of the key runs alone from then
+        self.refused: dict[tuple[Hashable, str], str] = {}
         self._fixed = _FixedOrders()  # what a policy that fixes each config's order lets a pack hold
         self.state_bytes: dict[Hashable, int] = {}  # key -> the largest state of it seen
 
-    def key(self, config_id: int) -> Hashable | None:
-        """The config's pack key (None: it trains alone), asked of `key_of` once per config."""
+    @property
+    def slots(self) -> int:
+        """Configs a worker trains at once when packs fill: the pack size (`AUTO_SLOTS` for "auto", which sizes as
+        it measures). What the procedures' concurrency hint counts per worker, so asynchronous ones (ASHA, the
+        Optuna ones) keep enough configs active to fill packs."""
+        return AUTO_SLOTS if self.size == AUTO else self.size
+
+    def key(self, config_id: int, kind: str = TRAIN) -> Hashable | None:
+        """The config's pack key for units of `kind` (None: they run alone), asked of `key_of` once per config."""
         if config_id not in self._keys:
             self._keys[config_id] = self._key_of(config_id)
         key = self._keys[config_id]
-        return None if key in self.refused else key
+        return None if (key, kind) in self.refused else key
 
     def target(self, key: Hashable) -> int:
         """How many configs the next pack of `key` may hold."""
@@ -136,7 +146,7 @@ class Packer:
 
     def _grow(self, a: Assignment, state: DispatchState, busy: set[int], later: dict[int, Unit],
               policy: Scheduler | None) -> Assignment:
-        key = self.key(a.unit.config_id)
+        key = self.key(a.unit.config_id, a.unit.kind)
         k = self.target(key) if key is not None else 1
         if k <= 1:
             return a
@@ -144,7 +154,7 @@ class Packer:
         candidates = [v for v in state.eligible(w)
                       if v.config_id not in busy and v.config_id != u.config_id
                       and (v.epoch, v.partition, v.kind) == (u.epoch, u.partition, u.kind)
-                      and later.get(v.config_id, v) == v and self.key(v.config_id) == key]
+                      and later.get(v.config_id, v) == v and self.key(v.config_id, u.kind) == key]
         allowed = self._fixed.mates(policy, state, u, candidates, key, k, self) if policy is not None else None
         mates = [v.config_id for v in candidates if allowed is None or v.config_id in allowed][:k - 1]
         pack = Assignment(u, (w,), (u.config_id, *mates))
@@ -152,16 +162,38 @@ class Packer:
 
     def observe(self, a: Assignment, seconds: float, examples: int, state_bytes: int, note: str | None) -> None:
         """An assignment of one worker ended: its training time feeds "auto", its state size the memory cap, and
-        a pack that did not fuse (`note` says why) refuses its key from then on."""
-        key = self.key(a.unit.config_id)
+        a pack that did not fuse (`note` says why) refuses its key for that kind of unit from then on."""
+        key = self.key(a.unit.config_id, a.unit.kind)
         if key is None:
             return
         if state_bytes:
             self.state_bytes[key] = max(self.state_bytes.get(key, 0), state_bytes)
         if note is not None and len(a.members) > 1:
-            self.refused[key] = note
+            self.refused[(key, a.unit.kind)] = note
         elif self.sizer is not None and a.unit.kind == TRAIN:
             self.sizer.observe(key, len(a.members), seconds, examples)
+
+
+    def restore(self, rows: Iterable[tuple[int, str, float, float, int, int, int | None]],
+                refused: Iterable[tuple[int, str, str]] = ()) -> None:
+        """A resumed run's packer learns what its log says ran, in the logged order, so it sizes and refuses as one
+        that never stopped: `rows`, the done units as (config, kind, start, end, examples, state bytes, group; rows
+        of one group are one pack), `refused`, each `pack_not_fused` event as (its lead config, its kind, why)."""
+        packs: dict[object, list[tuple]] = {}
+        for row in rows:
+            packs.setdefault(("group", row[6]) if row[6] is not None else ("row", len(packs)), []).append(row)
+        for members in packs.values():
+            cid, kind, start, end, examples = members[0][:5]
+            key = self.key(cid)
+            if key is None:
+                continue
+            self.state_bytes[key] = max(self.state_bytes.get(key, 0), *(m[5] for m in members))
+            if self.sizer is not None and kind == TRAIN:
+                self.sizer.observe(key, len(members), end - start, examples)
+        for cid, kind, why in refused:
+            key = self.key(cid, kind)
+            if key is not None:
+                self.refused[(key, kind)] = why
 
 
 class _FixedOrders:

@@ -274,3 +274,19 @@ def test_under_a_fixed_order_a_config_joins_a_pack_only_at_its_own_next_unit_and
     assert packer.extend([Assignment(Unit(6, 0, first, TRAIN), (w,))], state, policy)[0].members == (6,)
     # without a fixed order (policy None or one that fixes none), any free config at the unit may join
     assert len(Packer(4, lambda c: "k").extend([lead], state)[0].members) == 4
+
+
+def test_a_resumed_packer_sizes_and_refuses_as_one_that_never_stopped():
+    keys = {c: "m" for c in range(8)}
+    live = Packer("auto", keys.get)
+    rows, group = [], 0
+    for size, seconds in ((1, 1.0), (1, 1.0), (2, 1.2), (2, 1.2), (4, 1.6), (4, 1.7)):
+        members = tuple(range(size))
+        live.observe(Assignment(Unit(0, 0, 0, TRAIN), (0,), members), seconds, 100, 500, None)
+        rows += [(c, TRAIN, 10.0, 10.0 + seconds, 100, 500, group if size > 1 else None) for c in members]
+        group += 1
+    resumed = Packer("auto", keys.get)
+    resumed.restore(rows)
+    assert resumed.target("m") == live.target("m") == 8 and resumed.state_bytes == live.state_bytes == {"m": 500}
+    resumed.restore([], refused=[(3, TRAIN, "not fused: config 3's own forward differs")])
+    assert resumed.key(5) is None and resumed.key(5, "eval") == "m" and "own forward differs" in resumed.refused[("m", TRAIN)]
