@@ -23,7 +23,7 @@ from framework.engine.faults import Fault, FaultPlan
 from framework.engine.state import unpack_state
 from framework.engine.worker import Worker
 from framework.examples import classifier_step_fn, digits_arrays, mlp_model_fn
-from framework.scheduling import TRAIN, Unit, UnitTask
+from framework.scheduling import TRAIN, SeededOrderScheduler, Unit, UnitTask
 from tests.integration.test_fault_tolerance import (
     ROOT,
     _assert_nothing_lost_or_counted_twice,
@@ -56,30 +56,20 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_packed_configs_end_as_alone_and_the_run_replays_bit_for_bit(ray_cluster, digits, tmp_path, assert_complete):
-    ds = _dataset(digits, rows=300, partitions=2)
-    sel = _select(ds, tmp_path / "packed", pack=4, seed=4, queue_depth=1)
-    result = sel.run()
-    assert (result.status.status == "completed").all() and len(result.configs) == 8
-    packs = _packs(result)
-    assert packs and max(map(len, packs)) == 4  # SGD and Adam configs never share a pack (one optimizer class)
-    for members in packs:
-        assert len({result.configs[c]["optimizer"] for c in members}) == 1
-    _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, availability=sel.placement)
-    assert_complete(result)
-
-    # each config's logged units, re-run alone in its logged order on one in-process worker: its metrics and final
-    # weights, up to float rounding (a fused pass sums in another order)
+def _assert_each_config_as_alone(result, ds, seed: int) -> None:
+    """Each config's logged units, re-run alone in its logged order on one in-process worker: its metrics and final
+    weights, up to float rounding (a fused pass sums in another order)."""
     worker = Worker(0, mlp_model_fn, step_fn=classifier_step_fn)
-    worker.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)})
+    worker.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(ds.num_partitions)})
     done = _units_log(result).query("status == 'done'").sort_values("seq")
     threads = torch.get_num_threads()
     torch.set_num_threads(int(result.meta.get("num_threads", 1)))  # the run's workers' threads
     try:
+        assert len(result.configs) > 1
         for cid, config in result.configs.items():
             state = None
             for row in done[done.config_id == cid].itertuples():
-                task = UnitTask(Unit(cid, int(row.epoch), int(row.partition), row.kind), config, seed=4)
+                task = UnitTask(Unit(cid, int(row.epoch), int(row.partition), row.kind), config, seed=seed)
                 new_state, report = worker.run(task, state)
                 assert report.error is None, report.error
                 logged = json.loads(row.metrics)
@@ -92,6 +82,21 @@ def test_packed_configs_end_as_alone_and_the_run_replays_bit_for_bit(ray_cluster
     finally:
         torch.set_num_threads(threads)
 
+
+def test_packed_configs_end_as_alone_and_the_run_replays_bit_for_bit(ray_cluster, digits, tmp_path, assert_complete):
+    ds = _dataset(digits, rows=300, partitions=2)
+    sel = _select(ds, tmp_path / "packed", pack=4, seed=4, queue_depth=1)
+    result = sel.run()
+    assert (result.status.status == "completed").all() and len(result.configs) == 8
+    packs = _packs(result)
+    assert packs and max(map(len, packs)) == 4  # SGD and Adam configs never share a pack (one optimizer class)
+    for members in packs:
+        assert len({result.configs[c]["optimizer"] for c in members}) == 1
+    _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, availability=sel.placement)
+    assert_complete(result)
+
+    _assert_each_config_as_alone(result, ds, seed=4)
+
     # the replay re-fuses the logged packs: bit for bit
     again = framework.replay(result.storage_path, out_path=str(tmp_path / "replay"))
     assert sorted(map(tuple, _packs(again))) == sorted(map(tuple, packs))
@@ -100,6 +105,26 @@ def test_packed_configs_end_as_alone_and_the_run_replays_bit_for_bit(ray_cluster
     merged = result.metrics.merge(again.metrics, on=["config_id", "epoch"], suffixes=("", "_replay"))
     for m in ("train_loss", "valid_accuracy"):
         assert (merged[m] == merged[f"{m}_replay"]).all(), m
+
+
+def test_deterministic_packs_keep_every_configs_seeded_order_and_two_runs_are_bit_identical(
+        ray_cluster, digits, tmp_path, assert_complete):
+    ds = _dataset(digits, rows=300, partitions=2)
+    space = {"hidden": [16], "lr": [0.02, 0.05, 0.1, 0.2], "optimizer": ["sgd", "adam"], "batch_size": [32]}
+    runs = [_select(ds, tmp_path / f"det{i}", space=space, pack=4, seed=6, deterministic=True).run() for i in (0, 1)]
+    a, b = runs
+    assert _packs(a) and sorted(map(tuple, _packs(a))) == sorted(map(tuple, _packs(b)))  # the same packs
+    # every config visits its partitions in its seeded order, as at pack=1 (the order is the seed's, not the pack's)
+    policy = SeededOrderScheduler(6)
+    s = a.schedule[a.schedule.kind == TRAIN].sort_values(["start", "end"])
+    for (cid, epoch), rows in s.groupby(["config_id", "epoch"]):
+        assert list(rows.partition) == policy.order(cid, epoch, [0, 1]), (cid, epoch)
+    for cid in a.configs:  # bit for bit, whatever the two runs' timings
+        assert _same(a.load_state(cid)["model"], b.load_state(cid)["model"]), f"config {cid}"
+    merged = a.metrics.merge(b.metrics, on=["config_id", "epoch"], suffixes=("", "_b"))
+    assert (merged.valid_loss == merged.valid_loss_b).all()
+    _assert_each_config_as_alone(a, ds, seed=6)  # and each config as it would be at pack=1
+    assert_complete(a)
 
 
 def test_asha_stops_members_of_packs_and_a_nan_member_fails_alone(ray_cluster, digits, tmp_path, assert_complete):
