@@ -43,6 +43,7 @@ from framework.options import EXECUTORS, FUNCTIONS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.run_record import inbox_commands, is_finished, load_run, record_run, reopen_run, writer_lock
 from framework.scheduling import Scheduler
+from framework.trainable import accepted_kwargs
 
 __all__ = ["EXECUTORS", "ModelSelection"]
 
@@ -215,7 +216,7 @@ class ModelSelection:
         commands = Sources(self._commands, inbox_commands(catalog, self.storage_path))  # this process's, then others'
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
                         options, self.faults, commands=commands, observers=[bar, *self.callbacks, *mirror, clock],
-                        pack_key=pack_key(self.model_fn))
+                        pack_key=pack_key(self.model_fn), pack_epochs=self._pack_epochs())
         self._driver, run = driver, driver.run_state
         clock.lap("set_up")
         failed = True  # until `driver.run` returns
@@ -293,6 +294,11 @@ class ModelSelection:
 
     def _entries(self) -> dict[int, tuple[list, list]]:
         return self.dataset.worker_entries(self.options.executor == "mop")
+
+    def _pack_epochs(self) -> bool:
+        """Whether configs at different epochs may share a pack: the step (and `eval_step`) take no `epoch`, which
+        one call for the whole pack could not give each member."""
+        return not any(fn is not None and accepted_kwargs(fn, {"epoch": 0}) for fn in (self.step_fn, self.eval_step))
 
     def _worker_fns(self) -> dict[str, Any]:
         return {**{n: getattr(self, n) for n in FUNCTIONS}, "extract": self.extract,

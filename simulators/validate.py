@@ -81,7 +81,8 @@ def validate_schedule(
     Non-preemption is structural (one row = one uninterrupted run); rows must have end >= start.
     Gangs and packs (rows sharing a `group`): a gang's rows of one config and partition (one per worker that
     trained it) are one visit, and all of a gang's rows one run of the config; a pack's rows on one worker (one per
-    member) are one run; a group's rows share their epoch, kind and times.
+    member) are one run; a group's rows share their kind and times, and a gang's its epoch (a pack's members may be
+    at different epochs: an asynchronous procedure's configs).
     `cut`: `(config, epoch)` pairs a person stopped in the middle (a `stop_config` command): those epochs may miss
     partitions, and still train none twice.
     Makespan is max(end) - min(start). Returns a `ValidationReport`; raises `ValueError` if `raise_on_error`.
@@ -94,8 +95,9 @@ def validate_schedule(
     if grouped:
         g = df[df[GROUP].notna()]
         for k, rows in g.groupby(GROUP):
-            if rows[["epoch", "kind", "start", "end"]].drop_duplicates().shape[0] > 1:
-                v.append(f"group {k}: its rows differ in epoch, kind or times")
+            shared = ["kind", "start", "end"] + (["epoch"] if rows["worker"].nunique() > 1 else [])
+            if rows[shared].drop_duplicates().shape[0] > 1:
+                v.append(f"group {k}: its rows differ in {', '.join(shared[:-2])} or times")
             if rows.duplicated(["config_id", "worker"]).any():
                 v.append(f"group {k}: a (config, worker) pair appears twice")
     # one row per config per visit (the rows of a gang's workers that trained one partition as one)

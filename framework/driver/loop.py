@@ -91,6 +91,7 @@ class Driver:
         commands: where commands from outside the loop come from (default: an in-process `QueueCommands`).
         observers: `framework.Callback`s that watch the run (after the fault plan's observer, in this order).
         pack_key: a config's pack key under `options.pack` (`framework.scheduling.packing`; None: never packs).
+        pack_epochs: whether configs at different epochs may share a pack (the step takes no `epoch`).
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class Driver:
         commands: CommandSource | None = None,
         observers: Sequence[Callback] = (),
         pack_key: Callable[[Mapping[str, Any]], Hashable | None] | None = None,
+        pack_epochs: bool = False,
     ) -> None:
         options = options or RunOptions()
         self.commands = commands if commands is not None else QueueCommands()
@@ -118,7 +120,7 @@ class Driver:
         self.run_state = run = RunState(
             backend=backend, log=log, procedure=procedure, options=options, faults=faults,
             workers=WorkerTable(partitions, eval_partitions),
-            dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth, self._packer(options, pack_key)),
+            dispatch=Dispatcher(scheduler, options.seed, estimate, options.queue_depth, self._packer(options, pack_key, pack_epochs)),
             round=-1,
             synchronous=synchronous,
             stop_rules=stopping.RunStopping(options.stop, options.time_budget_s),
@@ -128,13 +130,13 @@ class Driver:
         for observer in observers:
             run.observers.add(observer)
 
-    def _packer(self, options: RunOptions, pack_key: Callable | None) -> Packer | None:
+    def _packer(self, options: RunOptions, pack_key: Callable | None, pack_epochs: bool) -> Packer | None:
         """What grows assignments into packs under `options.pack` (None at 1); a config's key is `pack_key(config)`
         (default: its batch size; the worker checks the rest, and a pack that cannot fuse trains one by one)."""
         if options.pack == 1:
             return None
         key = pack_key or (lambda config: config.get("batch_size"))
-        return Packer(options.pack, lambda cid: key(self.run_state.configs[cid].config))
+        return Packer(options.pack, lambda cid: key(self.run_state.configs[cid].config), mix_epochs=pack_epochs)
 
     # ---- the loop -----------------------------------------------------------------------------------------------
     def start_workers(self) -> None:

@@ -40,7 +40,7 @@ def submit(run: RunState, a: Assignment) -> None:
     else:
         task = UnitTask(a.unit, members[0].config, run.options.seed, fault=acts[0], members=a.members,
                         configs=tuple(c.config for c in members), workers=a.workers, partitions=a.partitions,
-                        faults=tuple(acts) if len(acts) > 1 and any(acts) else ())
+                        faults=tuple(acts) if len(acts) > 1 and any(acts) else (), epochs=a.epochs)
     ticket = run.backend.submit(a.workers, task, tuple(c.state for c in members))
     driver_faults = tuple((u, f.spec.effect) for u, fired in zip(hit, injected, strict=True) for f in fired
                           if f.spec.where == DRIVER)

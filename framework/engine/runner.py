@@ -103,8 +103,8 @@ def member_tasks(task: UnitTask) -> list[UnitTask]:
     """A pack's task as one task per member, each with its own injected fault (if any)."""
     configs = task.configs or (task.config,) * len(task.members)
     faults = task.faults or (task.fault, *[None] * (len(task.members) - 1))
-    return [UnitTask(Unit(cid, task.unit.epoch, task.unit.partition, task.unit.kind), config, task.seed, fault)
-            for cid, config, fault in zip(task.members, configs, faults, strict=True)]
+    return [UnitTask(unit, config, task.seed, fault) for unit, config, fault in zip(task.units, configs, faults,
+                                                                                  strict=True)]
 
 
 def _run_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[PackedState | ModelState | None]
@@ -136,7 +136,7 @@ def _run_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[Packe
         pack = FusedPack([t.model for t in trainables], [t.optimizer for t in trainables],
                          ids=[members[i].unit.config_id for i in live])
         results = pack.train(worker.step_fn, data, [members[i].config for i in live], orders,
-                             accepted_kwargs(worker.step_fn, {"epoch": members[0].unit.epoch, "freezing": None}),
+                             _extras(worker.step_fn, [members[i].unit for i in live]),
                              lr_schedulers=[t.lr_scheduler if t.scheduler_interval == "step" else None
                                             for t in trainables])
         pack.write_back()
@@ -145,6 +145,17 @@ def _run_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[Packe
     except Exception as e:  # the fused pass itself failed: alone, each member's own error (if any) is its own
         return None, f"not fused: the fused pass raised {type(e).__name__}: {e}"
     return _finish_members(worker, members, built, results, reports, data, start), None
+
+
+def _extras(fn: Callable, units: list[Unit]) -> dict[str, Any]:
+    """The keywords `fn` takes of a pack's step (`epoch`, `freezing`: None); `PackError` where it takes `epoch` and
+    the members are at different epochs (an asynchronous pack: the step runs once for all of them)."""
+    extras = accepted_kwargs(fn, {"epoch": units[0].epoch, "freezing": None})
+    epochs = sorted({u.epoch for u in units})
+    if "epoch" in extras and len(epochs) > 1:
+        raise PackError(f"the step takes `epoch`, and the members are at epochs {epochs}; a pack runs the step once "
+                        "for all of them")
+    return extras
 
 
 def _evaluate_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[PackedState | ModelState | None]
@@ -172,7 +183,7 @@ def _evaluate_fused(worker: UnitHost, members: list[UnitTask], states: Sequence[
         pack = FusedPack(models, [torch.optim.SGD(m.parameters(), lr=0.0) for m in models],
                          ids=[members[i].unit.config_id for i in live])
         results = pack.evaluate(fn, data, [members[i].config for i in live],
-                                accepted_kwargs(fn, {"epoch": unit.epoch, "freezing": None}),
+                                _extras(fn, [members[i].unit for i in live]),
                                 name="eval_step" if loop.eval_step is not None else "step_fn")
     except PackError as e:
         return None, f"not fused: {e}"

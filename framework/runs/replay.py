@@ -131,11 +131,11 @@ def _created_by_a_person(events) -> dict[int, dict]:
 
 class LoggedOrder(Scheduler):
     """Dispatches the logged units in the logged order, one at a time, on the replay's worker; a logged pack
-    (`packs`: its first unit -> its configs) as the same pack, so its members train fused again, as they did."""
+    (`packs`: its first unit -> its units, at their epochs) as the same pack, so its members train fused again, as they did."""
 
     name = "logged"
 
-    def __init__(self, order: list[Unit], packs: dict[Unit, tuple[int, ...]] | None = None) -> None:
+    def __init__(self, order: list[Unit], packs: dict[Unit, tuple[Unit, ...]] | None = None) -> None:
         self.order, self._next, self.packs = order, 0, packs or {}
 
     def select(self, state: DispatchState) -> list[Assignment]:
@@ -145,9 +145,9 @@ class LoggedOrder(Scheduler):
             unit = self.order[self._next]
             if state.is_eligible(unit, REPLAY_WORKER):
                 self._next += 1
-                members = tuple(c for c in self.packs.get(unit, ()) if c == unit.config_id or state.is_eligible(
-                    Unit(c, unit.epoch, unit.partition, unit.kind), REPLAY_WORKER))
-                return [Assignment(unit, (REPLAY_WORKER,), members)]
+                members = [v for v in self.packs.get(unit, ()) if v == unit or state.is_eligible(v, REPLAY_WORKER)]
+                return [Assignment(unit, (REPLAY_WORKER,), tuple(v.config_id for v in members),
+                                   epochs=tuple(v.epoch for v in members))]
             if unit not in state.pending:  # its config is gone (units open before the scheduler is asked)
                 self._next += 1
                 continue
@@ -292,7 +292,7 @@ def _replay_dir(
     for u, r in zip(order, rows, strict=True):
         if not pd.isna(r.group):
             by_group.setdefault(r.group, []).append(u)
-    packs = {us[0]: tuple(v.config_id for v in us) for us in by_group.values() if len(us) > 1}
+    packs = {us[0]: tuple(us) for us in by_group.values() if len(us) > 1}
     workers = {Unit(int(r.config_id), int(r.epoch), int(r.partition), r.kind): int(r.worker) for r in rows}
 
     if out_path is None:  # next to the run, never inside it: reading a run writes nothing into it

@@ -4,7 +4,8 @@
     chosen = packer.extend(policy.select(state), state)
 
 A pack is an `Assignment` with several `members` on one worker: configs whose units are at the same (epoch,
-partition, kind), free and eligible there now, and of one *pack key* (`key_of(config_id)`: the same architecture,
+partition, kind), free and eligible there now (or at other epochs, `mix_epochs`: configs of an asynchronous
+procedure, where the step takes no `epoch` and the policy fixes no order), and of one *pack key* (`key_of(config_id)`: the same architecture,
 optimizer class and batch size; None: a config that never packs). The worker trains them as one fused model
 (`framework.engine.packs`) and reports one row per member, so the schedule, the procedures and the dashboard still
 see configs. `extend` takes the policy's choices in order and adds to each, up to the pack size, configs of its key
@@ -96,9 +97,10 @@ class PackSizer:
 class Packer:
     """Grows a policy's assignments into packs of up to `size` configs (an int, or `"auto"`) of one key."""
 
-    def __init__(self, size: int | str, key_of: Callable[[int], Hashable | None], max_bytes: int = 4 << 30) -> None:
+    def __init__(self, size: int | str, key_of: Callable[[int], Hashable | None], max_bytes: int = 4 << 30,
+                 mix_epochs: bool = False) -> None:
         self.size = check_pack(size)
-        self._key_of, self.max_bytes = key_of, max_bytes
+        self._key_of, self.max_bytes, self.mix_epochs = key_of, max_bytes, mix_epochs
         self._keys: dict[int, Hashable | None] = {}
         self.sizer = PackSizer() if self.size == AUTO else None
         # (key, kind) whose packs did not fuse, and why: that kind of unit of the key runs alone from then
@@ -151,13 +153,17 @@ class Packer:
         if k <= 1:
             return a
         u, w = a.unit, a.workers[0]
+        # configs at other epochs may join where the step takes no epoch and the policy fixes no order (an
+        # asynchronous procedure's configs); a fixed order is an epoch's
+        any_epoch = self.mix_epochs and (policy is None or self._fixed.order_of(policy, state, u) is None)
         candidates = [v for v in state.eligible(w)
                       if v.config_id not in busy and v.config_id != u.config_id
-                      and (v.epoch, v.partition, v.kind) == (u.epoch, u.partition, u.kind)
+                      and (v.partition, v.kind) == (u.partition, u.kind) and (any_epoch or v.epoch == u.epoch)
                       and later.get(v.config_id, v) == v and self.key(v.config_id, u.kind) == key]
         allowed = self._fixed.mates(policy, state, u, candidates, key, k, self) if policy is not None else None
-        mates = [v.config_id for v in candidates if allowed is None or v.config_id in allowed][:k - 1]
-        pack = Assignment(u, (w,), (u.config_id, *mates))
+        mates = [v for v in candidates if allowed is None or v.config_id in allowed][:k - 1]
+        pack = Assignment(u, (w,), (u.config_id, *(v.config_id for v in mates)),
+                          epochs=(u.epoch, *(v.epoch for v in mates)))
         return pack if mates and state.can_start(pack) else a
 
     def observe(self, a: Assignment, seconds: float, examples: int, state_bytes: int, note: str | None) -> None:
@@ -212,10 +218,14 @@ class _FixedOrders:
             self._orders[key] = None if o is None else tuple(o)
         return self._orders[key]
 
+    def order_of(self, policy: Scheduler, state: DispatchState, u: Unit) -> tuple[int, ...] | None:
+        """u's config's order in u's epoch under `policy` (None: the policy fixes none)."""
+        return self.order(policy, u.config_id, u.epoch, tuple(sorted(state.availability)))
+
     def mates(self, policy: Scheduler, state: DispatchState, u: Unit, candidates: list[Unit], key: Hashable, k: int,
               packer: Packer) -> list[int] | None:
-        """Which of `candidates` (units at u's epoch, partition and kind, of u's key) may join u's pack; None: the
-        policy fixes no order, so any of them may."""
+        """Which of `candidates` (units at u's partition and kind, of u's key) may join u's pack; None: the policy
+        fixes no order, so any of them may."""
         parts = tuple(sorted(state.availability))
         order = self.order(policy, u.config_id, u.epoch, parts)
         if order is None:

@@ -14,6 +14,8 @@ An *assignment* says where units run, and is plural from the start:
     Assignment(unit, workers=(3,), members=(0, 4, 7))
                                                     a pack: configs 0, 4 and 7 hop together as one state, and each
                                                     absorbs the same partition in the one pass
+    Assignment(unit, workers=(3,), members=(0, 4), epochs=(2, 0))
+                                                    a pack of configs at different epochs (asynchronous procedures)
 
 `unit` is the pack's lead member's unit (`members[0]`) on the first worker's partition; `Assignment.units` lists
 every member's unit on every partition the gang trains (workers given the same partition split its pass, each taking
@@ -58,13 +60,26 @@ class Unit(_UnitFields):
         return tuple.__new__(cls, (config_id, epoch, partition, kind))  # (the named tuple's own `__new__`, inlined)
 
 
-def member_units(unit: Unit, members: tuple[int, ...], partitions: tuple[int, ...] = ()) -> tuple[Unit, ...]:
-    """The units of a pack's `members` at `unit`'s epoch and kind, on each distinct partition of a gang's
-    `partitions` in order (default: `unit`'s own); `(unit,)` for a unit of its own."""
+def member_units(unit: Unit, members: tuple[int, ...], partitions: tuple[int, ...] = (),
+                 epochs: tuple[int, ...] = ()) -> tuple[Unit, ...]:
+    """The units of a pack's `members` at `unit`'s kind and epoch (or each member's of `epochs`), on each distinct
+    partition of a gang's `partitions` in order (default: `unit`'s own); `(unit,)` for a unit of its own."""
     parts = tuple(dict.fromkeys(partitions)) if partitions else (unit.partition,)
     if len(members) <= 1 and len(parts) == 1:
         return (unit,)
-    return tuple(Unit(c, unit.epoch, p, unit.kind) for c in (members or (unit.config_id,)) for p in parts)
+    members = members or (unit.config_id,)
+    return tuple(Unit(c, e, p, unit.kind) for c, e in zip(members, epochs or (unit.epoch,) * len(members),
+                                                          strict=True) for p in parts)
+
+
+def _check_epochs(epochs: tuple[int, ...], members: tuple[int, ...], unit: Unit) -> tuple[int, ...]:
+    """A pack's per-member `epochs` as `Assignment` and `UnitTask` keep them: () when all are the unit's."""
+    if not epochs:
+        return ()
+    if len(epochs) != len(members) or epochs[0] != unit.epoch:
+        raise ValueError(f"`epochs` is {epochs!r}, but must give one epoch per member of {members}, the first being "
+                         f"the unit's ({unit.epoch})")
+    return () if all(e == unit.epoch for e in epochs) else tuple(epochs)
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,7 @@ class Assignment:
     workers: tuple[int, ...]
     members: tuple[int, ...] = ()
     partitions: tuple[int, ...] = ()
+    epochs: tuple[int, ...] = ()  # a pack's per-member epochs (asynchronous configs; default: all the unit's)
 
     def __post_init__(self) -> None:
         if not self.members and type(self.workers) is tuple and len(self.workers) == 1:  # the common case, fast
@@ -89,6 +105,8 @@ class Assignment:
                              f"{self.unit.config_id}")
         if type(self.workers) is not tuple or not self.workers:
             raise TypeError(f"`workers` is {self.workers!r}, but must be a non-empty tuple of worker ids")
+        if self.epochs:
+            object.__setattr__(self, "epochs", _check_epochs(self.epochs, self.members, self.unit))
         if len(set(self.workers)) != len(self.workers) or len(set(self.members)) != len(self.members):
             raise ValueError(f"an assignment names a worker or a member twice: workers {self.workers}, "
                              f"members {self.members}")
@@ -107,7 +125,7 @@ class Assignment:
     @property
     def units(self) -> tuple[Unit, ...]:
         """Every member's unit on every partition of the gang, in `members` then `partitions` order."""
-        return member_units(self.unit, self.members, self.partitions)
+        return member_units(self.unit, self.members, self.partitions, self.epochs)
 
     def partition_of(self, worker: int) -> int:
         """The partition `worker` trains in this assignment."""
@@ -138,10 +156,11 @@ class UnitTask:
     workers: tuple[int, ...] = ()  # the gang (default: the worker it is sent to)
     partitions: tuple[int, ...] = ()  # the partition each worker of the gang trains (default: the unit's)
     faults: tuple[Any, ...] = ()  # a pack's faults, one per member (default: `fault`, the first member's)
+    epochs: tuple[int, ...] = ()  # a pack's per-member epochs (default: all the unit's)
 
     @property
     def units(self) -> tuple[Unit, ...]:
-        return member_units(self.unit, self.members, self.partitions)
+        return member_units(self.unit, self.members, self.partitions, self.epochs)
 
 
 @dataclass(slots=True)

@@ -290,3 +290,59 @@ def test_a_resumed_packer_sizes_and_refuses_as_one_that_never_stopped():
     assert resumed.target("m") == live.target("m") == 8 and resumed.state_bytes == live.state_bytes == {"m": 500}
     resumed.restore([], refused=[(3, TRAIN, "not fused: config 3's own forward differs")])
     assert resumed.key(5) is None and resumed.key(5, "eval") == "m" and "own forward differs" in resumed.refused[("m", TRAIN)]
+
+
+def test_configs_at_different_epochs_share_a_pack_only_where_allowed():
+    units = [Unit(0, 2, 0, TRAIN), Unit(1, 0, 0, TRAIN), Unit(2, 1, 0, TRAIN), Unit(3, 0, 0, EVAL)]
+    state = DispatchState(units, {0: [0]})
+    lead = Assignment(Unit(0, 2, 0, TRAIN), (0,))
+    mixed = Packer(4, lambda c: "k", mix_epochs=True).extend([lead], state)[0]
+    assert mixed.members == (0, 1, 2) and mixed.epochs == (2, 0, 1)  # (never an eval unit in a training pack)
+    assert mixed.units == (Unit(0, 2, 0, TRAIN), Unit(1, 0, 0, TRAIN), Unit(2, 1, 0, TRAIN))
+    assert Packer(4, lambda c: "k").extend([lead], state)[0].members == (0,)  # the step takes `epoch`: never
+    from framework.scheduling import SeededOrderScheduler
+
+    fixed = Packer(4, lambda c: "k", mix_epochs=True).extend([lead], state, SeededOrderScheduler(0))[0]
+    assert fixed.members == (0,)  # a fixed order is an epoch's
+    with pytest.raises(ValueError, match="`epochs` is"):
+        Assignment(Unit(0, 2, 0, TRAIN), (0,), (0, 1), epochs=(1, 0))
+
+
+def test_an_asynchronous_procedures_configs_pack_across_epochs_and_each_ends_as_alone():
+    from framework.engine.state import unpack_state
+    from framework.engine.worker import Worker
+    from framework.scheduling import UnitTask
+
+    space = {"lr": [0.01, 0.02, 0.05, 0.1, 0.2], "in_features": [8], "hidden": [8], "classes": [3],
+             "batch_size": [16]}
+    asha = automl.ASHA(space, max_epochs=4, eta=2, max_configs=16, seed=0)
+
+    class Clock(LocalBackend):  # configs drift apart: their units take other times
+        def _execute(self, workers, ticket, task, state):
+            out = super()._execute(workers, ticket, task, state)
+            return None if out is None else (1.0 + task.unit.config_id % 3) * len(task.units) ** 0.5, out[1]
+
+    backend = Clock(fns={"model_fn": mlp_model_fn, "step_fn": classifier_step_fn}, entries=_entries(),
+                    num_threads=1)
+    log = MemoryRunLog()
+    driver = Driver(backend, asha, log, {w: [w] for w in range(P)}, list(range(P)), RunOptions(queue_depth=1, pack=2),
+                    pack_key=pack_key(mlp_model_fn), pack_epochs=True)
+    driver.run()
+    _assert_complete(driver, log)
+    s = log.schedule()
+    groups = s[s.group.notna()].groupby("group")
+    assert (groups.epoch.nunique() > 1).any()  # a pack of configs at different epochs
+    assert (groups[["worker", "partition", "kind"]].nunique() == 1).all().all()
+    worker = Worker(0, mlp_model_fn, step_fn=classifier_step_fn)
+    worker.load(_entries())
+    configs = {c.id: c for c in driver.run_state.configs}
+    assert len(configs) == 16
+    for cid, c in configs.items():  # each config's units alone, in its logged order: its weights
+        state = None
+        for row in s[s.config_id == cid].itertuples():  # (in the order they were logged)
+            new, report = worker.run(UnitTask(Unit(cid, int(row.epoch), int(row.partition), row.kind), c.config, 0),
+                                     state)
+            state = new if row.kind == TRAIN else state
+        alone, packed = unpack_state(state)["model"], driver.run_state.backend.get(c.state)["model"]
+        for name, t in alone.items():
+            torch.testing.assert_close(packed[name], t, rtol=1e-4, atol=1e-6, msg=f"config {cid}: {name}")
