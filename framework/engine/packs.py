@@ -503,48 +503,53 @@ class FusedPack:
         """The member check, on a pass's first call of the model (`_PackModel`): each member's own module (its own
         object, attributes and forward) on its own inputs, against what the pack computes for it, in training mode
         and in eval mode, random ops as deterministic stand-ins (`_Deterministic`), without gradients, every
-        running statistic restored after. Raises `PackError` naming the first member whose own forward differs
-        from the pack's generic computation (the lead's module on its weights), or whose forward changes its
-        module's plain attributes (a step counter: the pack runs one copy); returns the path the pass may take:
-        "fused" where the fused copy agrees with every member too, else "generic" (`why_generic` says why)."""
-        k, fold = self.k, None if self.fused is None else self.fused.fold
+        running statistic restored after. Returns "fused" where the fused copy agrees with every member's own
+        module in both modes; else checks the generic computation (the lead's module on each member's weights) the
+        same way and returns "generic" (`why_generic` says why not fused). Raises `PackError` naming the first
+        member whose own forward differs from it, or whose forward changes its module's plain attributes (a step
+        counter: the pack runs one copy). 2 (k + 1) forwards on the fused path, 4k on the generic one."""
+        fold = None if self.fused is None else self.fused.fold
         inputs = [_unflatten([x[i] if b and torch.is_tensor(x) else x for x, b in zip(physical, batched, strict=True)],
-                             spec) for i in range(k)]
+                             spec) for i in range(self.k)]
         fused_why = None if self.fused is not None and all(batched) else self.why_generic or "an input not batched"
         with _kept(self) as restore:
+            own = _OwnOutputs(self, inputs, restore)
+            for training in ((True, False) if fused_why is None else ()):
+                self._set_mode(training)
+                try:
+                    fused = tree_flatten(self.fused.run(physical, spec))[0]
+                except Exception as e:
+                    fused_why = f"the fused forward raised {type(e).__name__}: {e}"
+                    break
+                restore()
+                for i in range(self.k):
+                    share = member_share(fused, i, fold)
+                    why = "its outputs do not fold by member" if share is None else differ(share, own(training, i))
+                    if why is not None:
+                        fused_why = (f"the fused copy differs from config {self.ids[i]}'s own in "
+                                     f"{_MODES[training]} mode: {why}")
+                        break
+                if fused_why is not None:
+                    break
+            self.why_generic = fused_why
+            if fused_why is None:
+                return "fused"
             for training in (True, False):
-                mode = "training" if training else "eval"
-                for m in (*self.models, self.base, *([self.fused] if self.fused is not None else [])):
-                    m.train(training)
-                fused = None
-                if fused_why is None:
-                    try:
-                        fused = tree_flatten(self.fused.run(physical, spec))[0]
-                    except Exception as e:
-                        fused_why = f"the fused forward raised {type(e).__name__}: {e}"
+                self._set_mode(training)
+                for i, (args, kwargs) in enumerate(inputs):
+                    pack = functional_call(self.base, {n: t[i] for n, t in self.tensors.items()}, args, kwargs)
                     restore()
-                for i in range(k):
-                    args, kwargs = inputs[i]
-                    before = _attributes(self.models[i])
-                    own = tree_flatten(self.models[i](*args, **kwargs))[0]
-                    restore()
-                    if _attributes(self.models[i]) != before:
-                        raise PackError(f"config {self.ids[i]}'s forward changes its module's plain attributes (a "
-                                        "counter?); a pack runs one copy of the forward, so it trains alone")
-                    weights = {n: t[i] for n, t in self.tensors.items()}
-                    why = differ(tree_flatten(functional_call(self.base, weights, args, kwargs))[0], own)
-                    restore()
+                    why = differ(tree_flatten(pack)[0], own(training, i))
                     if why is not None:
                         raise PackError(f"config {self.ids[i]}'s own forward differs from the pack's (config "
-                                        f"{self.ids[0]}'s module on its weights) on its first batch in {mode} mode: "
-                                        f"{why}; a plain attribute, a value read in forward or a closure differs")
-                    if fused is not None and fused_why is None:
-                        share = member_share(fused, i, fold)
-                        why = "its outputs do not fold by member" if share is None else differ(share, own)
-                        if why is not None:
-                            fused_why = f"the fused copy differs from config {self.ids[i]}'s own in {mode} mode: {why}"
-        self.why_generic = fused_why
-        return "generic" if fused_why is not None else "fused"
+                                        f"{self.ids[0]}'s module on its weights) on its first batch in "
+                                        f"{_MODES[training]} mode: {why}; a plain attribute, a value read in forward "
+                                        "or a closure differs")
+        return "generic"
+
+    def _set_mode(self, training: bool) -> None:
+        for m in (*self.models, self.base, *([self.fused] if self.fused is not None else [])):
+            m.train(training)
 
     def train(self, step_fn: Callable, data: Any, configs: Sequence[Mapping[str, Any]], orders: Sequence[torch.Tensor],
               extras: Mapping[str, Any] | None = None, *, lr_schedulers: Sequence[Any] | None = None
@@ -649,6 +654,28 @@ class FusedPack:
                 for name, t in (*model.named_parameters(), *model.named_buffers()):
                     t.copy_(self.tensors[name][i])
         self.optimizer.write_back()
+
+
+_MODES = {True: "training", False: "eval"}
+
+
+class _OwnOutputs:
+    """Each member's own module's outputs on its own inputs, per mode, computed once (`own(training, i)`); a forward
+    that changes its module's plain attributes raises `PackError`."""
+
+    def __init__(self, pack: FusedPack, inputs: list, restore: Callable[[], None]) -> None:
+        self.pack, self.inputs, self.restore, self.done = pack, inputs, restore, {}
+
+    def __call__(self, training: bool, i: int) -> list:
+        if (training, i) not in self.done:
+            model, (args, kwargs) = self.pack.models[i], self.inputs[i]
+            before = _attributes(model)
+            self.done[training, i] = tree_flatten(model(*args, **kwargs))[0]
+            self.restore()
+            if _attributes(model) != before:
+                raise PackError(f"config {self.pack.ids[i]}'s forward changes its module's plain attributes (a "
+                                "counter?); a pack runs one copy of the forward, so it trains alone")
+        return self.done[training, i]
 
 
 def _stack_state(models: Sequence[torch.nn.Module]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
