@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from experiments import fused_packs  # (its models: the ones the GPU figures are measured on)
 from framework.engine.packs import FusedPack
 from framework.engine.steps import StepLoop
 from framework.examples import classifier_step_fn, mlp_model_fn
@@ -24,31 +25,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 N, BATCH, FEATURES, K = 256, 32, 64, 4  # 8 steps of 32 rows; 64 features: an 8x8 image, or 8 tokens of 8
 RTOL, ATOL = 1e-4, 1e-5
 KNOWN = "LSE is not correctly aligned"  # the error of vmapped attention's backward on CUDA (see the docstring)
-
-
-class _Cnn(nn.Module):
-    """Two 3x3 convolutions, global average pooling, a linear head (experiments/fused_packs.py's CNN)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1),
-                                  nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x.view(-1, 1, 8, 8))
-
-
-class _Transformer(nn.Module):
-    """One `nn.TransformerEncoderLayer` (d_model 32, 4 heads, no dropout) over 8 tokens, mean-pooled."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Linear(8, 32)
-        self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
-        self.head = nn.Linear(32, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.layer(self.embed(x.view(-1, 8, 8))).mean(1))
 
 
 # per kind: the members' configs. The MLP: SGD with momentum, as mlp_model_fn builds it. The CNN: Adam at
@@ -84,7 +60,7 @@ def _build(kind: str, config: dict, seed: int, device: str) -> tuple[nn.Module, 
     if kind == "mlp":
         model, opt = mlp_model_fn(config)
     else:
-        model = _Cnn() if kind == "cnn" else _Transformer()
+        model = fused_packs._Cnn() if kind == "cnn" else fused_packs._Transformer()
         opt = _optimizer(model, config)
     return model.to(device), opt  # (`to` moves the parameters the optimizer holds, as on a worker)
 
