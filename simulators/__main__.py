@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedulers", type=_strs, default=("randomized", "mwr", "lpt", "lookahead", "approx", "cpsat", "milp"),
         help="comma-separated names from framework.scheduling.SCHEDULERS",
     )
-    c.add_argument("--time-limit", type=float, default=5.0, help="seconds per exact solve (paper: 300)")
+    c.add_argument("--time-limit", type=float, default=5.0,
+                   help="budget per exact solve, in reference seconds of deterministic work (paper: 300 s)")
     c.add_argument("--out", default="results/scheduler_comparison", help="output folder")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_compare)
@@ -177,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a gang unit's all-reduce as a fraction of a mean unit's compute")
     x.add_argument("--seed", type=int, default=0, help="workload and policy seed")
     x.add_argument("--time-limit", type=float, default=None,
-                   help="seconds per plan of the planner's CP-SAT; None: 2%% of the plan's greedy makespan, within "
-                        "10 ms and 2 s, as in a live run")
+                   help="budget per plan of the planner's CP-SAT, in reference seconds of deterministic work; None: "
+                        "2%% of the plan's greedy makespan, within 10 ms and 2 s, as in a live run")
     x.add_argument("--hyperband-workers", type=int, default=8, help="p of the HyperBand run (0: none)")
     x.add_argument("--out", default="results/crossover", help="output folder")
     x.add_argument("--quiet", action="store_true", help="no progress line")

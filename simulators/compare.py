@@ -24,7 +24,7 @@ class CompareConfig:
     kinds: tuple[str, ...] = ("homogeneous", "heterogeneous")
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     schedulers: tuple[str, ...] = ("randomized", "mwr", "lpt", "lookahead", "approx", "cpsat", "milp")
-    time_limit_s: float = 5.0  # per exact solve (paper: 300 s with Gurobi)
+    time_limit_s: float = 5.0  # per exact solve, reference seconds of deterministic work (paper: 300 s, Gurobi)
     validate: bool = True
     options: dict[str, dict] = field(default_factory=dict)
 

@@ -31,8 +31,8 @@ class CrossoverConfig:
     kinds: tuple[str, ...] = ("homogeneous", "heterogeneous")
     comm: float = 0.05  # all-reduce per gang unit, as a fraction of a mean unit's compute
     seed: int = 0
-    time_limit_s: float | None = None  # the planner's CP-SAT budget per plan (None: as in a live run, 2% of its
-    # greedy makespan, 10 ms to 2 s)
+    time_limit_s: float | None = None  # the planner's CP-SAT budget per plan, reference seconds of deterministic
+    # work (None: as in a live run, 2% of its greedy makespan, 10 ms to 2 s)
     hyperband_workers: int = 8  # p of the HyperBand run (0: none)
     hyperband_epochs: int = 9  # its max_epochs (R)
 

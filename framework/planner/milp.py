@@ -7,9 +7,11 @@ are loaded at the input's load cost and do not count against the storage budget.
 
 The MILP is written over *units*: a unit is one model, or a fused group of models whose shared layers appear once
 (section 4.3.2 reuses the same program with the set of materialized layers fixed). Constraint (c) is written per
-parent (a computed layer needs *every* input present). Solved with OR-Tools (SCIP, or CBC as a fall-back); no
-commercial solver. ``exhaustive_materialization`` solves the same problem by enumeration, to check the MILP on
-small graphs.
+parent (a computed layer needs *every* input present). Solved with OR-Tools (SCIP, or CP-SAT as a fall-back); no
+commercial solver. The solve is bounded by deterministic work (``time_limit_s`` reference seconds of it, see
+``framework.scheduling.milp.bound_mip_by_work``), so the same graphs give the same plan on any machine under any load;
+a wall-clock limit remains only as a safety stop, and a plan it cut short says so (``MaterializationPlan.status``).
+``exhaustive_materialization`` solves the same problem by enumeration, to check the MILP on small graphs.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from ortools.linear_solver import pywraplp
 
 from framework.planner.multimodel import MultiModelGraph
 from framework.planner.profile import LayerNode
+from framework.scheduling.milp import bound_mip_by_work, mip_wall_stopped
 
 PRUNE, COMPUTE, LOAD = "prune", "compute", "load"
+#: how a plan's solve ended: proven optimal; stopped by its deterministic budget; stopped by the wall-clock safety
+#: stop (the plan then depends on the machine's speed)
+OPTIMAL, FEASIBLE, WALL_STOP = "optimal", "feasible", "wall_stop"
 
 
 def _check_positive(name: str, value: float, *, allow_inf: bool = False) -> None:
@@ -179,13 +185,15 @@ class ReusePlan:
 
 @dataclass(frozen=True)
 class MaterializationPlan:
-    """V (materialized keys, inputs excluded) and one optimal reuse plan per unit."""
+    """V (materialized keys, inputs excluded) and one reuse plan per unit; ``status``: how the solve ended (optimal,
+    feasible: its deterministic budget ran out first, wall_stop: its wall-clock safety stop did)."""
 
     materialized: tuple[str, ...]
     reuse: tuple[ReusePlan, ...]
     objective: float  # equation 9: sum of unit cost x records x epochs
     storage_bytes: float  # of V at ``records``
     records: int
+    status: str = OPTIMAL
 
 
 @dataclass(frozen=True)
@@ -219,12 +227,15 @@ def solve_reuse(
     fixed: Iterable[str] | None = None,
     time_limit_s: float = 30.0,
 ) -> MaterializationPlan:
-    """Solve equations 9-10 over ``units``. With ``fixed`` (a set V), Z is fixed and the budget dropped (4.3.2)."""
+    """Solve equations 9-10 over ``units``. With ``fixed`` (a set V), Z is fixed and the budget dropped (4.3.2).
+    ``time_limit_s``: the solve's budget in reference seconds of deterministic work (see the module docstring)."""
     _check_positive("records", records)
+    _check_positive("time_limit_s", time_limit_s)
     check_disk_budget(disk_budget)
-    solver = pywraplp.Solver.CreateSolver("SCIP") or pywraplp.Solver.CreateSolver("CBC")
-    assert solver is not None, "OR-Tools ships SCIP and CBC"
-    solver.SetTimeLimit(int(time_limit_s * 1000))
+    backend, solver = "SCIP", pywraplp.Solver.CreateSolver("SCIP")
+    if solver is None:
+        backend, solver = "CP-SAT", pywraplp.Solver.CreateSolver("CP-SAT")
+    assert solver is not None, "OR-Tools ships SCIP and CP-SAT"
     layers = mm.layers
     loadable = [k for k in mm.materializable if layers[k].per_record]
     fixed_set = set(fixed) if fixed is not None else None
@@ -269,9 +280,13 @@ def solve_reuse(
         solver.Add(sum(z[k] * layers[k].out_bytes * records for k in free) <= disk_budget)  # (e)
     # a tiny storage penalty keeps unused layers out of V
     solver.Minimize(sum(objective) + 1e-9 * sum(z[k] * layers[k].out_bytes for k in free))
+    limit = bound_mip_by_work(solver, backend, time_limit_s)
+    t0 = time.perf_counter()
     status = solver.Solve()
+    stopped = mip_wall_stopped(status, time.perf_counter() - t0, time_limit_s)
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        raise RuntimeError(f"materialization MILP has no solution (status {status})")
+        why = "its wall-clock safety stop" if stopped else limit
+        raise RuntimeError(f"materialization MILP has no solution (status {status}, stopped by {why})")
     reuse = []
     loaded: set[str] = set()
     for u, (x, y) in zip(units, xy, strict=True):
@@ -289,7 +304,8 @@ def solve_reuse(
     # post-processing: V keeps only layers some unit loads (inputs are the records themselves)
     mat = tuple(k for k in loadable if k in loaded and layers[k].op != "placeholder")
     obj = sum(r.cost * records * u.epochs for r, u in zip(reuse, units, strict=True))
-    return MaterializationPlan(mat, tuple(reuse), obj, sum(layers[k].out_bytes for k in mat) * records, records)
+    how = WALL_STOP if stopped else (OPTIMAL if status == pywraplp.Solver.OPTIMAL else FEASIBLE)
+    return MaterializationPlan(mat, tuple(reuse), obj, sum(layers[k].out_bytes for k in mat) * records, records, how)
 
 
 def optimize_materialization(

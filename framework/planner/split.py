@@ -5,17 +5,26 @@ is smaller than the per-record input; the winner is the earliest candidate whose
 transfers within ``budget_s`` seconds at ``bandwidth_bytes_per_s`` (HAPI uses 1 s); else the freeze index.
 
 ``choose_extraction_batch_sizes``: HAPI equation 1. Maximise the memory used, sum_r b_r * M_r(data) + M_r(model),
-subject to b_min <= b_r <= b_max and the total fitting ``memory_total - memory_occupied``; solved exactly with CP-SAT.
-Feature-extraction batch sizes never change training (the frozen prefix is deterministic).
+subject to b_min <= b_r <= b_max and the total fitting ``memory_total - memory_occupied``; solved exactly with CP-SAT
+within ``SOLVE_BUDGET_S`` reference seconds of deterministic work (one worker, seed 0: the same requests give the same
+sizes on any machine under any load). Feature-extraction batch sizes never change training (the frozen prefix is
+deterministic).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
+
+from framework.scheduling.cpsat import WORK_PER_S, bound_by_work, wall_stopped
+
+#: the batch-size solve's budget in reference seconds (`framework.scheduling.cpsat`): a knapsack of one variable per
+#: request, proven optimal in milliseconds (the tests' instances: under 10 ms of CPU, under 0.0001 deterministic time)
+SOLVE_BUDGET_S = 10.0
 
 
 def choose_split_index(
@@ -71,7 +80,8 @@ class ExtractionRequest:
 def choose_extraction_batch_sizes(
     requests: Sequence[ExtractionRequest], memory_total: float, memory_occupied: float = 0.0
 ) -> list[int]:
-    """HAPI equation 1; raises ValueError when even the minimum batch sizes do not fit."""
+    """HAPI equation 1; raises ValueError when even the minimum batch sizes do not fit. Warns (RuntimeWarning) where the
+    solve's wall-clock safety stop, not its deterministic budget, ended it."""
     free = memory_total - memory_occupied
     if memory_total <= 0 or memory_occupied < 0 or free <= 0:
         raise ValueError(
@@ -89,8 +99,15 @@ def choose_extraction_batch_sizes(
     model.Add(used <= int(free // unit))
     model.Maximize(used)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 10.0
+    bound_by_work(solver.parameters, SOLVE_BUDGET_S * WORK_PER_S, SOLVE_BUDGET_S)
     status = solver.Solve(model)
+    if wall_stopped(solver, status):
+        warnings.warn(
+            f"the extraction batch-size solve hit its wall-clock safety stop ({solver.StatusName(status)}): these "
+            "batch sizes depend on this machine's speed",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise ValueError(
             f"`memory_total` {memory_total} minus occupied {memory_occupied} cannot fit the minimum batches"

@@ -1,9 +1,18 @@
-"""Exact open-shop scheduling with OR-Tools CP-SAT: interval variables and no-overlap per worker and per config."""
+"""Exact open-shop scheduling with OR-Tools CP-SAT: interval variables and no-overlap per worker and per config.
+
+Also the rule every solve whose result feeds a schedule or a plan follows (`bound_by_work`, `wall_stopped`; the
+MILPs, the joint planner and the batch-size solve use it): a budget is deterministic work, never seconds, so the same
+inputs and seed give the same result on any machine under any load. Budgets are given in *reference seconds*: a
+solver's deterministic work that takes about that long on a quiet machine (measured per model, e.g.
+`WORK_PER_S`); a wall-clock limit of `wall_stop_s(budget)` remains only as a safety stop, and a result it cut short
+says so (`Schedule.info["wall_stop"]`, a plan's status).
+"""
 
 from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 from framework.scheduling._plan import (
     FEASIBLE,
@@ -18,6 +27,40 @@ from framework.scheduling._plan import (
 )
 from framework.scheduling.approx import warm_start
 from framework.scheduling.units import TRAIN
+
+#: CP-SAT's deterministic time per reference second on the open-shop models (this file's and the MILP's CP-SAT
+#: backend). CP-SAT's unit is "about a second" on its authors' reference machine; on these interval models a quiet
+#: 2-core x86 machine runs it ~20x slower: a solve stopped at a wall limit of 0.5-2 s had done 0.015-0.21 units per
+#: second of CPU time, median 0.05 (0.026 with replicas, whose optional intervals cost more per unit).
+WORK_PER_S = 0.05
+#: the wall-clock safety stop of a solve with a budget of b reference seconds: 10 b + 10 s. A machine ten times slower
+#: than the reference (or that loaded) still ends by its deterministic limit; only a stuck or far slower one stops here
+WALL_STOP_FACTOR, WALL_STOP_MARGIN_S = 10.0, 10.0
+
+
+def wall_stop_s(budget_s: float) -> float:
+    """The wall-clock safety stop, in seconds, of a solve whose budget is `budget_s` reference seconds."""
+    return WALL_STOP_FACTOR * budget_s + WALL_STOP_MARGIN_S
+
+
+def bound_by_work(parameters: Any, work: float, budget_s: float, workers: int = 1, seed: int = 0) -> None:
+    """Bound a CP-SAT solve by `work` units of deterministic time (`parameters`: a `CpSolver`'s), with `workers`
+    search workers interleaved deterministically where there are several (`interleave_search`: without it parallel
+    workers race) and a fixed seed; `wall_stop_s(budget_s)` seconds of wall time as the safety stop."""
+    parameters.max_deterministic_time = work
+    parameters.max_time_in_seconds = wall_stop_s(budget_s)
+    parameters.num_workers = workers
+    parameters.interleave_search = workers > 1
+    parameters.random_seed = native_seed(seed, bits=31)  # CP-SAT's seed is an int32
+
+
+def wall_stopped(solver: Any, status: int) -> bool:
+    """Whether a solve bounded by `bound_by_work` ended at its wall-clock safety stop (its result then depends on the
+    machine): not proven, and short of its deterministic limit (CP-SAT stops at or just past that limit)."""
+    from ortools.sat.python import cp_model
+
+    done = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE, cp_model.MODEL_INVALID)
+    return not done and solver.response_proto.deterministic_time < solver.parameters.max_deterministic_time
 
 
 def integer_durations(problem: ShopProblem, resolution: int = 1000) -> tuple[dict, float, float]:
@@ -37,13 +80,18 @@ def integer_durations(problem: ShopProblem, resolution: int = 1000) -> tuple[dic
 
 
 class CPSATSolver(OfflineSolver):
-    """Minimise the makespan exactly with CP-SAT (warm-started, time-limited).
+    """Minimise the makespan exactly with CP-SAT (warm-started, bounded by deterministic work).
 
     One interval per (unit, allowed worker), optional with a presence literal when the partition has replicas and
     exactly one present per unit; `AddNoOverlap` per worker and per config; eval units start after their config's
     training; C >= every end. The horizon is the warm start's makespan (a dense MWR/LPT schedule, also given as a
     complete hint); if that already equals the lower bound the solver is skipped. `Schedule.status` is "optimal" only
     when optimality is proven for the true (unrounded) times, and `Schedule.bound` is a valid lower bound on them.
+
+    `time_limit_s`: the budget in reference seconds, `WORK_PER_S` of CP-SAT's deterministic time each (see the module
+    docstring): the same problem and seed give the same schedule on any machine, under any load. `workers` > 1 search
+    in parallel, interleaved deterministically. `Schedule.info["wall_stop"]` is True where the safety stop
+    (`wall_stop_s`) cut the solve short instead, and `info["work"]` holds the deterministic time it used.
     """
 
     name = "cpsat"
@@ -51,6 +99,8 @@ class CPSATSolver(OfflineSolver):
     def __init__(self, time_limit_s: float = 10.0, workers: int = 1, warm_start: bool = True, seed: int = 0) -> None:
         if time_limit_s <= 0:
             raise ValueError(f"`time_limit_s` is {time_limit_s}, but must be > 0")
+        if workers < 1:
+            raise ValueError(f"`workers` is {workers}, but must be >= 1")
         self.time_limit_s, self.workers, self.warm_start, self.seed = time_limit_s, workers, warm_start, seed
 
     def solve(self, problem: ShopProblem) -> Schedule:
@@ -114,12 +164,13 @@ class CPSATSolver(OfflineSolver):
             m.AddHint(cmax, int(horizon))
 
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = self.time_limit_s
-        solver.parameters.num_workers = self.workers
-        solver.parameters.random_seed = native_seed(self.seed, bits=31)  # CP-SAT's seed is an int32
+        bound_by_work(solver.parameters, self.time_limit_s * WORK_PER_S, self.time_limit_s, self.workers, self.seed)
         status = solver.Solve(m)
+        limits = {"work": solver.response_proto.deterministic_time, "wall_stop": wall_stopped(solver, status)}
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return Schedule(warm.entries, HEURISTIC, lb, self.name, time.perf_counter() - t0, {"cp_status": "none"})
+            return Schedule(
+                warm.entries, HEURISTIC, lb, self.name, time.perf_counter() - t0, {"cp_status": "none", **limits}
+            )
         planned = []
         for u in problem.units:
             w = next(w for w, _ in problem.options(u) if pres[(u, w)] is None or solver.Value(pres[(u, w)]))
@@ -137,5 +188,5 @@ class CPSATSolver(OfflineSolver):
             bound,
             self.name,
             time.perf_counter() - t0,
-            {"cp_status": solver.StatusName(status), "scale": scale, "alpha": alpha},
+            {"cp_status": solver.StatusName(status), "scale": scale, "alpha": alpha, **limits},
         )

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable
 
 from framework.scheduling._base import Scheduler
+from framework.scheduling.cpsat import bound_by_work, wall_stopped
 from framework.scheduling.dispatch_state import DispatchState
 from framework.scheduling.randomized import RandomizedScheduler
 from framework.scheduling.units import TRAIN, Assignment, Unit
@@ -128,11 +129,19 @@ REPLAN_MARGIN = 0.05
 #: a plan of what is left of a seconds-long run must not take seconds to make (the workers wait while it is made)
 SOLVE_SHARE = 0.02
 SOLVE_BOUNDS_S = (0.01, 2.0)
+#: a budget is deterministic work, never seconds (the same inputs, the same plan, on any machine under any load):
+#: CP-SAT's deterministic time per reference second of budget. Measured on this model (plans of 20-50 configs on 16
+#: workers, 2-core x86, per CPU second): a solve stopped at a wall limit of 1-2 s had done 0.07-0.15 units, one of
+#: 0.2 s 0.05-0.10, one of 0.01-0.1 s 0.015-0.03 (mostly presolve, which counts little). At 0.1 a budget of 0.2-2 s
+#: takes 0.6-2x its seconds of CPU, one of 0.02 s 2.5-6x (50-120 ms), with plans as good or better.
+WORK_PER_S = 0.1
 SCALE_STEPS = 2000
 #: measuring its costs, the planner has a config it gangs hop one unit again after this many gang steps, where the
 #: plan's gain of the gang over a hop is under `PROBE_GAIN` (a unit measured alone under other load goes stale; a
 #: probe costs at most that gain on one unit)
 PROBE_EVERY, PROBE_GAIN = 4, 0.25
+#: the end of a plan's status where the wall-clock safety stop, not the deterministic budget, ended its solve
+WALL_STOP = " (wall stop)"
 
 
 class ParallelismPlanner(Scheduler):
@@ -156,7 +165,10 @@ class ParallelismPlanner(Scheduler):
     count itself). `time_limit_s`: the solver's budget per plan; None (default) scales it to the work: `SOLVE_SHARE`
     of the greedy plan's makespan, within `SOLVE_BOUNDS_S`, and 1 / (n + 1)^2 of that for the n-th re-plan in a row
     (re-plans can come often, on heterogeneous workers where each gang's measured cost depends on which workers it
-    got). Workers wait while a plan is made; `plan_seconds` adds up the time spent making them."""
+    got). A budget is in reference seconds of deterministic work (`WORK_PER_S`), so the same run plans the same on
+    any machine under any load; a solve its wall-clock safety stop cut short instead is counted in `wall_stops` and
+    its plan's `solver_status` ends in "(wall stop)". Workers wait while a plan is made; `plan_seconds` adds up the
+    (wall) time spent making them."""
 
     name = "planner"
 
@@ -176,6 +188,7 @@ class ParallelismPlanner(Scheduler):
         self.solver_status = ""
         self.replans = 0  # plans made after the round's first
         self.plan_seconds = 0.0  # wall seconds spent making plans (the workers wait meanwhile)
+        self.wall_stops = 0  # plans whose solve the wall-clock safety stop cut short (they depend on the machine)
         self._workers: frozenset[int] = frozenset()
         self._comm_used = 0.0  # the all-reduce cost the plan was made with
         self._unit_s: dict[int, float] = {}  # a planned gang's seconds per unit, as the plan assumed
@@ -215,6 +228,7 @@ class ParallelismPlanner(Scheduler):
         plan, order, span, status = plan_parallelism(work, p, sizes, self._comm_used, self.time_limit_s,
                                                      budget_scale=1 / (1 + self._attempts) ** 2)
         self.plan_seconds += time.perf_counter() - t0
+        self.wall_stops += status.endswith(WALL_STOP)
         if keep and all(c in self.plan for c in configs):
             old = {c: min(max(self.plan[c], 1), p) for c in configs}
             dur = _durations(work, {k for k in old.values()} | set(sizes), self._comm_used)
@@ -345,10 +359,12 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
     which workers a gang gets depends on what else runs, so the plan does not count on the fast ones); a gang of k
     costs `gang_seconds` of that per unit, or `measured[k]` where a gang of k of the config's has run (the model is
     a guess until then: workers that share cores, or a slow network, make it optimistic). `time_limit_s`: the
-    solver's budget; None: `SOLVE_SHARE` of the greedy plan's makespan, within `SOLVE_BOUNDS_S`, times
-    `budget_scale` (the planner's n-th re-plan in a row passes 1 / (n + 1)^2, so that all of them together take at
-    most 1.65 plans' budget). Returns (size per config, configs by start, planned makespan in seconds, how it was
-    found: "greedy", "greedy (optimal)" (it meets a lower bound) or the solver's status)."""
+    solver's budget in reference seconds (`WORK_PER_S` of CP-SAT's deterministic time each; one worker, seed 0);
+    None: `SOLVE_SHARE` of the greedy plan's makespan, within `SOLVE_BOUNDS_S`, times `budget_scale` (the planner's
+    n-th re-plan in a row passes 1 / (n + 1)^2, so that all of them together take at most 1.65 plans' budget).
+    Returns (size per config, configs by start, planned makespan in seconds, how it was found: "greedy", "greedy
+    (optimal)" (it meets a lower bound) or the solver's status; followed by " (wall stop)" where the wall-clock
+    safety stop, not the deterministic budget, ended the solve: that plan depends on the machine)."""
     from ortools.sat.python import cp_model
 
     configs = sorted(work)
@@ -394,23 +410,22 @@ def plan_parallelism(work: dict[int, tuple[int, float]], workers: int, sizes: tu
             if k == k0:
                 m.AddHint(starts[c, k], int(round(s0 * scale)))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = solve_budget(greedy_span, time_limit_s) * (
-        budget_scale if time_limit_s is None else 1.0)
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = 0
+    budget = solve_budget(greedy_span, time_limit_s) * (budget_scale if time_limit_s is None else 1.0)
+    bound_by_work(solver.parameters, budget * WORK_PER_S, budget)
     status = solver.Solve(m)
+    stopped = WALL_STOP if wall_stopped(solver, status) else ""
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and solver.ObjectiveValue() / scale < greedy_span * 0.999:
         plan = {c: next(k for k in sizes if solver.Value(chosen[c, k])) for c in configs}
         begin = {c: solver.Value(starts[c, plan[c]]) for c in configs}
         order = sorted(configs, key=lambda c: (begin[c], -plan[c], c))
-        return plan, order, solver.ObjectiveValue() / scale, solver.StatusName(status)
+        return plan, order, solver.ObjectiveValue() / scale, solver.StatusName(status) + stopped
     order = sorted(configs, key=lambda c: (greedy[c][1], -greedy[c][0], c))
-    return {c: greedy[c][0] for c in configs}, order, greedy_span, "greedy"
+    return {c: greedy[c][0] for c in configs}, order, greedy_span, "greedy" + stopped
 
 
 def solve_budget(greedy_span: float, time_limit_s: float | None = None) -> float:
-    """The solver's seconds for a plan whose greedy makespan is `greedy_span`: `time_limit_s` if given, else
-    `SOLVE_SHARE` of the span within `SOLVE_BOUNDS_S`."""
+    """The solver's budget, in reference seconds, for a plan whose greedy makespan is `greedy_span`: `time_limit_s`
+    if given, else `SOLVE_SHARE` of the span within `SOLVE_BOUNDS_S`."""
     if time_limit_s is not None:
         return time_limit_s
     return min(max(SOLVE_SHARE * greedy_span, SOLVE_BOUNDS_S[0]), SOLVE_BOUNDS_S[1])

@@ -53,6 +53,11 @@ def test_milp_respects_tight_storage_budget() -> None:
     assert plan.materialized == () and plan.storage_bytes <= 159
 
 
+def test_milp_plan_says_it_is_proven_optimal_within_its_budget() -> None:
+    _, plan = _plan(_chain([64, 64, 4, 2], 2), 64, CostModel(1e9, 1e9), records=10, budget=16 * 10)
+    assert plan.status == "optimal"
+
+
 def test_milp_flops_optimal_bound_matches_equation_11() -> None:
     mm = build_multimodel([profile_model(_chain([8, 8, 2], 1), torch.randn(1, 8))])
     frozen, trainable = 2 * 8 * 8, 3 * 2 * 8 * 2
@@ -61,7 +66,12 @@ def test_milp_flops_optimal_bound_matches_equation_11() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"records": 0}, "records"), ({"disk_budget": -1.0}, "disk_budget"), ({"epochs": [0]}, "epochs")],
+    [
+        ({"records": 0}, "records"),
+        ({"disk_budget": -1.0}, "disk_budget"),
+        ({"epochs": [0]}, "epochs"),
+        ({"time_limit_s": 0.0}, "time_limit_s"),
+    ],
 )
 def test_milp_rejects_bad_arguments(kwargs: dict, name: str) -> None:
     mm = build_multimodel([profile_model(_chain([4, 2], 0), torch.randn(1, 4))])

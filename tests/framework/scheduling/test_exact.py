@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from framework.scheduling import CPSATSolver, DenseApproxSolver, MILPSolver, ShopProblem, Unit
-from simulators import homogeneous, shop_problem, validate_schedule
+from simulators import heterogeneous, homogeneous, shop_problem, validate_schedule
 
 # Taillard 1993 ta4x4_1os (T[config][worker]); proven optimum 193, simple bound 186
 TA4X4_1 = [[34, 2, 54, 61], [15, 89, 70, 9], [38, 19, 28, 87], [95, 7, 34, 29]]
@@ -74,6 +74,30 @@ def test_cpsat_eval_units_wait_for_training():
 def test_cpsat_rejects_nonpositive_time_limit():
     with pytest.raises(ValueError, match="time_limit_s"):
         CPSATSolver(time_limit_s=0)
+
+
+def test_cpsat_rejects_fewer_than_one_worker():
+    with pytest.raises(ValueError, match="`workers` is 0, but must be >= 1"):
+        CPSATSolver(workers=0)
+
+
+def test_milp_rejects_a_backend_without_a_deterministic_limit():
+    with pytest.raises(ValueError, match="`backend` is 'CBC', but must be one of \\('SCIP', 'CP-SAT'\\)"):
+        MILPSolver(backend="CBC")
+
+
+def test_cpsat_with_two_workers_interleaves_them_deterministically():
+    p = shop_problem(heterogeneous(30, 8, seed=1))
+    a, b = (CPSATSolver(time_limit_s=0.1, workers=2, seed=5).solve(p) for _ in range(2))
+    assert a.status == "feasible" and a.entries == b.entries and a.info["work"] == b.info["work"]
+
+
+def test_milp_budget_is_a_node_limit_for_scip_and_deterministic_time_for_cp_sat():
+    p = ShopProblem.from_matrix(np.random.default_rng(1).integers(1, 100, size=(5, 5)))
+    # 100 ordering pairs + 20 start times + C: 0.02 reference seconds x 20,000 / 121 variables = 4 nodes
+    assert MILPSolver(time_limit_s=0.02).solve(p).info["limit"] == "limits/totalnodes = 4"
+    cp = MILPSolver(time_limit_s=0.02, backend="CP-SAT", seed=3).solve(p).info["limit"]
+    assert cp == "max_deterministic_time: 0.001 num_workers: 1 random_seed: 3"
 
 
 def test_dense_approx_meets_its_guarantee_on_random_instances():

@@ -12,12 +12,15 @@ from framework.scheduling import (
     SOLVERS,
     Assignment,
     DispatchState,
+    ParallelismPlanner,
     ShopProblem,
     Unit,
     make_scheduler,
     replay,
 )
-from simulators import heterogeneous, replicate, simulate, validate_schedule
+from framework.scheduling import cpsat as cpsat_module
+from framework.scheduling.parallelism import WALL_STOP, plan_parallelism
+from simulators import heterogeneous, replicate, shop_problem, simulate, validate_schedule
 
 FAST = {"cpsat": {"time_limit_s": 2.0}, "milp": {"time_limit_s": 2.0}, "lookahead": {"tries": 20}}
 NAMES = sorted(SCHEDULERS)
@@ -49,6 +52,67 @@ def test_scheduler_same_seed_same_trace(name):
     a = simulate(w, _make(name, seed=7)).schedule
     b = simulate(w, _make(name, seed=7)).schedule
     assert a.equals(b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scheduler_same_seed_same_trace_beside_a_cpu_hog(name, cpu_hog):
+    w = heterogeneous(6, 3, seed=3)
+    quiet = simulate(w, _make(name, seed=7)).schedule
+    with cpu_hog():  # every core busy with another process: the solvers get a fraction of the CPU they had
+        loaded = [simulate(w, _make(name, seed=7)).schedule for _ in range(2)]
+    assert all(quiet.equals(b) for b in loaded)
+
+
+def _unproven(solver: str) -> tuple[ShopProblem, dict]:
+    """A problem and options where the exact solvers' deterministic budget, not a proof, ends the solve."""
+    if solver == "milp":  # SCIP: 4 nodes (0.02 x 20,000 / 121 variables), optimality not proven by then
+        return ShopProblem.from_matrix(np.random.default_rng(1).integers(1, 100, size=(5, 5))), {"time_limit_s": 0.02}
+    return shop_problem(heterogeneous(30, 8, seed=1)), {"time_limit_s": 0.1, "tries": 20}
+
+
+@pytest.mark.parametrize("solver", sorted(SOLVERS))
+def test_solver_same_problem_same_schedule_at_any_load(solver, cpu_hog):
+    problem, opts = _unproven(solver)
+    make = SOLVERS[solver]
+    opts = {k: v for k, v in opts.items() if k in make.__init__.__code__.co_varnames}
+    quiet = make(seed=3, **opts).solve(problem)
+    with cpu_hog():
+        loaded = make(seed=3, **opts).solve(problem)
+    if solver in ("cpsat", "milp"):  # stopped by its budget: what a wall-clock limit made depend on the load
+        assert quiet.status == "feasible" and quiet.info["wall_stop"] is False
+    assert (loaded.entries, loaded.status, loaded.bound) == (quiet.entries, quiet.status, quiet.bound)
+    assert loaded.info.get("wall_stop") == quiet.info.get("wall_stop")
+
+
+def test_planner_plans_the_same_at_any_load(cpu_hog):
+    rng = np.random.default_rng(1)  # 20 configs with 2-29 units each on 16 workers of different speeds
+    work = {c: (int(rng.integers(2, 30)), tuple(sorted(rng.uniform(0.5, 3.0, size=16)))) for c in range(20)}
+    quiet = plan_parallelism(work, 16, (1, 2, 4, 8, 16), comm_s=0.1, time_limit_s=0.1)
+    with cpu_hog():
+        loaded = plan_parallelism(work, 16, (1, 2, 4, 8, 16), comm_s=0.1, time_limit_s=0.1)
+    assert quiet[3] == "FEASIBLE"  # not proven: its deterministic budget ended the solve
+    assert loaded == quiet
+
+
+def test_a_solve_cut_short_by_its_wall_clock_safety_stop_says_so(monkeypatch):
+    # a safety stop of 10 ms against budgets of 100 and 10 reference seconds (5 and 0.8 units of deterministic
+    # time, seconds on any machine): the stop fires first, and every solver reports it
+    monkeypatch.setattr(cpsat_module, "WALL_STOP_FACTOR", 0.0)
+    monkeypatch.setattr(cpsat_module, "WALL_STOP_MARGIN_S", 0.01)
+    problem = shop_problem(heterogeneous(30, 8, seed=1))
+    assert SOLVERS["cpsat"](time_limit_s=100).solve(problem).info["wall_stop"] is True
+    small, _ = _unproven("milp")
+    assert SOLVERS["milp"](time_limit_s=100).solve(small).info["wall_stop"] is True
+    rng = np.random.default_rng(1)
+    work = {c: (int(rng.integers(2, 30)), tuple(sorted(rng.uniform(0.5, 3.0, size=16)))) for c in range(20)}
+    assert plan_parallelism(work, 16, (1, 2, 4, 8, 16), comm_s=0.1, time_limit_s=10)[3].endswith(WALL_STOP)
+
+
+def test_a_solve_within_its_budget_reports_no_wall_stop():
+    planner = ParallelismPlanner(seed=7)
+    simulate(heterogeneous(6, 3, seed=3), planner)
+    assert planner.wall_stops == 0 and not planner.solver_status.endswith(WALL_STOP)
+    assert SOLVERS["cpsat"](time_limit_s=0.1).solve(_unproven("cpsat")[0]).info["wall_stop"] is False
 
 
 @pytest.mark.parametrize("name", NAMES)
