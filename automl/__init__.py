@@ -19,6 +19,7 @@ from automl._base import (
     check_states,
     own_active,
 )
+from automl._checks import json_exact
 from automl.asha import ASHA, asha_promotable, asha_rungs
 from automl.bohb import BOHB
 from automl.grid import GridSearch
@@ -95,6 +96,7 @@ __all__ = [
     "check_states",
     "own_active",
     "hyperband_brackets",
+    "json_exact",
     "load_procedure",
     "loguniform",
     "perturb",

@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from automl._checks import check_int, json_exact
+
 ACTIVE = "active"  # will train in the next round
 STOPPED = "stopped"  # stopped by the procedure (early stopping or end of its budget); keeps weights and metrics
 FAILED = "failed"  # user code raised or returned a NaN loss
@@ -84,6 +86,9 @@ class ConfigState:
 class Decision:
     """What a procedure asks of the engine after a round.
 
+    Every config of `add` and `clone` is checked and converted by `automl.json_exact` (what a run can record and
+    read back exactly): a config that holds anything else raises here, naming it.
+
     Attributes:
         add: new configs to start from scratch.
         stop: ids of active configs to stop (they keep their weights and metrics).
@@ -109,6 +114,11 @@ class Decision:
         for pair in self.clone:
             if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], dict)):
                 raise TypeError(f"`clone` holds {pair!r}, but every entry must be (source_id, config dict)")
+        # a config holds JSON values only, as the run records them (numpy numbers become Python ones; the rest is
+        # refused here, before anything is written): what model_fn gets in the run is what it gets on replay
+        object.__setattr__(self, "add", [json_exact(f"add[{i}]", c) for i, c in enumerate(self.add)])
+        object.__setattr__(self, "clone", [(s, json_exact(f"clone[{i}] config", c))
+                                           for i, (s, c) in enumerate(self.clone)])
         extra = sorted(set(self.pruned) - set(self.stop))
         if extra:
             raise ValueError(f"`pruned` holds {extra}, but every pruned id must also be in `stop` ({self.stop})")
@@ -247,7 +257,7 @@ class FixedEpochsProcedure(Procedure):
     def __init__(self, epochs: int) -> None:
         if not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"`epochs` is {epochs!r}, but must be an int >= 1")
-        self.epochs = epochs
+        self.epochs = check_int("epochs", epochs, 1)  # (and at most an int64)
         self._started = False
         self._done: set[int] = set()
 
@@ -269,7 +279,7 @@ class FixedEpochsProcedure(Procedure):
                              "can only extend `epochs`")
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"`epochs` is {epochs!r}, but must be an int >= 1")
-        self.epochs += epochs
+        self.epochs = check_int("epochs", self.epochs + epochs, 1)  # (the budget, extended, fits an int64)
         return f"every config now trains {self.epochs} epochs"
 
     def step(self, states: list[ConfigState]) -> Decision:

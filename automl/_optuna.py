@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from automl._base import FAILED, PROCEDURE, ConfigState, Procedure, own_active
+from automl._checks import check_int, json_exact
 from automl.space import SearchSpace
 
 
@@ -134,6 +135,11 @@ class OptunaProcedure(Procedure):
                 self.study.tell(trial, state=TrialState.FAIL)
                 raise TypeError(f"`space` ({self.define_by_run!r}) returned {config!r}, but a define-by-run space "
                                 "must return a config dict or None (then the config is trial.params)")
+            try:  # what a config may hold (`automl.json_exact`), checked at the draw
+                config = json_exact("config", config)
+            except (TypeError, ValueError) as e:
+                self.study.tell(trial, state=TrialState.FAIL)
+                raise type(e)(f"{e} (in the config the define-by-run `space` returned)") from None
         trial.set_user_attr("config_id", config_id)  # the engine's id: the trial's row in `Result.metrics`
         self._trial_ids[config_id] = trial._trial_id
         self._trial_numbers[config_id] = trial.number
@@ -212,5 +218,5 @@ class OptunaProcedure(Procedure):
             raise ValueError(f"`samples` is {samples!r}, but must be an int >= 1")
         if getattr(self, attr) is None:
             raise ValueError(f"`samples` is {samples!r}, but {type(self).__name__} has no `{attr}` to extend")
-        setattr(self, attr, getattr(self, attr) + samples)
+        setattr(self, attr, check_int(attr, getattr(self, attr) + samples, 1))  # (extended, it fits an int64)
         return f"`{attr}` is now {getattr(self, attr)}"

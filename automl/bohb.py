@@ -13,7 +13,7 @@ import numpy as np
 import optuna
 
 from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, check_states
-from automl._checks import check_int, check_optional_int
+from automl._checks import check_fraction, check_int, check_optional_int
 from automl.hyperband import HyperBand
 
 
@@ -62,10 +62,7 @@ class BOHB(HyperBand):
         self.min_points_in_model = check_optional_int("min_points_in_model", min_points_in_model, 1)
         if self.min_points_in_model is None:
             self.min_points_in_model = len(self.space.searched) + 1
-        if isinstance(random_fraction, bool) or not isinstance(random_fraction, (int, float)) \
-                or not 0 <= random_fraction <= 1:
-            raise ValueError(f"`random_fraction` is {random_fraction!r}, but must be in [0, 1]")
-        self.random_fraction = float(random_fraction)
+        self.random_fraction = check_fraction("random_fraction", random_fraction)
         self.n_ei_candidates = check_int("n_ei_candidates", n_ei_candidates, 1)
         self._rng = np.random.default_rng(self.seed)
         #: config id -> the budget (epochs) whose model proposed it, or None when it was drawn from `space`

@@ -12,7 +12,8 @@ import itertools
 from typing import Any
 
 from automl._base import FixedEpochsProcedure
-from automl.space import Categorical, Constant, Domain, SampleFrom, _is_nested
+from automl._checks import json_exact
+from automl.space import Categorical, Constant, Domain, SampleFrom, _fn_name, _is_nested
 
 
 class GridSearch(FixedEpochsProcedure):
@@ -38,7 +39,7 @@ class GridSearch(FixedEpochsProcedure):
                                  "top-level lists only (a dict without domains is a constant)")
             if isinstance(values, (list, tuple)) and len(values) == 0:
                 raise ValueError(f"`space[{name!r}]` is {values!r}, but must be a non-empty list of values")
-        self.space = {k: _grid_values(v) for k, v in space.items()}
+        self.space = {k: _grid_values(k, v) for k, v in space.items()}
 
     def configs(self) -> list[dict[str, Any]]:
         names = [n for n, v in self.space.items() if not isinstance(v, SampleFrom)]
@@ -47,16 +48,23 @@ class GridSearch(FixedEpochsProcedure):
             partial = dict(zip(names, combo, strict=True))
             for n, v in self.space.items():
                 if isinstance(v, SampleFrom):
-                    partial[n] = v.compute(partial)
+                    value = v.compute(partial)
+                    try:  # (a config holds JSON values only: `automl.json_exact`)
+                        partial[n] = json_exact(f"space[{n!r}]", value)
+                    except (TypeError, ValueError) as e:
+                        raise type(e)(f"{e} (what sample_from({_fn_name(v.fn)}) returned)") from None
             out.append({n: partial[n] for n in self.space})
         return out
 
 
-def _grid_values(v: Any) -> list[Any] | SampleFrom:
+def _grid_values(name: str, v: Any) -> list[Any] | SampleFrom:
+    """The values of `space[name]` on the grid, as a config holds them (`automl.json_exact`)."""
     if isinstance(v, SampleFrom):
         return v
     if isinstance(v, Categorical):
         return list(v.choices)
     if isinstance(v, Constant):
         return [v.value]
-    return list(v) if isinstance(v, (list, tuple)) else [v]
+    if isinstance(v, (list, tuple)):
+        return [json_exact(f"space[{name!r}][{i}]", x) for i, x in enumerate(v)]
+    return [json_exact(f"space[{name!r}]", v)]

@@ -9,8 +9,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, Procedure, check_states
-from automl._checks import check_int, check_seed
+from automl._checks import check_int, check_seed, show
 from automl.space import SearchSpace
+
+#: the most configs a bracket table (times its `iterations`) may start: beyond, a run could not hold them
+MAX_CONFIGS = 1_000_000
 
 
 class Rung(NamedTuple):
@@ -83,7 +86,13 @@ class HyperBand(Procedure):
         self.eta = check_int("eta", eta, 2)
         self.seed = check_seed(seed)
         self.iterations = check_int("iterations", iterations, 1)
-        self.brackets = hyperband_brackets(self.max_epochs, self.eta) * self.iterations
+        table = hyperband_brackets(self.max_epochs, self.eta)
+        starts = sum(bracket.rungs[0].n for bracket in table) * self.iterations
+        if starts > MAX_CONFIGS:
+            raise ValueError(f"`max_epochs` is {show(self.max_epochs)} (with `eta` {self.eta} and `iterations` "
+                             f"{show(self.iterations)}), but its bracket table starts {show(starts)} configs, and at "
+                             f"most {MAX_CONFIGS:,} may: use a smaller max_epochs or a larger eta")
+        self.brackets = table * self.iterations
         self._issued = 0
         self._members: list[list[int]] = []  # per bracket: ids of its configs
         self._rung: list[int] = []  # per bracket: index of the rung its configs are training towards

@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 
 from automl._base import ACTIVE, ConfigState, Decision, check_states
-from automl._checks import check_int, check_optional_int, check_seed
+from automl._checks import check_int, check_optional_int, check_seed, json_exact
 from automl._optuna import OptunaProcedure
 from automl.space import SearchSpace
 
@@ -144,9 +144,11 @@ class OptunaSearch(OptunaProcedure):
             return []
         if isinstance(points, dict) or not isinstance(points, (list, tuple)):
             raise TypeError(f"`points_to_evaluate` is {points!r}, but must be a list of config dicts")
+        points = list(points)
         for i, p in enumerate(points):
             if not isinstance(p, dict):
                 raise TypeError(f"`points_to_evaluate[{i}]` is {p!r}, but must be a config dict")
+            p = points[i] = json_exact(f"points_to_evaluate[{i}]", p)  # (a tuple becomes a list, as in the space)
             if self.space is not None and not self.space.contains(p):
                 raise ValueError(f"`points_to_evaluate[{i}]` is {p!r}, but must lie in the space {self.space.raw!r} "
                                  "(the same keys, every value in its domain)")

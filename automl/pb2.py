@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from automl._base import ConfigState, Decision
+from automl._checks import finite_real, show
 from automl.pbt import PBT
 from automl.space import Constant, Domain, LogUniform, QLogUniform, RandInt, SampleFrom, SearchSpace, Uniform
 
@@ -166,16 +167,20 @@ def _bounds(value: Any, space: SearchSpace) -> dict[str, Uniform | RandInt]:
         if not isinstance(name, str) or ("/" in name and name not in space.domains):
             raise ValueError(f"`hyperparam_bounds` has the key {name!r}, but every key must be a top-level name (or "
                              "the 'outer/inner' name of a parameter of a nested space)")
-        if isinstance(b, (list, tuple)) and len(b) == 2 and all(
-                not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) for v in b):
+        if isinstance(b, (list, tuple)) and len(b) == 2 and all(finite_real(v) is not None for v in b):
             if not b[0] < b[1]:
-                raise ValueError(f"{where} is {b!r}, but `lo` must be < `hi`")
-            domain: Domain = RandInt(b[0], b[1]) if all(isinstance(v, int) for v in b) else Uniform(b[0], b[1])
+                raise ValueError(f"{where} is {show(b)}, but `lo` must be < `hi`")
+            ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in b)
+            try:
+                domain: Domain = RandInt(b[0], b[1]) if ints else Uniform(b[0], b[1])
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{where} is {show(b)}, but {e}") from None
         elif isinstance(b, numeric):
             domain = b
         else:
-            raise ValueError(f"{where} is {b!r}, but must be a [lo, hi] pair of numbers or a uniform, loguniform, "
-                             "randint, quniform, qloguniform or qrandint domain: PB2 explores it continuously")
+            raise ValueError(f"{where} is {show(b)}, but must be a [lo, hi] pair of finite numbers or a uniform, "
+                             "loguniform, randint, quniform, qloguniform or qrandint domain: PB2 explores it "
+                             "continuously")
         own = space.domains.get(name)
         if own is not None and not isinstance(own, (*numeric, Constant)):
             raise ValueError(f"{where} is {b!r}, but `space[{name!r}]` is {own!r}: PB2 explores numbers only (a "

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, Procedure, check_states
-from automl._checks import check_int, check_seed
+from automl._checks import check_fraction, check_int, check_seed, finite_real, show
 from automl.space import Categorical, Constant, Domain, Normal, RandInt, SampleFrom, SearchSpace, Uniform
 
 
@@ -81,9 +81,9 @@ def _mutations(value: Any) -> SearchSpace | None:
 
 def _factors(value: Any) -> tuple[float, ...]:
     ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
-        not isinstance(f, bool) and isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in value)
+        (f := finite_real(v)) is not None and f > 0 for v in value)
     if not ok:
-        raise ValueError(f"`perturbation_factors` is {value!r}, but must be a non-empty tuple of positive numbers")
+        raise ValueError(f"`perturbation_factors` is {show(value)}, but must be a non-empty tuple of finite numbers > 0")
     return tuple(float(f) for f in value)
 
 
@@ -138,21 +138,12 @@ class PBT(Procedure):
     ) -> None:
         self.space = SearchSpace(space)
         self.mutations = _mutations(hyperparam_mutations)
-        if isinstance(resample_probability, bool) or not isinstance(resample_probability, (int, float)) \
-                or not 0 <= resample_probability <= 1:
-            raise ValueError(f"`resample_probability` is {resample_probability!r}, but must be in [0, 1]")
-        self.resample_probability = float(resample_probability)
+        self.resample_probability = check_fraction("resample_probability", resample_probability)
         self.perturbation_factors = _factors(perturbation_factors)
         self.population = check_int("population", population, 2)
         self.epochs = check_int("epochs", epochs, 1)
         self.perturbation_interval = check_int("perturbation_interval", perturbation_interval, 1)
-        if (
-            isinstance(quantile_fraction, bool)
-            or not isinstance(quantile_fraction, (int, float))
-            or not 0 < quantile_fraction <= 0.5
-        ):
-            raise ValueError(f"`quantile_fraction` is {quantile_fraction!r}, but must be in (0, 0.5]")
-        self.quantile_fraction = float(quantile_fraction)
+        self.quantile_fraction = check_fraction("quantile_fraction", quantile_fraction, low_open=True, high=0.5)
         self.seed = check_seed(seed)
         self._rng = np.random.default_rng(seed)
         self._issued = 0

@@ -33,7 +33,7 @@ class RandomSearch(FixedEpochsProcedure):
             check_int("epochs", epochs, 1)  # before anything changes
         said = []
         if samples is not None:
-            self.num_samples += check_int("samples", samples, 1)
+            self.num_samples = check_int("num_samples", self.num_samples + check_int("samples", samples, 1), 1)
             said.append(f"{self.num_samples} configs in all")
         if epochs is not None:
             said.append(super().extend(epochs=epochs))

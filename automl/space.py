@@ -2,7 +2,7 @@
 
 A space is a dict of name -> domain:
 
-* a `list` is a categorical choice among its entries (any Python values);
+* a `list` is a categorical choice among its entries (values a config can hold: see below);
 * `uniform(lo, hi)`, `loguniform(lo, hi)` are floats in `[lo, hi]` (log-uniform needs `0 < lo`);
 * `randint(lo, hi)` is an int in `[lo, hi]`, **both ends inclusive** (as Optuna's `IntDistribution`);
 * `quniform(lo, hi, q)`, `qloguniform(lo, hi, q)` are floats and `qrandint(lo, hi, q)` ints: the multiples of `q`
@@ -14,6 +14,20 @@ A space is a dict of name -> domain:
 * a `dict` that holds a domain (at any depth) is a nested space: the config holds a dict there, drawn by the same
   rules; its parameters are named `"outer/inner"` (Optuna's parameter names, `SearchSpace.domains`);
 * anything else (a number, a string, a tuple, a dict without domains, ...) is a constant copied into every config.
+
+**What a config holds** (`automl.json_exact`, one rule for every procedure, a person's `add_config` and the run's
+catalog): JSON values that read back as they were, so `model_fn` gets the same config in a run, on its resume and
+on its replay: None, bool, int in int64's range, finite float, UTF-8 str, and lists and dicts (str keys) of them.
+numpy numbers, 0-d numpy arrays and 0-d torch tensors become the Python number they equal (`np.float32(0.05)` is
+the float 0.05000000074505806), tuples become lists; anything else (a set, bytes, a datetime, an object, a tensor
+or array with a dimension, nan, 10**400) is refused with one line naming the parameter and the value's type: a
+choice or constant when the space is built, a `sample_from` value when it is computed (at the draw, before the
+config is recorded anywhere).
+
+Every numeric argument is checked when the domain is built: finite floats (`uniform(0, 10**400)` is refused, as is
+a range whose width overflows), ints in int64's range (`randint(0, 2**70)`), and a quantised range whose multiples
+of `q` are distinct floats (`quniform(0, 1, 1e-300)` is refused: at most `MAX_MULTIPLE` multiples on either side of
+0).
 
 The names are Ray Tune's (`tune.quniform`, `tune.qloguniform`, `tune.qrandint`, `tune.randn`, `tune.qrandn`,
 `tune.sample_from`); unlike Tune, a plain list is a choice here (Tune's `tune.choice`), and `quniform` draws each
@@ -40,6 +54,8 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
+from automl._checks import MAX_INT, MIN_INT, finite_real, json_exact, show
+
 # Optuna stores only these as categorical choices; other choices are encoded by their index.
 _OPTUNA_CHOICE_TYPES = (type(None), bool, int, float, str)
 
@@ -47,10 +63,29 @@ _OPTUNA_CHOICE_TYPES = (type(None), bool, int, float, str)
 MAX_OPTUNA_CHOICES = 1000
 
 
+#: the most multiples of `q` on either side of 0 a quantised float domain may reach: beyond 2**53 neighbouring
+#: multiples k * q and (k + 1) * q are the same float
+MAX_MULTIPLE = 2**53
+
+
 def _check_real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"`{name}` is {value!r}, but must be a finite real number")
-    return value
+    """`value` as a Python number (an int stays an int), when it is a real number that is finite as a float."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"`{name}` is {show(value)}, but must be a finite real number")
+    if finite_real(value) is None:
+        raise ValueError(f"`{name}` is {show(value)}, but must be a finite real number (a float64: nan, inf and "
+                         "numbers beyond about 1.8e308 are not)")
+    return int(value) if isinstance(value, (int, np.integer)) else float(value)
+
+
+def _check_int(name: str, value: Any) -> int:
+    """`value` as a Python int in int64's range (numpy draws int64s, and a config holds an int64)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{name}` is {show(value)}, but must be an int")
+    if not MIN_INT <= value <= MAX_INT:
+        raise ValueError(f"`{name}` is {show(value)}, but must be an int in [-2**63, 2**63 - 1] (numpy draws int64s, "
+                         "and a config holds an int64)")
+    return int(value)
 
 
 def _is_real(value: Any) -> bool:
@@ -75,13 +110,14 @@ def _nearest_k(value: float, q: float) -> int:
 
 def _on_grid(value: Any, q: float) -> bool:
     """Whether `value` is a finite real number within rounding error of a multiple of `q`."""
-    if not _is_real(value) or not math.isfinite(value):
+    if not _is_real(value) or finite_real(value) is None:
         return False
     return math.isclose(value, _multiple(_nearest_k(value, q), q), rel_tol=1e-9, abs_tol=1e-9 * q)
 
 
-def _check_q(lo: float, hi: float, q: float) -> tuple[int, int]:
-    """`(kmin, kmax)`: the multiples of `q` in `[lo, hi]` are `k * q` for `kmin <= k <= kmax` (at least one)."""
+def _check_q(lo: float, hi: float, q: float, max_k: int = MAX_MULTIPLE) -> tuple[int, int]:
+    """`(kmin, kmax)`: the multiples of `q` in `[lo, hi]` are `k * q` for `kmin <= k <= kmax` (at least one, and
+    `|k| <= max_k`)."""
     _check_real("q", q)
     if not q > 0:
         raise ValueError(f"`q` is {q!r}, but must be > 0")
@@ -90,13 +126,27 @@ def _check_q(lo: float, hi: float, q: float) -> tuple[int, int]:
     if kmin > kmax:
         raise ValueError(f"`q` is {q!r}, but no multiple of it lies in [`lo`, `hi`] = [{lo!r}, {hi!r}]; "
                          "at least one must")
+    if max(-kmin, kmax) > max_k:
+        raise ValueError(f"`q` is {q!r}, but [`lo`, `hi`] = [{lo!r}, {hi!r}] reaches its multiple k * q for k = "
+                         f"{show(kmax if kmax > -kmin else kmin)}, and |k| must be <= {_power(max_k)} (beyond, "
+                         "neighbouring multiples are the same number): use a larger `q`")
     return kmin, kmax
+
+
+def _power(k: int) -> str:
+    return {MAX_MULTIPLE: "2**53", MAX_INT: "2**63 - 1"}.get(k, str(k))
 
 
 class Domain:
     """A range of values for one hyper-parameter (the base of `Uniform`, `LogUniform`, `RandInt`, `Categorical`,
     `Constant`, the quantised `QUniform`, `QLogUniform`, `QRandInt`, the normal `Normal`, `QNormal`, and
     `SampleFrom`)."""
+
+    def _check_fields(self, check: Callable[[str, Any], Any], *names: str) -> None:
+        """Each field of `names` checked by `check(name, value)` (at construction) and held as what it returns
+        (a Python number: numpy's are converted)."""
+        for name in names:
+            object.__setattr__(self, name, check(name, getattr(self, name)))
 
     def sample(self, rng: np.random.Generator) -> Any:
         """One value drawn from the domain.
@@ -162,10 +212,12 @@ class Uniform(Domain):
     hi: float
 
     def __post_init__(self) -> None:
-        _check_real("lo", self.lo)
-        _check_real("hi", self.hi)
+        self._check_fields(_check_real, "lo", "hi")
         if not self.lo < self.hi:
             raise ValueError(f"`lo` is {self.lo!r}, but must be < `hi` ({self.hi!r})")
+        if not math.isfinite(float(self.hi) - float(self.lo)):
+            raise ValueError(f"`hi` is {self.hi!r} and `lo` {self.lo!r}, but `hi` - `lo` must be a finite float (a "
+                             "draw is lo + (hi - lo) * u)")
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.uniform(self.lo, self.hi))
@@ -214,9 +266,7 @@ class RandInt(Domain):
     hi: int
 
     def __post_init__(self) -> None:
-        for name, v in (("lo", self.lo), ("hi", self.hi)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"`{name}` is {v!r}, but must be an int")
+        self._check_fields(_check_int, "lo", "hi")
         if not self.lo <= self.hi:
             raise ValueError(f"`lo` is {self.lo!r}, but must be <= `hi` ({self.hi!r}); `hi` is inclusive")
 
@@ -245,6 +295,7 @@ class Categorical(Domain):
     def __post_init__(self) -> None:
         if len(self.choices) == 0:
             raise ValueError("`choices` is [], but must hold at least one value")
+        object.__setattr__(self, "choices", tuple(json_exact(f"choices[{i}]", c) for i, c in enumerate(self.choices)))
 
     @property
     def optuna_native(self) -> bool:
@@ -290,6 +341,9 @@ class Constant(Domain):
 
     value: Any
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", json_exact("value", self.value))
+
     def sample(self, rng: np.random.Generator) -> Any:
         return self.value
 
@@ -305,6 +359,7 @@ class QUniform(Uniform):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_fields(_check_real, "q")
         _check_q(self.lo, self.hi, self.q)
 
     @property
@@ -369,9 +424,8 @@ class QRandInt(RandInt):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.q, bool) or not isinstance(self.q, (int, np.integer)):
-            raise TypeError(f"`q` is {self.q!r}, but must be an int")
-        _check_q(self.lo, self.hi, self.q)
+        self._check_fields(_check_int, "q")
+        _check_q(self.lo, self.hi, self.q, MAX_INT)
 
     @property
     def ks(self) -> tuple[int, int]:
@@ -394,6 +448,10 @@ class QRandInt(RandInt):
         return IntDistribution(kmin * int(self.q), kmax * int(self.q), step=int(self.q))
 
 
+#: how far from its mean (in standard deviations) a normal draw is taken to land at most (beyond 10: p < 1e-23)
+_SDS = 10
+
+
 @dataclass(frozen=True)
 class Normal(Domain):
     """A float drawn from the normal distribution of mean `mean` and standard deviation `sd` (unbounded: any finite
@@ -403,16 +461,18 @@ class Normal(Domain):
     sd: float
 
     def __post_init__(self) -> None:
-        _check_real("mean", self.mean)
-        _check_real("sd", self.sd)
+        self._check_fields(_check_real, "mean", "sd")
         if not self.sd > 0:
             raise ValueError(f"`sd` is {self.sd!r}, but must be > 0")
+        if not math.isfinite(abs(float(self.mean)) + _SDS * float(self.sd)):
+            raise ValueError(f"`sd` is {self.sd!r} and `mean` {self.mean!r}, but `mean` ± {_SDS} `sd` must be finite "
+                             "floats (a draw may land there)")
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.normal(self.mean, self.sd))
 
     def contains(self, value: Any) -> bool:
-        return _is_real(value) and math.isfinite(value)
+        return _is_real(value) and finite_real(value) is not None
 
     def clip(self, value: Any) -> float:
         return float(value)
@@ -431,9 +491,14 @@ class QNormal(Normal):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_real("q", self.q)
+        self._check_fields(_check_real, "q")
         if not self.q > 0:
             raise ValueError(f"`q` is {self.q!r}, but must be > 0")
+        reach = abs(float(self.mean)) + _SDS * float(self.sd)
+        if _dec(reach) / _dec(self.q) > MAX_MULTIPLE:
+            raise ValueError(f"`q` is {self.q!r}, but a draw within `mean` ± {_SDS} `sd` reaches its multiple k * q for "
+                             f"|k| up to {show(int(_dec(reach) / _dec(self.q)))}, and |k| must be <= 2**53 (beyond, "
+                             "neighbouring multiples are the same number): use a larger `q`")
 
     def sample(self, rng: np.random.Generator) -> float:
         return self.clip(rng.normal(self.mean, self.sd))
@@ -531,6 +596,10 @@ def _label(path: tuple[str, ...]) -> str:
     return "space" + "".join(f"[{k!r}]" for k in path)
 
 
+def _fn_name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
 def _is_nested(value: Any) -> bool:
     """Whether `value` is a nested space: a dict holding a domain at some depth (a dict without one is a constant)."""
     return isinstance(value, dict) and any(isinstance(v, Domain) or _is_nested(v) for v in value.values())
@@ -542,8 +611,8 @@ def _to_domain(name: str, value: Any) -> Domain:
     if isinstance(value, list):
         if not value:
             raise ValueError(f"`{name}` is [], but a categorical list must hold at least one value")
-        return Categorical(tuple(value))
-    return Constant(value)
+        return Categorical(tuple(json_exact(f"{name}[{i}]", v) for i, v in enumerate(value)))
+    return Constant(json_exact(name, value))
 
 
 class SearchSpace:
@@ -606,10 +675,15 @@ class SearchSpace:
         for name, d in self.domains.items():
             if not isinstance(d, SampleFrom):
                 value = values[name] if name in values or not isinstance(d, Constant) else d.value
-                _put(partial, self.paths[name], value)
+                _put(partial, self.paths[name], json_exact(_label(self.paths[name]), value))
         for name, d in self.domains.items():
             if isinstance(d, SampleFrom):
-                _put(partial, self.paths[name], d.compute(partial))
+                value = d.compute(partial)  # (what `fn` itself raises is the user's: it passes as it is)
+                try:
+                    value = json_exact(_label(self.paths[name]), value)
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"{e} (what sample_from({_fn_name(d.fn)}) returned)") from None
+                _put(partial, self.paths[name], value)
         return _ordered(self._tree, partial)
 
     def flatten(self, config: dict[str, Any]) -> dict[str, Any]:

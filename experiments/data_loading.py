@@ -24,6 +24,9 @@ Columns (per way; worker figures are the largest over the workers, measured insi
                   it touched (the rises of its RssFile, sampled every 2 ms: Parquet and Arrow are memory-mapped,
                   which rchar does not count; the readers' own libraries are loaded before, not counted)
     read_vs_task  read_mb over task parallelism's read_mb (about replicas / partitions is what MOP promises)
+    fingerprint_s the seconds the worker's sources took to fingerprint what they read (`Source.fingerprint`, part
+                  of the load: measured again after it, on the same files)
+    fingerprint_pct  fingerprint_s over load_s, in percent (what recording the data costs a run's start)
 
 The files sit in the page cache once written, so the seconds are memory speed, not disk speed: they compare the ways,
 not storage. Writes data_loading.csv; the generated data goes to a temporary folder, removed at the end (--keep-data
@@ -56,6 +59,7 @@ import torch  # noqa: E402
 from experiments._common import markdown, parse_config, record_run  # noqa: E402
 from framework.data import PartitionedDataset  # noqa: E402
 from framework.engine.ray_backend import ensure_ray  # noqa: E402
+from framework.sources import Source  # noqa: E402
 
 FORMATS = ("parquet", "arrow", "torch", "torch-shuffled")
 
@@ -227,8 +231,12 @@ class Probe:
         self.worker.load(partitions)
         stop.set()
         sampler.join()
-        return {"peak_rss_mb": _status("VmHWM") / 1e6, "held_mb": self.worker.data_nbytes() / 1e6,
-                "read_mb": (_rchar() - rchar + mapped[0]) / 1e6}
+        figures = {"peak_rss_mb": _status("VmHWM") / 1e6, "held_mb": self.worker.data_nbytes() / 1e6,
+                   "read_mb": (_rchar() - rchar + mapped[0]) / 1e6}
+        t0 = time.perf_counter()  # the fingerprints `load` computed once, again: what recording the data costs
+        for source in (e for pair in partitions.values() for split in pair for e in split if isinstance(e, Source)):
+            source.fingerprint()
+        return {**figures, "fingerprint_s": time.perf_counter() - t0}
 
 
 def measure(ds: PartitionedDataset, cfg: Defaults, way: str) -> dict[str, float]:
@@ -263,11 +271,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(f"generated {cfg.gb} GB in {time.perf_counter() - t0:.0f} s", flush=True)
         for fmt in cfg.formats:
             task = measure(dataset(fmt, where[fmt], cfg, 1), cfg, "task")
-            rows.append({"format": fmt, "way": "task", "replicas": "-", **task, "read_vs_task": 1.0})
+            rows.append({"format": fmt, "way": "task", "replicas": "-", **task, "read_vs_task": 1.0,
+                         "fingerprint_pct": 100 * task["fingerprint_s"] / task["load_s"]})
             for r in cfg.replicas:
                 mop = measure(dataset(fmt, where[fmt], cfg, r), cfg, "mop")
                 rows.append({"format": fmt, "way": "mop", "replicas": r, **mop,
-                             "read_vs_task": mop["read_mb"] / task["read_mb"]})
+                             "read_vs_task": mop["read_mb"] / task["read_mb"],
+                             "fingerprint_pct": 100 * mop["fingerprint_s"] / mop["load_s"]})
                 print(f"{fmt} mop r={r}: {mop['load_s']:.1f} s, read {mop['read_mb']:.0f} MB (task: "
                       f"{task['read_mb']:.0f} MB)", flush=True)
     finally:

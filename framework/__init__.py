@@ -9,6 +9,12 @@ computation: `plan_transfer`, `TransferSelection` (in-process) and `transfer_on_
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from framework.engine import implicit_ray
+
+# Ray's implicit start (Ray Data's readers, a `ray.put` before `ray.init`) is the engine's from here on: the run's
+# own local Ray, never a cluster another user started on this machine (no Ray import: it waits for Ray's own)
+implicit_ray.install()
+
 # Names are imported on first use (PEP 562), so a worker process that needs `framework.engine.worker` does not pay
 # for the planner, OR-Tools, pandas and Optuna at start-up.
 _EXPORTS = {

@@ -120,6 +120,11 @@ def _wait_for_run(args: argparse.Namespace) -> None:
                            f"within {args.wait:g} s; --wait SECONDS waits longer)")
 
 
+#: the help of resume's and replay's --accept-changed-data
+_ACCEPT_CHANGED = ("go on where the data differs from what the run read (a file's size, columns or bytes; refused "
+                   "otherwise, naming the file); the run's events record it")
+
+
 def _replay(args: argparse.Namespace) -> int:
     import framework
     from framework.engine.storage import unusable_dir
@@ -128,7 +133,7 @@ def _replay(args: argparse.Namespace) -> int:
     if why is not None:
         raise ValueError(f"`--out` is {args.out!r}, but {why}: it must be a new folder (or one that holds no run)")
     result = framework.replay(args.storage_path, out_path=args.out, device=args.device,
-                              trust_unverified=args.trust_unverified)
+                              trust_unverified=args.trust_unverified, accept_changed_data=args.accept_changed_data)
     _say(f"Replayed into {result.storage_path}")
     _say(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
     return 0
@@ -387,7 +392,7 @@ def _resume(args: argparse.Namespace) -> int:
     ) if v is not None}
     functions = {n: getattr(args, n) for n in FUNCTIONS if getattr(args, n) is not None}
     result = resume_run(args.run, trust_unverified=args.trust_unverified, functions=functions,
-                        progress=not args.quiet, **overrides)
+                        progress=not args.quiet, accept_changed_data=args.accept_changed_data, **overrides)
     _say(f"Resumed {args.run}: it finished")
     _say(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
     return 0
@@ -632,6 +637,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     rep.add_argument("--trust-unverified", action="store_true",
                      help="replay a run whose run.db does not verify under this machine's key (one from someone "
                           "else, or edited); it still imports no function the run names")
+    rep.add_argument("--accept-changed-data", action="store_true", help=_ACCEPT_CHANGED)
     rep.set_defaults(func=_replay)
 
     cl = sub.add_parser("cleanup", help="stop the Ray processes that drivers killed on this machine left behind",
@@ -713,6 +719,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     res.add_argument("--trust-unverified", action="store_true",
                      help="resume a run whose run.db does not verify under this machine's key; the functions it "
                           "names are still never imported, so name each one with --model-fn etc.")
+    res.add_argument("--accept-changed-data", action="store_true", help=_ACCEPT_CHANGED)
     from framework.options import FUNCTIONS
 
     for name in FUNCTIONS:
@@ -744,14 +751,17 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
     da = sub.add_parser("dashboard", help="serve a live web dashboard of a run (framework.dashboard) until Ctrl-C",
                         formatter_class=fmt, description="Serves a page with the run's status, leaderboard, learning "
                         "curves, schedule and events, refreshed every second, with buttons that steer a running run "
-                        "(stop, resume or clone a config, add one, pause, add workers, extend). Bound to a host other "
-                        "than 127.0.0.1, localhost or ::1 it requires a token, made when none is given; the URL it "
-                        "prints carries it.")
+                        "(stop, resume or clone a config, add one, pause, add workers, extend). Every request needs "
+                        "the dashboard's token, on every host, 127.0.0.1 included (any account on the machine can "
+                        "reach a port on localhost): a random one is made when --token is not given, the URL it "
+                        "prints carries it, and while it serves it is kept in a file only you can read (dashboards/ "
+                        "beside the signing key). Bound to 127.0.0.1, localhost or ::1, it answers only requests "
+                        "addressed to that host.")
     da.add_argument("run", help="run directory")
     da.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     da.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
-    da.add_argument("--token", default=None, help="the token every request must carry (None: none on localhost, "
-                                                  "else a new random one)")
+    da.add_argument("--token", default=None, help="the token every request must carry, on every host (None: a new "
+                                                  "random one, which the printed URL carries)")
     da.add_argument("--wait", type=_wait_seconds, default=WAIT_FOR_RUN_S, metavar="SECONDS", help=_WAIT_HELP)
     da.set_defaults(func=_dashboard)
     _registry_parsers(sub, fmt)  # last: a hand-written subcommand of the same name wins

@@ -355,6 +355,8 @@ class PartitionedDataset:
         locality hints: the split is made before the workers exist, and Ray Data takes hints only as actor handles.
         `valid`: a dataset of its own, else the last `valid_fraction` of `dataset`'s rows
         (`train_test_split`). run.db records row counts only: resume and replay need the dataset passed again.
+        Ray is the run's own (`ensure_ray`, before Ray Data runs anything here): a process that a plain
+        `ray.init()` attached to the cluster `ray start` started on this machine is refused with a `RuntimeError`.
         """
         import ray.data
 
@@ -366,6 +368,10 @@ class PartitionedDataset:
         _check_reader_args(num_partitions, columns, label, to_tensors)
         if valid is None:
             _check_valid_fraction(valid_fraction)
+        from framework.engine.ray_start import ensure_ray
+
+        ensure_ray()  # the engine's Ray check before Ray Data runs anything (its plain ray.init() is refused)
+        if valid is None:
             dataset, valid = dataset.train_test_split(test_size=valid_fraction)
         from framework.sources import RayDataSource, check_columns
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from framework.stoppers import make_stopper, stopper_from_spec, stopper_spec
+from framework.stoppers import _finite, _show, make_stopper, stopper_from_spec, stopper_spec
 
 EXECUTORS = ("mop", "task_parallel", "sequential")
 MODES = ("min", "max")
@@ -180,8 +180,8 @@ class RunOptions:
         if self.seed < 0:  # numpy's SeedSequence, which seeds every unit, takes no negative seed
             raise ValueError(f"`seed` is {self.seed!r}, but must be an int >= 0")
         t = self.unit_timeout_s
-        if t is not None and not (_is_number(t) and 0 < t < math.inf):
-            raise ValueError(f"`unit_timeout_s` is {t!r}, but must be a finite number > 0 or None")
+        if t is not None and not (_is_number(t) and 0 < t and _finite(t) is not None):  # (10**400: no float)
+            raise ValueError(f"`unit_timeout_s` is {_show(t)}, but must be a finite number > 0 or None")
         for arg in ("max_unit_retries", "max_worker_restarts"):
             v = getattr(self, arg)
             if not _is_int(v) or v < 0:
@@ -223,13 +223,13 @@ class RunOptions:
             raise ValueError(f"`pack` is {self.pack!r} and `freezing` is set: a pack cannot freeze its members' "
                              "layers apart yet; use pack=1 with freezing, or no freezing")
         c = self.checkpoint
-        if not (c in CHECKPOINT_POLICIES or (_is_number(c) and c > 0)):
-            raise ValueError(f"`checkpoint` is {c!r}, but must be one of {list(CHECKPOINT_POLICIES)} or a "
+        if not (c in CHECKPOINT_POLICIES or (_is_number(c) and c > 0 and _finite(c) is not None)):
+            raise ValueError(f"`checkpoint` is {_show(c)}, but must be one of {list(CHECKPOINT_POLICIES)} or a "
                              "number of seconds > 0")
         object.__setattr__(self, "stop", make_stopper(self.stop, self.metric, self.mode))
         b = self.time_budget_s
-        if b is not None and not (_is_number(b) and 0 < b < math.inf):
-            raise ValueError(f"`time_budget_s` is {b!r}, but must be a finite number of seconds > 0 or None")
+        if b is not None and not (_is_number(b) and 0 < b and _finite(b) is not None):  # (10**400: no float)
+            raise ValueError(f"`time_budget_s` is {_show(b)}, but must be a finite number of seconds > 0 or None")
         if not (_is_number(self.holder_wait_s) and self.holder_wait_s > 0):
             raise ValueError(f"`holder_wait_s` is {self.holder_wait_s!r}, but must be a number of seconds > 0")
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):

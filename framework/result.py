@@ -116,7 +116,8 @@ class Result:
         metrics: long DataFrame, one row per (config_id, epoch): `train_*` and `valid_*` metric columns, then one
             `config/<name>` column per hyper-parameter (a nested config's flattened: `config/optim/lr`).
         schedule: one row per executed unit: config_id, epoch, partition, worker, kind (train/eval), start, end
-            (seconds since the run started), plus round, num_examples, state_bytes.
+            (seconds since the run started), plus round, num_examples (what that row's worker trained or evaluated:
+            a gang's workers that shared a partition's pass count their own share), state_bytes.
         configs: id -> config dict.
         status: DataFrame of config_id, status (one of `OUTCOMES`), epochs, parent, error (tracebacks of failed
             configs).

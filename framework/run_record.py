@@ -235,3 +235,46 @@ def reopen_run(catalog: SQLiteCatalog, ckpt: CheckpointStore, options: RunOption
     rebuild_checkpoints(catalog, fns, entries, seed=options.seed, num_threads=options.num_threads,
                         device="cuda" if gpu else "cpu", max_units=len(entries),
                         write=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def expect_recorded_data(run: Any, catalog: SQLiteCatalog, entries: Mapping[int, tuple[list, list]],
+                         accept_changed_data: bool) -> None:
+    """A resume's data must be what the run read: no source names a file the run did not read (checked now, before
+    any worker opens one), and every load is compared with the run's record (`RunState.sources_read`)."""
+    if not isinstance(accept_changed_data, bool):
+        raise TypeError(f"`accept_changed_data` is {accept_changed_data!r}, but must be True or False")
+    recorded = recorded_prints(catalog)
+    check_read_files(entries, recorded)
+    run.expect_prints(recorded, accept_changed_data)
+
+
+def recorded_prints(catalog: SQLiteCatalog) -> dict[str, dict[str, Any]]:
+    """What the run's data sources read, by "split/partition/entry" (its `source_read` events; the latest of each):
+    what a resume or replay compares its loads with (`RunState.sources_read`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for detail in catalog.events("source_read").detail:
+        d = json.loads(detail)
+        entry = d.pop("entry", None)
+        d.pop("worker", None)
+        if isinstance(entry, str):
+            out[entry] = d
+    return out
+
+
+def check_read_files(entries: Mapping[int, tuple[list, list]], recorded: Mapping[str, dict[str, Any]]) -> None:
+    """Before any worker opens them: every file the run's sources name must be one the run read (a dataset entry
+    edited to point elsewhere is refused; nothing outside what the run read is opened). A run that recorded no
+    reads (from before fingerprints, or that never loaded) is not checked."""
+    from framework.fingerprints import DataChangedError
+    from framework.sources import Source
+
+    read = {f["path"] for p in recorded.values() for f in p.get("files", [])}
+    if not read:
+        return
+    for pair in entries.values():
+        for source in (e for split in pair for e in split if isinstance(e, Source)):
+            for f in source.files():
+                if f not in read:
+                    raise DataChangedError(f"the run's dataset names {f}, a file the run never read (was its run.db "
+                                           "edited?); nothing the run did not read is opened")
+

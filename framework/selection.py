@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from automl import Procedure
+from framework import run_record
 from framework.arguments import (
     check_callbacks,
     check_dataset,
@@ -37,13 +38,11 @@ from framework.driver.observers import ProgressBar, RunClock, StorageMirror, pri
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
-from framework.engine.packs import pack_key
+from framework.engine.packs import mixes_epochs, pack_key
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
 from framework.options import EXECUTORS, FUNCTIONS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
-from framework.run_record import inbox_commands, is_finished, load_run, record_run, reopen_run, writer_lock
 from framework.scheduling import Scheduler
-from framework.trainable import accepted_kwargs
 
 __all__ = ["EXECUTORS", "ModelSelection"]
 
@@ -62,27 +61,22 @@ class ModelSelection:
         train_fn: `train_fn(model, optimizer, data, config) -> dict`: one pass of your own over the partition `data`
             (may return `num_examples`; a NaN or infinite metric fails the config). None with a `step_fn`.
         eval_fn: `eval_fn(model, data, config) -> dict` under `torch.no_grad()`; None: `eval_step` or `step_fn`.
-        dataset: a `PartitionedDataset` (its `replicas` / `availability` say which workers hold which partition).
+        dataset: a `PartitionedDataset` (its `replicas`/`availability`: which workers hold which partition).
         procedure: an `automl.Procedure` (GridSearch, RandomSearch, HyperBand, ...), a registered name ("grid",
             "hyperband", ...) or a `"module:Class"` string, constructed with `procedure_args` (a dict of keywords).
         input_fn: `input_fn(entry) -> data`, run on the worker to load a partition (default: the entry itself).
-        storage_path: where the run's directory goes: a local path, a URI that `pyarrow.fs` opens (`s3://...`,
-            `gs://...`, `file:///...`; the run works in a local copy that is mirrored there, see
+        storage_path: the run's directory: a local path, a `pyarrow.fs` URI (`s3://...`: a local copy mirrored there,
             `framework.engine.storage`), or None: a new folder `<name>` under `$MODELHOPPER_STORAGE`, else
             `~/modelhopper_runs` (never the working directory, which `ray job submit` replaces).
         name: the run folder's name when `storage_path` is None (default: `<procedure>-<timestamp>`).
         progress: show a progress bar over units and a leaderboard line per round.
-        extract: a picklable callable (e.g. a frozen `torch.nn.Module`, put in eval mode) that every worker applies
-            once to the inputs of each partition it loads, under `torch.no_grad()`: `(x, y)` becomes `(extract(x),
-            y)` (a tensor or a dict of tensors, batch first) for every unit there (Vista/Nautilus: features made near
-            the data; events `features_materialized`). `framework.planner.transfer_on_engine` builds it.
-        faults: a `framework.engine.faults.FaultPlan`: faults injected at exact points (a worker killed, a unit hung,
-            the driver crashed, ...) and an observer of events, so tests reach each recovery path on purpose.
-        callbacks: `framework.Callback`s called as the run goes on (e.g. `framework.TensorBoardCallback()`).
-            `dashboard=True` serves the run's web page (or a dict of `framework.dashboard.serve`'s host, port,
-            token); its URL goes to stderr.
-        step_fn: `step_fn(model, batch, config) -> loss | (loss, metrics) | {"loss": ...}`: one step on a batch of
-            `config["batch_size"]` rows, the engine's loop around it.
+        extract: a picklable callable (e.g. a frozen `torch.nn.Module` in eval mode) each worker applies once to the
+            inputs of each partition it loads, under `torch.no_grad()`: `(x, y)` becomes `(extract(x), y)` (features
+            near the data, Vista/Nautilus; `framework.planner.transfer_on_engine` builds it).
+        faults: a `framework.engine.faults.FaultPlan`: faults injected at exact points, and an observer of events.
+        callbacks: `framework.Callback`s called as the run goes on (e.g. `framework.TensorBoardCallback()`);
+            `dashboard=True` (or `framework.dashboard.serve`'s keywords) serves the run's page, its URL on stderr.
+        step_fn: `step_fn(model, batch, config) -> loss | (loss, metrics) | {"loss": ...}` on `batch_size` rows.
         eval_step: `eval_step(model, batch, config) -> dict` of a batch's means (batches of `eval_batch_size`).
 
     The other arguments are the run's options: `framework.RunOptions` documents each one, holds their defaults and
@@ -156,25 +150,26 @@ class ModelSelection:
         input_fn: Callable | None = None, procedure: Procedure | str | None = None, extract: Callable | None = None,
         trust_unverified: bool = False, *, progress: bool = True, faults: FaultPlan | None = None,
         callbacks: list[Callback] | None = None, step_fn: Callable | None = None, eval_step: Callable | None = None,
-        **overrides: Any,
+        accept_changed_data: bool = False, **overrides: Any,
     ) -> ModelSelection:
         """A `ModelSelection` that continues the run in `storage_path` (after a driver crash) when `.run()` is called.
 
         Pass the same user functions (`step_fn`/`eval_step` as keywords). The procedure's state, the configs, their
-        latest checkpoints and the schedule log come from the directory; `procedure` overrides the stored procedure
-        state (it must pickle-verify). Units in flight at the crash, or whose checkpoint had not reached the disk, run
-        again (logged `lost`). A run made with `extract=` needs the same `extract`. `overrides` may change the options
-        in `framework.options.RESUMABLE` (e.g. `worker_resources`: a GPU run resumed on CPU workers); the others are
-        the run's own (`RunOptions`' default where it recorded none). A URI `storage_path` is fetched first. The run's
-        catalog must verify under this machine's key, else resume raises `UnverifiedRunError` naming what failed,
-        unless `trust_unverified=True` (it warns; nothing unverified is re-signed or unpickled)."""
-        run = load_run(storage_path, procedure, extract, trust_unverified, overrides)
+        checkpoints and the schedule log come from the directory; `procedure` overrides the stored procedure state
+        (it must pickle-verify). Units in flight at the crash, or not yet checkpointed, run again (logged `lost`).
+        `extract=` must be the run's. `overrides` may change `framework.options.RESUMABLE` options (e.g.
+        `worker_resources`); the others are the run's own. A URI `storage_path` is fetched first. The catalog must
+        verify under this machine's key (else `UnverifiedRunError`) unless `trust_unverified=True` (it warns; nothing
+        unverified is re-signed or unpickled); a data file that differs from what the run read is refused naming
+        it, unless `accept_changed_data=True` (then recorded)."""
+        run = run_record.load_run(storage_path, procedure, extract, trust_unverified, overrides)
         stopping.check_budget_left(run.storage.local, run.options.time_budget_s, run.options.stop)  # before any work
         self = cls(model_fn, train_fn, eval_fn, run.dataset, run.procedure, input_fn=input_fn, extract=extract,
                    progress=progress, faults=faults, callbacks=callbacks, step_fn=step_fn, eval_step=eval_step,
                    **{k: getattr(run.options, k) for k in RECORDED})
         self.storage, self._resuming, self._trust_unverified = run.storage, True, trust_unverified
         self.options, self._partial_removed = self.options.replace(storage_path=run.storage.local), 0
+        self._accept_changed_data = accept_changed_data
         return self
 
     def run(self) -> Result:
@@ -186,8 +181,8 @@ class ModelSelection:
     def _run(self, lock: contextlib.ExitStack, clock: RunClock) -> Result:
         options = self.options
         if self._resuming:
-            lock.enter_context(writer_lock(self.storage_path))  # before anything else: a second resume is refused
-            if is_finished(self.storage_path):
+            lock.enter_context(run_record.writer_lock(self.storage_path))  # first: a second resume is refused
+            if run_record.is_finished(self.storage_path):
                 print(f"Run {self.storage.where} had finished: nothing to resume", file=sys.stderr, flush=True)
                 return Result(self.storage_path, self.model_fn)
             # checkpoint files a crashed driver or worker left half written are never part of the run
@@ -197,27 +192,30 @@ class ModelSelection:
         clock.lap("ray")
         os.makedirs(self.storage_path, exist_ok=True)
         if not self._resuming:
-            lock.enter_context(writer_lock(self.storage_path))
+            lock.enter_context(run_record.writer_lock(self.storage_path))
         catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE))
         ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), catalog)
         self._t0 = time.time()
         if self._resuming:
-            reopen_run(catalog, ckpt, options, self._worker_fns(), self._entries(),
+            run_record.reopen_run(catalog, ckpt, options, self._worker_fns(), self._entries(),
                        trust_unverified=self._trust_unverified, partial_removed=self._partial_removed)
         else:
-            record_run(catalog, options, placement=self.placement, procedure=self.procedure, dataset=self.dataset,
-                       fns=self._worker_fns(), storage_uri=self.storage.uri, start_time=self._t0)
+            run_record.record_run(catalog, options, placement=self.placement, procedure=self.procedure,
+                                  dataset=self.dataset, fns=self._worker_fns(), storage_uri=self.storage.uri,
+                                  start_time=self._t0)
         backend = self._backend()
         placement = {w: [p for p, ws in self.placement.items() if w in ws] for w in range(options.num_workers)}
         planned = None if self._resuming else self.procedure.planned_epochs()
         bar = ProgressBar(self.progress, planned and planned * 2 * len(backend.entries),
                           lambda s: self._driver.leaderboard_line(s), f"Run directory: {self.storage.describe()}")
         mirror = [StorageMirror(self.storage)] if self.storage.uri is not None else []
-        commands = Sources(self._commands, inbox_commands(catalog, self.storage_path))  # this process's, then others'
+        commands = Sources(self._commands, run_record.inbox_commands(catalog, self.storage_path))  # ours, others'
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
                         options, self.faults, commands=commands, observers=[bar, *self.callbacks, *mirror, clock],
-                        pack_key=pack_key(self.model_fn), pack_epochs=self._pack_epochs())
+                        pack_key=pack_key(self.model_fn), pack_epochs=mixes_epochs(self.step_fn, self.eval_step))
         self._driver, run = driver, driver.run_state
+        if self._resuming:  # the data must be what the run read
+            run_record.expect_recorded_data(run, catalog, backend.entries, self._accept_changed_data)
         clock.lap("set_up")
         failed = True  # until `driver.run` returns
         try:
@@ -233,8 +231,9 @@ class ModelSelection:
             bar.close()
             errors = ckpt.flush()
             ckpt.close()
-            catalog.set_meta(end_time=time.time(), checkpoint_errors=errors, driver_cpu_s_per_unit={
-                str(e): s / max(n, 1) for e, (s, n) in sorted(run.cpu_by_epoch.items())})
+            cpu = {str(e): s / max(n, 1) for e, (s, n) in sorted(run.cpu_by_epoch.items())}
+            catalog.set_meta(end_time=time.time(), checkpoint_errors=errors, **stopping.failed_meta(run),
+                             driver_cpu_s_per_unit=cpu)
             catalog.close()
             backend.shutdown()
             if self._cache_dir is not None:
@@ -294,11 +293,6 @@ class ModelSelection:
 
     def _entries(self) -> dict[int, tuple[list, list]]:
         return self.dataset.worker_entries(self.options.executor == "mop")
-
-    def _pack_epochs(self) -> bool:
-        """Whether configs at different epochs may share a pack: the step (and `eval_step`) take no `epoch`, which
-        one call for the whole pack could not give each member."""
-        return not any(fn is not None and accepted_kwargs(fn, {"epoch": 0}) for fn in (self.step_fn, self.eval_step))
 
     def _worker_fns(self) -> dict[str, Any]:
         return {**{n: getattr(self, n) for n in FUNCTIONS}, "extract": self.extract,

@@ -32,8 +32,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from framework.fingerprints import DataChangedError, file_print, regular_file, schema_change
+
 __all__ = [
     "ArrowSource",
+    "DataChangedError",
     "ParquetSource",
     "RayDataSource",
     "Source",
@@ -82,6 +85,15 @@ class Source:
     def estimated_bytes(self) -> int | None:
         """The partition's size as known without reading it (None: not known)."""
         return None
+
+    def files(self) -> list[str]:
+        """The files this source reads (absolute, resolved paths; none for a source that is not files)."""
+        return []
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies what `read()` read, computed on the worker after it (`fingerprint_change` compares two):
+        each file's path, size, modification time, schema (table files) and a hash of its bytes (`file_print`)."""
+        return {"files": [file_print(f) for f in self.files()]}
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> Source:
@@ -221,23 +233,22 @@ def check_columns(names: Sequence[str], columns: Sequence[str] | None, label: st
 # ---- files ------------------------------------------------------------------------------------------------------
 def list_files(param: str, value: Any, suffixes: tuple[str, ...]) -> list[str]:
     """The files `value` names (a file, a directory: its files ending with `suffixes`, sorted; or a list of
-    files), each checked to exist; the driver only lists and stats them."""
+    files), each an absolute, resolved path checked to be a regular file (a FIFO, device or socket is refused: reading
+    one would block or never end), a directory's inside it (a link out of it is refused); the driver only lists and
+    stats them."""
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
         if os.path.isdir(path):
             found = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(suffixes))
             if not found:
                 raise ValueError(f"`{param}` is {path!r}, a directory that holds no file ending with {suffixes}")
-            return found
+            return [regular_file(param, f, inside=os.path.realpath(path)) for f in found]
         values = [path]
     elif isinstance(value, Sequence) and value and all(isinstance(v, (str, os.PathLike)) for v in value):
         values = [os.fspath(v) for v in value]
     else:
         raise TypeError(f"`{param}` is {value!r}, but must be a file, a directory or a non-empty list of files")
-    for path in values:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"`{param}` names {path!r}, but there is no such file")
-    return values
+    return [regular_file(param, path) for path in values]
 
 
 def balance(sizes: Sequence[int], n: int) -> list[list[int]]:
@@ -273,6 +284,9 @@ def file_partitions(param: str, files: Sequence[str], n: int, *, shares: bool = 
     each file cut into row shares (`apportion`), which the worker picks out of the file's own index. `shares=False`
     (a format without one) refuses the latter."""
     sizes = [os.stat(f).st_size for f in files]
+    if n > sum(sizes):  # (a share needs a row, and a row a byte at least)
+        raise ValueError(f"`num_partitions` is {n}, but `{param}`'s {len(files)} file(s) hold {sum(sizes)} bytes: "
+                         "each partition needs at least one row")
     if len(files) >= n:
         return [[(files[i], 0, 1) for i in group] for group in balance(sizes, n)]
     if not shares:
@@ -284,6 +298,12 @@ def file_partitions(param: str, files: Sequence[str], n: int, *, shares: bool = 
 
 def _piece_bytes(pieces: Sequence[Piece]) -> int:
     return sum(os.stat(f).st_size // m for f, _, m in pieces)
+
+
+def _check_share(path: str, k: int, m: int, a: int, b: int, num_rows: int) -> None:
+    if b <= a:
+        raise ValueError(f"{path}: share {k + 1} of {m} holds no rows (the file has {num_rows} rows for {m} "
+                         "partitions): ask for fewer partitions")
 
 
 def _share(num_rows: int, k: int, m: int) -> tuple[int, int]:
@@ -311,11 +331,40 @@ class _TableSource(Source):
         raise NotImplementedError
 
     def table(self) -> Any:
-        """The partition as one `pyarrow.Table` (the pieces' rows in order)."""
+        """The partition as one `pyarrow.Table` (the pieces' rows in order). Every file is a regular file (checked
+        before it is opened), readable (else an error naming it), of the first file's schema (else an error naming
+        the file and the column)."""
         import pyarrow as pa
 
-        tables = [self._read_piece(*p) for p in self.pieces]
+        self._schemas: dict[str, list[list[str]]] = {}
+        tables = []
+        for path, k, m in self.pieces:
+            regular_file("the data", path)
+            try:
+                table = self._read_piece(path, k, m)
+            except (pa.ArrowException, OSError, EOFError) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(f"{path} cannot be read as {self.kind.capitalize()} ({first}): is it truncated, "
+                                 f"empty or not a {self.kind.capitalize()} file?") from None
+            tables.append(table)
+        first_path, first = next(iter(self._schemas.items()))
+        for path, schema in self._schemas.items():
+            if schema != first:
+                raise ValueError(f"{path}: {schema_change(first, schema)} against {first_path}; every file of a "
+                                 "source must have the columns and types of the first")
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def _keep_schema(self, path: str, schema: Any) -> None:
+        self._schemas[path] = [[f.name, str(f.type)] for f in schema]
+
+    def files(self) -> list[str]:
+        """The pieces' files, once each."""
+        return list(dict.fromkeys(f for f, _, _ in self.pieces))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Each file's print (`file_print`) and its schema as read."""
+        schemas = getattr(self, "_schemas", {})
+        return {"files": [{**file_print(f), "schema": schemas.get(f)} for f in self.files()]}
 
     def read(self) -> Any:
         """The pieces' rows as `(x, y)` (`table_to_tensors`), or what `to_tensors(table)` makes of them."""
@@ -360,11 +409,13 @@ class ParquetSource(_TableSource):
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(path, memory_map=True)
+        self._keep_schema(path, pf.schema_arrow)
         cols = self._wanted(pf.schema_arrow.names, path)
         if m == 1:
             return pf.read(columns=cols)
         meta = pf.metadata
         a, b = _share(meta.num_rows, k, m)
+        _check_share(path, k, m, a, b, meta.num_rows)
         groups, start, first = [], 0, None
         for g in range(meta.num_row_groups):
             rows = meta.row_group(g).num_rows
@@ -392,12 +443,14 @@ class ArrowSource(_TableSource):
             table = pa.ipc.open_stream(source).read_all()
         except pa.ArrowInvalid:
             table = pa.ipc.open_file(source).read_all()
+        self._keep_schema(path, table.schema)
         cols = self._wanted(table.column_names, path)
         if cols is not None:
             table = table.select(cols)
         if m == 1:
             return table
         a, b = _share(table.num_rows, k, m)
+        _check_share(path, k, m, a, b, table.num_rows)
         return table.slice(a, b - a)
 
 
@@ -413,18 +466,30 @@ def hf_arrow_files(param: str, dataset: Any) -> tuple[list[str], list[str]]:
                                  f"e.g. {os.path.join(path, 'train')!r}")
             raise FileNotFoundError(f"`{param}` is {path!r}, but it holds no state.json: it is not a folder that "
                                     "datasets.Dataset.save_to_disk wrote")
-        with open(state) as f:  # metadata: the data files' names (not the data)
-            files = [os.path.join(path, d["filename"]) for d in json.load(f)["_data_files"]]
+        try:
+            with open(state) as f:  # metadata: the data files' names (not the data)
+                names_in = [d["filename"] for d in json.load(f)["_data_files"]]
+            if not all(isinstance(n, str) for n in names_in):
+                raise TypeError("a filename that is not a string")
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"`{param}` is {path!r}, whose state.json cannot be read as the one "
+                             f"Dataset.save_to_disk writes ({type(e).__name__}: {e})") from None
+        inside = os.path.realpath(path)
+        for name in names_in:
+            if os.path.isabs(name) or os.path.commonpath([os.path.realpath(os.path.join(inside, name)), inside]) != inside:
+                raise ValueError(f"`{param}` is {path!r}, whose state.json names {name!r}, outside the folder; only "
+                                 "files inside it are read")
+        files = [os.path.join(path, n) for n in names_in]
         names: list[str] = []
         info = os.path.join(path, "dataset_info.json")
         if os.path.isfile(info):
             with open(info) as f:
                 names = list(json.load(f).get("features") or {})
         for file in files:
-            if not os.path.isfile(file):
+            if not os.path.lexists(file):
                 raise FileNotFoundError(f"`{param}` is {path!r}, whose state.json names {file!r}, but there is no "
                                         "such file")
-        return files, names
+        return [regular_file(param, file, inside=inside) for file in files], names
     try:
         import datasets
     except ImportError as e:
@@ -489,6 +554,12 @@ class TorchSource(Source):
                                                                 self.p)]
         return self.to_tensors(examples) if self.to_tensors is not None else collate(examples)
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The dataset's type and length (a torch dataset has no cheaper identity; resume compares its description
+        too)."""
+        t = type(self.dataset)
+        return {"type": f"{t.__module__}.{t.__qualname__}", "len": len(self.dataset)}
+
     def describe(self) -> dict[str, Any]:
         """The dataset's type and length, the split and the partition (not the data)."""
         t = type(self.dataset)
@@ -542,6 +613,10 @@ class WebDatasetSource(Source):
     def estimated_bytes(self) -> int:
         """The shards' bytes on disk."""
         return sum(os.stat(s).st_size for s in self.shards)
+
+    def files(self) -> list[str]:
+        """The shards."""
+        return list(self.shards)
 
 
 def import_webdataset() -> Any:

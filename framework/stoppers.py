@@ -17,6 +17,11 @@ is not asked again. A stopper must be deterministic given the sequence of `on_ep
 stopper's state by calling `on_epoch` again for every committed epoch, in the order they were committed, and ignores
 what those calls return. The per-config stoppers here keep no state at all (they read the config's history).
 
+A stopper that raises (a `FunctionStopper`'s function, a stopper class of the user's) ends the run as a run-wide
+stop does: every active config stops, the reason names the stopper and its error in one line (a `run_stopped`
+event), its traceback is a `stopper_failed` event, and the run records that its stopper failed (`failed_spec`), so
+that a resume needs no `stop=` (it goes on without that stopper, or with the one `stop=` passes).
+
 `TimeoutStopper` is the run's time budget (`ModelSelection(time_budget_s=...)`), as in Tune: when it is spent the
 run ends cleanly and can be resumed with a larger one (see `docs/guides/stopping.md`).
 
@@ -36,8 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CombinedStopper", "ExperimentPlateauStopper", "FunctionStopper", "MaximumIterationStopper",
-    "MetricThresholdStopper", "Stopper", "TimeoutStopper", "TrialPlateauStopper", "ended_by", "make_stopper",
-    "stop_reasons", "stopper_from_spec", "stopper_spec",
+    "MetricThresholdStopper", "Stopper", "StopperError", "TimeoutStopper", "TrialPlateauStopper", "ended_by",
+    "failed_spec", "make_stopper", "stop_reasons", "stopper_from_spec", "stopper_spec",
 ]
 
 #: the keys of a `stop` dict (and of a `FunctionStopper`'s result) that count a config's finished epochs
@@ -51,6 +56,42 @@ def _is_int(v: Any) -> bool:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: the largest count (epochs, results) a stopper takes: an int64, what a run records
+MAX_COUNT = 2**63 - 1
+
+
+def _finite(value: Any) -> float | None:
+    """`value` as a finite float (numpy's numbers too), or None: not a real number, or not finite as a float (nan,
+    inf, 10**400). `automl._checks.finite_real`, imported here: reading a run's events needs neither numpy nor
+    automl."""
+    from automl._checks import finite_real
+
+    return finite_real(value)
+
+
+def _show(value: Any) -> str:
+    from automl._checks import show
+
+    return show(value)
+
+
+def _check_count(owner: str, arg: str, value: Any, minimum: int) -> int:
+    """`value` as an int in [`minimum`, `MAX_COUNT`], or the `ValueError` naming `owner`'s `arg`."""
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{owner}: `{arg}` is {_show(value)}, but must be an int >= {minimum}")
+    if value > MAX_COUNT:
+        raise ValueError(f"{owner}: `{arg}` is {_show(value)}, but must be <= 2**63 - 1 (an int64, what a run "
+                         "records)")
+    return value
+
+
+def _check_positive(owner: str, arg: str, value: Any) -> float:
+    f = _finite(value)
+    if f is None or f <= 0:
+        raise ValueError(f"{owner}: `{arg}` is {_show(value)}, but must be a finite number > 0")
+    return f
 
 
 def _check_metric(owner: str, metric: Any) -> str:
@@ -109,13 +150,33 @@ class Stopper:
         return f"{type(self).__name__}({args})"
 
 
+class StopperError(Exception):
+    """`stopper` (one of a `CombinedStopper`'s) raised `error`: what `CombinedStopper` raises, so the run names the
+    stopper that failed, not the combination."""
+
+    def __init__(self, stopper: Stopper, error: Exception) -> None:
+        super().__init__(f"{_show(stopper)} raised {type(error).__name__}")
+        self.stopper, self.error = stopper, error
+
+
+def _each(stoppers: tuple[Stopper, ...], call: Callable[[Stopper], str | None]) -> list[str | None]:
+    """`call(s)` for every stopper, in order; one that raises raises `StopperError` naming it."""
+    out = []
+    for s in stoppers:
+        try:
+            out.append(call(s))
+        except StopperError:
+            raise
+        except Exception as e:
+            raise StopperError(s, e) from e
+    return out
+
+
 class MaximumIterationStopper(Stopper):
     """Stop a config once it has finished `max_iter` epochs (Tune's `MaximumIterationStopper`)."""
 
     def __init__(self, max_iter: int) -> None:
-        if not _is_int(max_iter) or max_iter < 1:
-            raise ValueError(f"MaximumIterationStopper: `max_iter` is {max_iter!r}, but must be an int >= 1")
-        self.max_iter = max_iter
+        self.max_iter = _check_count("MaximumIterationStopper", "max_iter", max_iter, 1)
 
     def on_epoch(self, state: ConfigState) -> str | None:
         if state.epochs >= self.max_iter:
@@ -132,8 +193,9 @@ class MetricThresholdStopper(Stopper):
 
     def __init__(self, metric: str, threshold: float, mode: str = "max") -> None:
         self.metric = _check_metric("MetricThresholdStopper", metric)
-        if not (_is_number(threshold) and math.isfinite(threshold)):
-            raise ValueError(f"MetricThresholdStopper: `threshold` is {threshold!r}, but must be a finite number")
+        if _finite(threshold) is None:
+            raise ValueError(f"MetricThresholdStopper: `threshold` is {_show(threshold)}, but must be a finite number")
+        threshold = int(threshold) if _is_int(threshold) else float(threshold)  # (recorded as JSON: no numpy)
         self.threshold, self.mode = threshold, _check_mode("MetricThresholdStopper", mode)
 
     def on_epoch(self, state: ConfigState) -> str | None:
@@ -157,15 +219,14 @@ class TrialPlateauStopper(Stopper):
     def __init__(self, metric: str, std: float = 0.01, num_results: int = 4, grace_period: int = 4,
                  metric_threshold: float | None = None, mode: str | None = None) -> None:
         self.metric = _check_metric("TrialPlateauStopper", metric)
-        if not (_is_number(std) and 0 < std < math.inf):
-            raise ValueError(f"TrialPlateauStopper: `std` is {std!r}, but must be a finite number > 0")
-        for arg, v in (("num_results", num_results), ("grace_period", grace_period)):
-            if not _is_int(v) or v < 1:
-                raise ValueError(f"TrialPlateauStopper: `{arg}` is {v!r}, but must be an int >= 1")
+        std = _check_positive("TrialPlateauStopper", "std", std)
+        num_results = _check_count("TrialPlateauStopper", "num_results", num_results, 1)
+        grace_period = _check_count("TrialPlateauStopper", "grace_period", grace_period, 1)
         if metric_threshold is not None:
-            if not (_is_number(metric_threshold) and math.isfinite(metric_threshold)):
-                raise ValueError(f"TrialPlateauStopper: `metric_threshold` is {metric_threshold!r}, but must be a "
+            if _finite(metric_threshold) is None:
+                raise ValueError(f"TrialPlateauStopper: `metric_threshold` is {_show(metric_threshold)}, but must be a "
                                  "finite number or None")
+            metric_threshold = float(metric_threshold)
             _check_mode("TrialPlateauStopper", mode)
         elif mode is not None:
             _check_mode("TrialPlateauStopper", mode)
@@ -201,12 +262,9 @@ class ExperimentPlateauStopper(Stopper):
     def __init__(self, metric: str, std: float = 0.001, top: int = 10, mode: str = "min", patience: int = 0) -> None:
         self.metric = _check_metric("ExperimentPlateauStopper", metric)
         self.mode = _check_mode("ExperimentPlateauStopper", mode)
-        if not _is_int(top) or top < 2:
-            raise ValueError(f"ExperimentPlateauStopper: `top` is {top!r}, but must be an int >= 2")
-        if not (_is_number(std) and 0 < std < math.inf):
-            raise ValueError(f"ExperimentPlateauStopper: `std` is {std!r}, but must be a finite number > 0")
-        if not _is_int(patience) or patience < 0:
-            raise ValueError(f"ExperimentPlateauStopper: `patience` is {patience!r}, but must be an int >= 0")
+        top = _check_count("ExperimentPlateauStopper", "top", top, 2)
+        std = _check_positive("ExperimentPlateauStopper", "std", std)
+        patience = _check_count("ExperimentPlateauStopper", "patience", patience, 0)
         self.std, self.top, self.patience = std, top, patience
         self._top_values: list[float] = []  # the best `top` values so far, best first
         self._iterations = 0  # epoch ends in a row that found the top values plateaued
@@ -246,10 +304,11 @@ class TimeoutStopper(Stopper):
 
     def __init__(self, timeout: float | datetime.timedelta) -> None:
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-        if not (_is_number(seconds) and 0 < seconds < math.inf):
-            raise ValueError(f"TimeoutStopper: `timeout` is {timeout!r}, but must be a finite number of seconds > 0 "
-                             "or a datetime.timedelta")
-        self.timeout_s = float(seconds)
+        f = _finite(seconds)
+        if f is None or f <= 0:
+            raise ValueError(f"TimeoutStopper: `timeout` is {_show(timeout)}, but must be a finite number of seconds "
+                             "> 0 or a datetime.timedelta")
+        self.timeout_s = f
 
     def spec(self) -> dict[str, Any]:
         return {"timeout": self.timeout_s}
@@ -268,9 +327,15 @@ class FunctionStopper(Stopper):
 
     def on_epoch(self, state: ConfigState) -> str | None:
         if self.function(state.id, result_of(state)):
-            name = getattr(self.function, "__qualname__", type(self.function).__name__)
-            return f"{name} returned True after {state.epochs} epochs"
+            return f"{self._name} returned True after {state.epochs} epochs"
         return None
+
+    @property
+    def _name(self) -> str:
+        return getattr(self.function, "__qualname__", type(self.function).__name__)
+
+    def __repr__(self) -> str:
+        return f"FunctionStopper({self._name})"
 
 
 class CombinedStopper(Stopper):
@@ -290,11 +355,11 @@ class CombinedStopper(Stopper):
         self.timeout_s = min(timeouts) if timeouts else None
 
     def on_epoch(self, state: ConfigState) -> str | None:
-        reasons = [s.on_epoch(state) for s in self.stoppers]
+        reasons = _each(self.stoppers, lambda s: s.on_epoch(state))
         return next((r for r in reasons if r), None)
 
     def stop_all(self) -> str | None:
-        reasons = [s.stop_all() for s in self.stoppers]
+        reasons = _each(self.stoppers, lambda s: s.stop_all())
         return next((r for r in reasons if r), None)
 
     def __repr__(self) -> str:
@@ -320,8 +385,17 @@ def stopper_spec(stopper: Stopper | None) -> dict[str, Any] | None:
     return {"type": type(stopper).__name__, "args": spec}
 
 
-def stopper_from_spec(spec: Mapping[str, Any]) -> Stopper:
-    """The stopper `stopper_spec` recorded; raises `ValueError` for one that cannot be rebuilt."""
+def failed_spec(stopper: Stopper | None, failure: str) -> dict[str, Any]:
+    """What a run records of a stopper that raised (`failure`: the one line that says so): `stopper_spec` with
+    `failed`; `stopper_from_spec` rebuilds no stopper from it (a resume needs no `stop=`)."""
+    return {**(stopper_spec(stopper) or {"type": None, "args": None}), "failed": failure}
+
+
+def stopper_from_spec(spec: Mapping[str, Any]) -> Stopper | None:
+    """The stopper `stopper_spec` recorded (None for one that failed in the run: `failed_spec`); raises `ValueError`
+    for one that cannot be rebuilt."""
+    if spec.get("failed"):
+        return None
     name, args = spec.get("type"), spec.get("args")
     if name not in STOPPERS or not isinstance(args, Mapping):
         raise ValueError(f"the run used the stopper {name!r}, which resume() cannot rebuild; pass `stop=` (the same "
@@ -337,9 +411,9 @@ def _from_dict(stop: Mapping[Any, Any], metric: str, mode: str) -> list[Stopper]
     out: list[Stopper] = []
     for key, value in stop.items():
         if key in EPOCH_KEYS:
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"`stop[{key!r}]` is {value!r}, but must be an int >= 1 (the epochs a config trains "
-                                 "at most)")
+            if not _is_int(value) or not 1 <= value <= MAX_COUNT:
+                raise ValueError(f"`stop[{key!r}]` is {_show(value)}, but must be an int >= 1 and <= 2**63 - 1 (the "
+                                 "epochs a config trains at most)")
             out.append(MaximumIterationStopper(value))
             continue
         if key == "epoch":
@@ -348,8 +422,8 @@ def _from_dict(stop: Mapping[Any, Any], metric: str, mode: str) -> list[Stopper]
         if not isinstance(key, str) or not key.startswith(("train_", "valid_")):
             raise ValueError(f"`stop` has the key {key!r}, but its keys must be one of {list(EPOCH_KEYS)} or a "
                              "reported metric as 'valid_<name>' or 'train_<name>'")
-        if not (_is_number(value) and math.isfinite(value)):
-            raise ValueError(f"`stop[{key!r}]` is {value!r}, but must be a finite number (the threshold)")
+        if _finite(value) is None:
+            raise ValueError(f"`stop[{key!r}]` is {_show(value)}, but must be a finite number (the threshold)")
         if key == metric and mode == "min":
             raise ValueError(f"`stop[{key!r}]` is {value!r}, but a `stop` dict stops a config once a value is >= its "
                              f"threshold (Ray Tune's rule) and the run minimises {metric!r}: use "

@@ -22,6 +22,11 @@ so the dashboard serves a running run, a crashed one and a finished one alike, f
                            200 with the driver's outcome (applied true or false), 409 when the run is not running,
                            504 when the driver did not answer in time, 400 for a body of another shape
 
+**What it cannot read** is a one-line answer, never a 500 nor a traceback in the run's console: a token that is not
+UTF-8 gets 401 as a wrong one does; a header that is not UTF-8, a body that is not UTF-8 JSON (NaN and infinities
+included) or is nested more than `MAX_BODY_DEPTH` levels (refused before it is parsed) get 400. aiohttp's own
+messages about a request it cannot parse, and the event loop's, are one line at debug level (`_RequestLog`).
+
 **Access.** Every request needs the dashboard's token, on every address, 127.0.0.1 included (as Jupyter asks for
 one: any account on the machine can reach a port on localhost, and a command is signed with the owner's key): as
 `?token=...` or `Authorization: Bearer ...`, else 401. One is made with `secrets.token_urlsafe(24)` when none is
@@ -49,6 +54,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import socket
 import sys
@@ -67,8 +73,8 @@ from framework.engine.inbox import InboxError
 from framework.engine.signing import key_path
 from framework.result import CATALOG_FILE, Result
 
-__all__ = ["EVENTS_LIMIT", "LOCAL_HOSTS", "OUTSIDE_COMMANDS", "SCHEDULE_LIMIT", "Dashboard", "DashboardCallback",
-           "serve"]
+__all__ = ["EVENTS_LIMIT", "LOCAL_HOSTS", "MAX_BODY_DEPTH", "OUTSIDE_COMMANDS", "SCHEDULE_LIMIT", "Dashboard",
+           "DashboardCallback", "serve"]
 
 #: how many of the lines saying what does not verify `/api/leaderboard` returns (`unverified_count`: all of them)
 TRUST_LIMIT = 50
@@ -80,6 +86,8 @@ SCHEDULE_LIMIT, EVENTS_LIMIT = 2000, 200
 QUIET_EVENTS = ("round_committed",)
 #: seconds `POST /api/command` waits for the driver's answer
 COMMAND_TIMEOUT_S = 30.0
+#: how deep a command's JSON body may nest (`{"name": ..., "args": {"config": {...}}}` is 3): deeper is refused unparsed
+MAX_BODY_DEPTH = 32
 logger = logging.getLogger(__name__)
 
 
@@ -112,8 +120,9 @@ class Dashboard:
 
     def _serve(self, sock: socket.socket, ready: concurrent.futures.Future) -> None:
         asyncio.set_event_loop(self._loop)
+        self._loop.set_exception_handler(_quiet_loop_error)
         try:
-            self._runner = web.AppRunner(_app(self), access_log=None)
+            self._runner = web.AppRunner(_app(self), access_log=None, logger=_RequestLog(logger, {}))
             self._loop.run_until_complete(self._runner.setup())
             self._loop.run_until_complete(web.SockSite(self._runner, sock, shutdown_timeout=1.0).start())
         except BaseException as e:
@@ -262,11 +271,10 @@ def _app(board: Dashboard) -> web.Application:
         async def handler(request: web.Request) -> web.Response:
             loop = asyncio.get_running_loop()
             try:
-                body = await loop.run_in_executor(board._reads, read, board.run)
-            except Exception as e:  # the server's edge: a run that cannot be read now is an answer, not a crash
-                logger.debug("dashboard read %s failed", request.path, exc_info=True)
-                return _json({"error": f"{type(e).__name__}: {e}"}, status=503)
-            return _json(body)
+                return _json(await loop.run_in_executor(board._reads, read, board.run))
+            except Exception as e:  # the server's edge: a run that cannot be read (or shown) now is an answer
+                logger.debug("dashboard read %s failed: %s", request.path, _one_line(e))
+                return _json({"error": _one_line(e)}, status=503)
 
         return handler
 
@@ -274,10 +282,9 @@ def _app(board: Dashboard) -> web.Application:
         from framework.runs.steering import NotRunningError, connect
 
         try:
-            body = await request.json()
-        except (ValueError, RecursionError):  # RecursionError: nested too deep for Python's parser
-            return _json({"error": "the body must be JSON nested at most a few hundred levels deep: "
-                                   "{\"name\": ..., \"args\": {...}}"}, status=400)
+            body = _parse_body(await request.read())
+        except ValueError as e:
+            return _json({"error": str(e)}, status=400)
         problem = _command_problem(body)
         if problem:
             return _json({"error": problem}, status=400)
@@ -317,30 +324,116 @@ def _guard(board: Dashboard):
         auth = request.headers.get("Authorization", "")
         if given is None and auth.startswith("Bearer "):
             given = auth[len("Bearer "):].strip()
-        if given is None or not secrets.compare_digest(given.encode(), board.token.encode()):
-            return _json({"error": "this dashboard needs its token: ?token=... or Authorization: Bearer ... (the URL "
-                                   "it printed carries it)"}, status=401)
+        if given is None or not _is_text(given) or not secrets.compare_digest(given.encode(), board.token.encode()):
+            why = "" if given is None or _is_text(given) else "the token given is not UTF-8 text: "
+            return _json({"error": f"{why}this dashboard needs its token: ?token=... or Authorization: Bearer ... "
+                                   "(the URL it printed carries it)"}, status=401)
+        unreadable = [name for name, value in request.headers.items() if not _is_text(name + value)]
+        if unreadable:  # aiohttp keeps the bytes that are not UTF-8 as lone surrogates: nothing below could use them
+            return _json({"error": f"the header {_escape(unreadable[0])} is not UTF-8 text"}, status=400)
         if board.host in LOCAL_HOSTS and _host_name(request.host) not in local_names:
             return _json({"error": f"Host {_escape(request.host)} is not this dashboard's (it serves 127.0.0.1, "
                                    "localhost and ::1 only)"}, status=403)
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("Origin")
             if origin is not None and urllib.parse.urlsplit(origin).netloc != request.host:
-                return _json({"error": f"a command from origin {origin!r}, not this dashboard's: refused"},
+                return _json({"error": f"a command from origin {_escape(origin)}, not this dashboard's: refused"},
                              status=403)
             if request.content_type != "application/json":
-                return _json({"error": f"the body must be application/json, not {request.content_type!r}"},
+                return _json({"error": f"the body must be application/json, not {_escape(request.content_type)}"},
                              status=415)
         try:
             return await handler(request)
         except web.HTTPException:
             raise
-        except Exception as e:  # the server's edge: one line to the client, the traceback to the log
-            logger.exception("dashboard: %s %s failed", request.method, request.path)
-            return _json({"error": f"the dashboard failed on this request: {type(e).__name__}: {e}"[:500]},
-                         status=500)
+        except Exception as e:  # the last resort (input problems are 400s above): one line, no traceback
+            logger.warning("dashboard: %s %s failed: %s", request.method, _escape(request.path), _one_line(e))
+            return _json({"error": f"the dashboard failed on this request: {_one_line(e)}"}, status=500)
 
     return guard
+
+
+class _RequestLog(logging.LoggerAdapter):
+    """The logger aiohttp's server logs to: what it says about a request (one it cannot parse, a client that went
+    away) is one line at debug level, never a traceback; a request is the client's problem, not the run's."""
+
+    def log(self, level: int, msg: object, *args: object, exc_info: Any = None, **kwargs: Any) -> None:
+        exc = sys.exc_info()[1] if exc_info is True else exc_info[1] if isinstance(exc_info, tuple) else exc_info
+        try:
+            text = str(msg) % args if args else str(msg)
+        except (TypeError, ValueError):
+            text = f"{msg} {args}"
+        if isinstance(exc, BaseException):
+            text += f": {_one_line(exc)}"
+        self.logger.log(logging.DEBUG, "dashboard: %s", " ".join(text.split()), **kwargs)
+
+
+def _quiet_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The dashboard loop's handler of errors no task retrieved: one line at debug level, as `_RequestLog`."""
+    exc = context.get("exception")
+    logger.debug("dashboard: %s%s", context.get("message", "event loop error"),
+                 f": {_one_line(exc)}" if isinstance(exc, BaseException) else "")
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: message` of `exc` on one line, non-ASCII escaped and cut short."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())  # split: no newline, nor a run of blanks
+    text = text.encode("ascii", "backslashreplace").decode()
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _is_text(text: str) -> bool:
+    """Whether `text` is UTF-8 text (aiohttp keeps a header's bytes that are not as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_BODY_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')  # a JSON string (to skip; unterminated: to the end) or a bracket
+
+
+def _json_depth(text: str) -> int:
+    """How deep `text` nests its brackets, strings skipped: counted without parsing, so any depth is cheap."""
+    depth = deepest = 0
+    for token in _BODY_TOKENS.finditer(text):
+        c = token.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_body(raw: bytes) -> Any:
+    """The JSON value of a command's body, or a one-line `ValueError` saying why it has none: not UTF-8, nested more
+    than `MAX_BODY_DEPTH` deep (checked before parsing, so no parser recursion can blow up), not standard JSON."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"the body must be JSON, in UTF-8, but byte {e.start} is not UTF-8: "
+                         f"{_escape(raw[e.start:e.start + 4])}") from None
+    depth = _json_depth(text)
+    if depth > MAX_BODY_DEPTH:
+        raise ValueError(f"the body is nested {depth} levels deep, but must be JSON nested at most {MAX_BODY_DEPTH} "
+                         "levels deep: {\"name\": ..., \"args\": {...}}")
+    try:
+        return json.loads(text, parse_float=_finite, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, and ints too long for Python to read
+        raise ValueError(f"the body must be JSON: {_one_line(e).split(': ', 1)[1]}") from None
 
 
 def _host_name(host: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from framework.driver.dispatch import Dispatcher
 from framework.driver.workers import WorkerTable
 from framework.engine._base import Backend
 from framework.engine.faults import FaultPlan
+from framework.fingerprints import DataChangedError, fingerprint_change, schema_change
 from framework.options import RunOptions
 
 
@@ -56,6 +57,10 @@ class RunState:
     # the run's stopper and time budget (`framework.driver.stopping.RunStopping`; None: a driver built without them)
     stop_rules: Any = None
     ending: str | None = None  # why this session ends before the run does (its time budget is spent); None: it runs
+    # what each data source read, by "split/partition/entry" (`framework.sources.Source.fingerprint`): recorded at
+    # its first load, compared at every later one and on resume and replay (`sources_read`)
+    prints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    accept_changed_data: bool = False  # a changed source is logged and used, not refused
     # the one observer channel: progress bar, leaderboard, trackers, the mirror, the fault plan's observer (what
     # one of them raises is logged as the run's event)
     observers: CallbackList = field(init=False)
@@ -67,6 +72,41 @@ class RunState:
         """Log an event (the run's record of what happened) and show it to the observers."""
         self.log.add_event(kind, **detail)
         self.observers.call("on_event", kind, detail)
+
+    def expect_prints(self, recorded: Mapping[str, dict[str, Any]], accept_changed_data: bool = False) -> None:
+        """A resumed or replayed run's record of what its sources read (its `source_read` events): later loads
+        must read the same, unless `accept_changed_data`."""
+        self.prints.update(recorded)
+        self.accept_changed_data = accept_changed_data
+
+    def sources_read(self, worker: int, prints: Mapping[str, dict[str, Any]]) -> None:
+        """A worker that joined read these sources: each print new to the run is recorded (a `source_read` event),
+        its tables' schemas checked against the split's other files; one the run recorded is compared, and a change
+        raises `DataChangedError` naming the file, or with `accept_changed_data` is logged and used."""
+        for entry, now in prints.items():
+            recorded = self.prints.get(entry)
+            if recorded is None:
+                split = entry.split("/")[0]
+                for f in now.get("files", []):
+                    other = next((g for e, p in self.prints.items() if e.split("/")[0] == split
+                                  for g in p.get("files", []) if g.get("schema") is not None), None)
+                    if other is not None and f.get("schema") is not None and f["schema"] != other["schema"]:
+                        raise DataChangedError(f"{f['path']}: {schema_change(other['schema'], f['schema'])} against "
+                                               f"{other['path']}; every file of the {split} data must have the same "
+                                               "columns and types")
+                self.prints[entry] = dict(now)
+                self.event("source_read", entry=entry, worker=worker, **now)
+                continue
+            change = fingerprint_change(f"the {entry.split('/')[0]} data of partition {entry.split('/')[1]}",
+                                        recorded, now)
+            if change is None:
+                continue
+            if not self.accept_changed_data:
+                raise DataChangedError(f"{change}: the run would train on other data than it recorded; put the data "
+                                       "back, or pass accept_changed_data=True (modelhopper resume/replay "
+                                       "--accept-changed-data) to go on with it knowingly")
+            self.event("source_changed_accepted", entry=entry, worker=worker, change=change)
+            self.write(f"data changed since the run read it, and accepted: {change}")
 
     def write(self, line: str) -> None:
         """A one-line notice for a person watching (the observers' `on_notice`)."""

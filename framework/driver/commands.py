@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from automl import ACTIVE, PERSON, STOPPED
+from automl import ACTIVE, PERSON, STOPPED, json_exact
+from automl._checks import show
 from framework.cli import printable
 from framework.command_specs import (  # (ARG_TYPES and Arg re-exported: a command's arguments)
     ARG_TYPES,  # noqa: F401
@@ -340,9 +341,14 @@ def _budget(run: RunState, args: Mapping[str, Any], trained: int, what: str) -> 
 
 
 def _config_dict(value: Any, key: str) -> dict[str, Any]:
+    """`value` as a config holds it (`automl.json_exact`, the rule every procedure's configs follow), or the reason
+    it cannot be one."""
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise CommandRejected(f"`{key}` is {value!r}, but must be a dict of hyper-parameter name -> value")
-    return dict(value)
+        raise CommandRejected(f"`{key}` is {show(value)}, but must be a dict of hyper-parameter name -> value")
+    try:
+        return json_exact(key, value)
+    except (TypeError, ValueError) as e:
+        raise CommandRejected(str(e)) from None
 
 
 def _stop_config(run: RunState, args: Mapping[str, Any]) -> Effect:

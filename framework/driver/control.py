@@ -27,6 +27,8 @@ def on_joined(run: RunState, ev: WorkerJoined) -> None:
         return  # removed while it loaded
     run.workers.joined(ev.worker, ev.partitions)
     run.workers.info[ev.worker] = dict(ev.info)
+    if ev.info.get("fingerprints"):
+        run.sources_read(ev.worker, ev.info["fingerprints"])
     if "extraction" in ev.info:
         run.event("features_materialized", worker=ev.worker, **ev.info["extraction"])
     run.dispatch.add_worker(ev.worker, ev.partitions)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from framework.options import RunOptions
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit, UnitTimeEstimate, make_scheduler
 from framework.scheduling.packing import Packer
-from framework.scheduling.units import TRAIN, UnitReport, unit_seed
+from framework.scheduling.units import TRAIN, UnitReport, example_share, unit_seed
 
 
 @dataclass(slots=True)
@@ -49,11 +49,15 @@ class Flight:
 
     def rows(self, report: UnitReport) -> list[UnitReport]:
         """The schedule log's rows of a unit's report: one per worker of its gang that trained the unit's
-        partition, each naming the group."""
+        partition, each naming the group and counting the examples that worker trained (workers that shared the
+        partition's pass took a share each: the rows add up to the report's `num_examples`)."""
         if self.group is None:
             return [report]
         a, p = self.assignment, report.unit.partition
-        return [dataclasses.replace(report, worker=w, group=self.group) for w in a.workers if a.partition_of(w) == p]
+        sharers = [w for w in a.workers if a.partition_of(w) == p]
+        return [dataclasses.replace(report, worker=w, group=self.group,
+                                    num_examples=example_share(report.num_examples, i, len(sharers)))
+                for i, w in enumerate(sharers)]
 
 
 class Dispatcher:

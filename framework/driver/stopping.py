@@ -7,6 +7,12 @@ stops the same way (those in the middle of an epoch when that epoch ends) and th
 the run finishes. The stops commit with the decision; their reasons are logged right after it (`config_stopped`,
 `run_stopped` events).
 
+A stopper that raises (in `on_epoch` or `stop_all`, or while a resume shows it the committed epochs) is not asked
+again, and ends the run as `stop_all` does: its reason is one line naming the stopper and its error ("the stopper
+failed: FunctionStopper(my_rule) raised KeyError: 'valid_acc'"), shown and logged (`run_stopped`); the traceback goes
+to the run's events only (`stopper_failed`), never to the console. `ModelSelection` records the failure with the
+run's options (`framework.stoppers.failed_spec`), so a resume does not ask for `stop=` again.
+
 The time budget counts the seconds the driver loop runs on the backend's clock (a simulation's simulated seconds),
 summed over the run and its resumes: each session that ran under a budget logs its seconds (a `time_spent` event)
 when it ends, and a resume starts from the total. When the budget is spent, nothing new is dispatched, the units in
@@ -21,13 +27,18 @@ from __future__ import annotations
 
 import copy
 import os
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 from automl import ACTIVE, ConfigState
+from automl._checks import show
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
-from framework.stoppers import Stopper, event_detail
+from framework.stoppers import Stopper, StopperError, event_detail, failed_spec
 
+#: the most characters of a stopper's error its one line shows (the whole error is in its traceback's event)
+MAX_ERROR = 300
 #: the outcome of a config a stopper stopped (the same word as a person's stop: it stopped before its procedure said)
 BY_STOPPER = "stopped"
 
@@ -43,6 +54,8 @@ class RunStopping:
         self.spent_before = 0.0  # seconds earlier sessions of the run spent
         self.started: float | None = None  # when this session's loop started (the backend's clock)
         self.stopped_all: str | None = None  # why `stop_all` ended the run
+        # the stopper raised (it is not asked again): {"stopper", "error", "traceback"}, and `stopped_all` says so
+        self.failed: dict[str, str] | None = None
 
     def start(self, now: float) -> None:
         """This session's loop starts at `now`."""
@@ -63,6 +76,30 @@ class RunStopping:
     def end_run(self, reason: str) -> None:
         self.stopped_all = reason
 
+    def ask(self, call: Callable[[Stopper], str | None]) -> str | None:
+        """`call(stopper)`, unless the stopper failed before; one that raises fails (`fail`) and says nothing."""
+        if self.stopper is None or self.failed is not None:
+            return None
+        try:
+            return call(self.stopper)
+        except Exception as e:  # noqa: BLE001 (the user's code: its failure ends the run, recorded, in one line)
+            self.fail(e)
+            return None
+
+    def fail(self, error: Exception) -> None:
+        """The stopper raised `error`: the run ends (`stopped_all`) with one line naming the stopper (the one of a
+        `CombinedStopper` that raised) and the error; `failed` keeps the traceback for the run's events."""
+        culprit, cause = (error.stopper, error.error) if isinstance(error, StopperError) else (self.stopper, error)
+        try:
+            text = str(cause)
+        except Exception:  # noqa: BLE001 (a user's exception whose message cannot be read is still named)
+            text = "(its message could not be read)"
+        name, what = show(culprit), " ".join(f"{type(cause).__name__}: {text}".split())
+        what = what if len(what) <= MAX_ERROR else what[:MAX_ERROR - 3] + "..."
+        self.failed = {"stopper": name, "error": what,
+                       "traceback": "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))}
+        self.end_run(f"the stopper failed: {name} raised {what}")
+
 
 def stop_ended(run: RunState, ended: list[ConfigRecord]) -> list[tuple[ConfigRecord, str]]:
     """Show the stopper the configs whose epoch ended (in id order), then ask whether the run ends; stop what it
@@ -72,12 +109,12 @@ def stop_ended(run: RunState, ended: list[ConfigRecord]) -> list[tuple[ConfigRec
         return []
     stopper, stopped = stopping.stopper, []
     for c in sorted(ended, key=lambda c: c.id):  # every committed epoch is shown (a resume shows them all again)
-        reason = stopper.on_epoch(c.view())
+        reason = stopping.ask(lambda s: s.on_epoch(c.view()))  # noqa: B023 (called at once)
         if reason and c.status == ACTIVE:  # (one that stops at this epoch end already, e.g. a person's stop, stays so)
             c.stop(BY_STOPPER)
             stopped.append((c, f"{type(stopper).__name__}: {reason}"))
     if stopping.stopped_all is None:
-        reason = stopper.stop_all()
+        reason = stopping.ask(lambda s: s.stop_all())
         if reason:
             stopping.end_run(f"{type(stopper).__name__}: {reason}")
     if stopping.stopped_all is not None:
@@ -97,9 +134,26 @@ def log_stops(run: RunState, stopped: list[tuple[ConfigRecord, str]], first: boo
         run.event("config_stopped", config_id=c.id, epochs=len(c.history), reason=reason)
         run.write(f"config {c.id} stopped after {len(c.history)} epochs: {reason}")
     if first:
-        reason = run.stop_rules.stopped_all
-        run.event("run_stopped", reason=reason)
-        run.write(f"the run stops: {reason}")
+        _log_run_stopped(run)
+
+
+def _log_run_stopped(run: RunState) -> None:
+    """The run-wide stop's reason, shown and logged; a stopper's failure with its traceback (events only)."""
+    stopping = run.stop_rules
+    if stopping.failed is not None:
+        run.event("stopper_failed", **stopping.failed)
+    run.event("run_stopped", reason=stopping.stopped_all)
+    run.write(f"the run stops: {stopping.stopped_all}"
+              + (" (its traceback is in the run's events: stopper_failed)" if stopping.failed is not None else ""))
+
+
+def failed_meta(run: RunState) -> dict[str, Any]:
+    """What the run's meta records when its stopper failed (`{"stop": failed_spec(...)}`: a resume needs no `stop=`
+    again); {} when it did not."""
+    stopping = run.stop_rules
+    if stopping is None or stopping.failed is None:
+        return {}
+    return {"stop": failed_spec(run.options.stop, stopping.stopped_all)}
 
 
 def check_budget(run: RunState) -> None:
@@ -162,7 +216,11 @@ def restore(run: RunState, catalog: Any, history: dict[int, list[dict]]) -> None
         cid, e = int(cid), int(e)
         past = tuple(history.get(cid, [])[:e + 1])
         if len(past) == e + 1:
-            stopping.stopper.on_epoch(ConfigState(cid, dict(configs.get(cid, {})), e + 1, past))
+            state = ConfigState(cid, dict(configs.get(cid, {})), e + 1, past)
+            stopping.ask(lambda s: s.on_epoch(state))  # noqa: B023 (called at once)
+        if stopping.failed is not None:  # the run ends at its next decision, which stops every active config
+            _log_run_stopped(run)
+            return
 
 
 def check_budget_left(storage_path: str, time_budget_s: float | None, stop: Stopper | None) -> None:

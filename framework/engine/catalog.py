@@ -671,7 +671,13 @@ class SQLiteCatalog:
 
 
 def _config_row(config_id: int, config: dict[str, Any], status: str, parent: int | None, first: int) -> dict:
-    return {"id": config_id, "config": json.dumps(config, default=str), "status": status, "epochs": 0,
+    """A configs row. The config is written as the JSON it reads back as, exactly (`automl.json_exact`: numpy
+    numbers as the Python numbers they equal); one that holds anything JSON would lose (a set, bytes, nan, an object,
+    10**400) raises `TypeError`/`ValueError` naming it, and the transaction writes nothing."""
+    from automl._checks import json_exact  # (not at the top: reading a catalog needs no automl, nor optuna)
+
+    exact = json_exact(f"configs[{config_id}]", config)
+    return {"id": config_id, "config": json.dumps(exact, allow_nan=False), "status": status, "epochs": 0,
             "parent": parent, "error": None, "first_round": first, "outcome": None}
 
 

@@ -77,9 +77,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from framework.data import data_len
 from framework.engine.fused_modules import _unflatten, differ, fuse, member_share
 from framework.engine.steps import batch_size_of, device_of, split_output, take, to_device
-from framework.trainable import Trainable
+from framework.trainable import Trainable, accepted_kwargs
 
-__all__ = ["pack_key", "FusedPack", "PackError", "StackedOptimizer", "signature"]
+__all__ = ["pack_key", "FusedPack", "PackError", "StackedOptimizer", "mixes_epochs", "signature"]
 
 _VMAP_MODE = torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchVmapMode)
 _FLAGS = ("maximize", "amsgrad", "nesterov", "decoupled_weight_decay")
@@ -121,6 +121,12 @@ def pack_key(model_fn: Callable) -> Callable[[Mapping[str, Any]], Hashable | Non
         return signature(built.model, built.optimizer), repr(config.get("batch_size"))
 
     return key
+
+
+def mixes_epochs(*fns: Callable | None) -> bool:
+    """Whether configs at different epochs may share a pack: none of the step functions `fns` takes `epoch`, which
+    one call for the whole pack could not give each member (`framework.scheduling.packing.Packer`'s `mix_epochs`)."""
+    return not any(fn is not None and accepted_kwargs(fn, {"epoch": 0}) for fn in fns)
 
 
 def _stack(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

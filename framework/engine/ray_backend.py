@@ -1,19 +1,18 @@
 """`RayBackend`: workers are Ray actors, partitions go through the object store, states hop as object refs.
 
-This is the only module of the engine that imports Ray. It implements `framework.engine._base.Backend`: the driver
+This is the module of the engine that imports Ray (with `framework.engine.ray_start`, which starts the Ray a run
+uses: `ensure_ray`, re-exported here). It implements `framework.engine._base.Backend`: the driver
 starts workers and submits units; `poll` turns finished Ray calls into events (a load that finished is a
 `WorkerJoined`, a unit whose actor died a `WorkerLost`, a unit that could not fetch its state a `StateLost`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,7 +21,6 @@ from typing import Any, NamedTuple
 import ray
 import torch
 
-from framework.engine import orphans
 from framework.engine._base import (
     Backend,
     Event,
@@ -35,6 +33,7 @@ from framework.engine._base import (
 from framework.engine.checkpoint import write_later
 from framework.engine.faults import Fault
 from framework.engine.gang import gang_id
+from framework.engine.ray_start import ensure_ray as ensure_ray  # (re-exported: callers start Ray here)
 from framework.engine.state import self_contained, unpack_state
 from framework.engine.worker import Worker
 from framework.options import RunOptions
@@ -207,80 +206,6 @@ def _gang_reports(task: UnitTask, replies: list[UnitReport]) -> tuple[UnitReport
         out.append(UnitReport(u, mine[0].worker, start, end, metrics, n, sum(r.state_bytes for r in mine),
                               error if error is not None else None, comm_s=comm))
     return tuple(out)
-
-
-def ensure_ray(min_cpus: float = 1.0, address: str | None = None) -> bool:
-    """Attach to the cluster this process was told of, or start a local Ray of its own.
-
-    Told of a cluster means `address` (e.g. "10.0.0.5:6379", or "auto" to take the one `ray start` last started
-    here) or `$RAY_ADDRESS` (which `ray job submit` sets). Otherwise the run starts its own embedded Ray
-    (`address="local"`), never a cluster another process or user started on this machine, which Ray's plain
-    `ray.init()` would attach to. Before that, the Ray processes of an earlier driver of this user that was killed
-    are stopped (`framework.engine.orphans`). Returns True when this call started or attached to Ray. A local
-    instance gets at least `min_cpus` logical CPUs so the workers a run asks for can be placed even on a small
-    machine (they then share the cores). Where Ray logs its token-authentication warning (a local start with
-    `RAY_AUTH_MODE` unset), a line of ours follows on stderr saying what it means here (`token_auth_notice`).
-    """
-    if ray.is_initialized():
-        return False
-    if address is not None and (not isinstance(address, str) or not address.strip()):
-        raise ValueError(f"`address` is {address!r}, but must be None (a Ray of the run's own, or $RAY_ADDRESS), "
-                         "'auto' or a cluster's 'host:port'")
-    if address is not None or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, log_to_driver=True)
-        return True
-    orphans.reap()
-    since = time.time()
-    atexit.register(orphans.forget)  # before ray.init: runs after Ray's own shutdown (atexit is last-in, first-out)
-    auth_mode = os.environ.get("RAY_AUTH_MODE")  # (a local ray.init sets it to "token" when it is unset)
-    ray.init(address="local", num_cpus=max(int(min_cpus + 0.999), os.cpu_count() or 1), include_dashboard=False,
-             log_to_driver=True)
-    if (notice := token_auth_notice(auth_mode)) is not None:
-        print(notice, file=sys.stderr, flush=True)
-    try:
-        orphans.record(since)
-    except OSError as e:  # a read-only home: the run goes on; a killed driver's agents are then left to the user
-        logger.warning("could not record this driver's Ray processes in %s: %s", orphans.records_dir(), e)
-    return True
-
-
-def token_auth_notice(auth_mode: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """Our line beside Ray's "Token authentication is enabled for this Ray cluster" warning, which a local
-    `ray.init` logs when `RAY_AUTH_MODE` is unset (`auth_mode`: its value before the call; Ray then sets it to
-    "token" in this process, so a later start in it logs nothing): what it means for the run's own Ray and how to
-    quiet it. None when the mode was set (Ray logs nothing then). The token is Ray's: `$RAY_AUTH_TOKEN`, else the
-    file `$RAY_AUTH_TOKEN_PATH` names, else `~/.ray/auth_token` (which Ray writes on first use, with the process's
-    umask, and every later local Ray of this user reuses)."""
-    if auth_mode is not None:
-        return None
-    default = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
-    path = None if environ.get("RAY_AUTH_TOKEN") else environ.get("RAY_AUTH_TOKEN_PATH") or default
-    where = "$RAY_AUTH_TOKEN" if path is None else path
-    made = " (Ray made it on first use; later runs reuse it)" if path == default else ""
-    shared = path is not None and _readable_by_others(path)
-    return (f"modelhopper: Ray's token-authentication warning is about this run's own local Ray: it accepts only "
-            f"processes that hold the token in {where}{made}, so other users of this machine cannot attach to it "
-            "or run code on it"
-            + (f" (but {path} is readable by others: chmod 600 it)" if shared else "")
-            + "; set RAY_AUTH_MODE=token to keep it on without the warning (RAY_AUTH_MODE=disabled turns it off)")
-
-
-def _readable_by_others(path: str) -> bool:
-    """Whether the group or other users can read `path`: it has their read bit and every folder above it their
-    search bit."""
-    try:
-        modes = [os.stat(path).st_mode] + [os.stat(d).st_mode for d in _parents(os.path.abspath(path))]
-    except OSError:
-        return False
-    group, others = (0o040, 0o010), (0o004, 0o001)  # (read bit, search bit)
-    return any(modes[0] & read and all(m & search for m in modes[1:]) for read, search in (group, others))
-
-
-def _parents(path: str) -> list[str]:
-    parents = []
-    while (parent := os.path.dirname(path)) != path:
-        parents.append(path := parent)
-    return parents
 
 
 def check_resources(resources: Mapping[str, float]) -> None:

@@ -90,6 +90,7 @@ class Worker(GangMember, FrozenLayers):
         if num_threads:
             torch.set_num_threads(num_threads)
         self.data: dict[tuple[str, int], Any] = {}
+        self.fingerprints: dict[str, dict[str, Any]] = {}  # "split/partition/entry" -> what its source read
         self.freezing = dict(freezing) if freezing is not None else None
         # (config, generation) -> frozen weights this worker holds (received or published), and their handle
         self._frozen: dict[tuple[int, int], tuple[dict[str, torch.Tensor], Any]] = {}
@@ -144,6 +145,9 @@ class Worker(GangMember, FrozenLayers):
             for split, entries in (("train", train_entries), ("valid", valid_entries)):
                 parts = [e.read() if isinstance(e, Source) else self.input_fn(e) if self.input_fn is not None else e
                          for e in entries]
+                for i, e in enumerate(entries):  # what each source read, for the driver to record or compare
+                    if isinstance(e, Source):
+                        self.fingerprints[f"{split}/{pid}/{i}"] = e.fingerprint()
                 data = concat_data(parts)
                 if self.extract is not None:
                     data = extract_features(self.extract, data, self.device, self.extraction)
@@ -180,8 +184,12 @@ class Worker(GangMember, FrozenLayers):
 
     def data_info(self) -> dict[str, Any]:
         """What a worker that joined reports: the bytes of data it holds and where they live (e.g. "cuda:0", "cpu",
-        or "cpu+cuda:0" when only some partitions fit on the device)."""
-        return {"data_bytes": self.data_nbytes(), "data_device": "+".join(sorted(set(self.data_placed.values())))}
+        or "cpu+cuda:0" when only some partitions fit on the device), and the fingerprints of the sources it read
+        (by "split/partition/entry")."""
+        info = {"data_bytes": self.data_nbytes(), "data_device": "+".join(sorted(set(self.data_placed.values())))}
+        if self.fingerprints:
+            info["fingerprints"] = dict(self.fingerprints)  # (`framework.sources.Source.fingerprint`, by entry)
+        return info
 
     def pid(self) -> int:
         return os.getpid()

@@ -34,6 +34,7 @@ from framework.engine.signing import SignatureError
 from framework.engine.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
 from framework.options import SERIAL_QUEUE_DEPTH, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
+from framework.run_record import check_read_files, recorded_prints
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
 from framework.trainable import function_ref, import_ref
 
@@ -181,6 +182,7 @@ def replay(
     step_fn: Callable | None = None,
     eval_step: Callable | None = None,
     dataset: PartitionedDataset | None = None,
+    accept_changed_data: bool = False,
 ) -> Result:
     """Re-run every completed unit of the run in `storage_path` in the logged order; return the replay's `Result`.
 
@@ -199,10 +201,12 @@ def replay(
     catalog is left unsigned.
     `dataset`: the run's dataset passed again, for a run whose partitions came from a source its run.db cannot
     rebuild (`PartitionedDataset.from_torch_dataset`, `from_ray_dataset`, or a `to_tensors` function).
+    `accept_changed_data`: go on where a source's files differ from what the run read (refused otherwise, naming the
+    file); the replay's events record it.
     """
     args = {"model_fn": model_fn, "train_fn": train_fn, "eval_fn": eval_fn, "input_fn": input_fn, "extract": extract,
             "device": device, "trust_unverified": trust_unverified, "step_fn": step_fn, "eval_step": eval_step,
-            "dataset": dataset}
+            "dataset": dataset, "accept_changed_data": accept_changed_data}
     if not is_uri(storage_path):
         return _replay_dir(storage_path, out_path=out_path, **args)
     copy = RunStorage(storage_path, "replayed").fetch()
@@ -228,6 +232,7 @@ def _replay_dir(
     step_fn: Callable | None = None,
     eval_step: Callable | None = None,
     dataset: PartitionedDataset | None = None,
+    accept_changed_data: bool = False,
 ) -> Result:
     """`replay` of a run directory on this machine (`source`: where it came from, when it is a copy)."""
     if out_path is not None and os.path.exists(os.path.join(out_path, CATALOG_FILE)):
@@ -240,6 +245,7 @@ def _replay_dir(
         meta, configs = src.meta(), src.configs()
         done, failed = src.units(status="done"), src.units(status="failed")
         created = _created_by_a_person(src.events("command"))
+        prints = recorded_prints(src)
     finally:
         src.close()
     grouped = done[done["group"].notna()]
@@ -270,6 +276,7 @@ def _replay_dir(
     used = {n: f or import_ref(fns.get(n), n) for n, f in given.items()}
     ds = PartitionedDataset.load(confine(storage_path, "data", "the data folder"), meta["dataset"], dataset)
     held = ds.worker_entries(per_partition=meta["executor"] == "mop")
+    check_read_files(held, prints)  # (before any file is opened)
 
     # what runs, in order: every done unit of a committed epoch, and of the epoch in which a config failed, plus
     # the unit that failed it (it fails the config again, through an injected fault)
@@ -323,6 +330,7 @@ def _replay_dir(
         driver = Driver(backend, procedure, _ReplayLog(dst, ckpt, workers), {REPLAY_WORKER: sorted(held)},
                         sorted(held), options, FaultPlan(faults), commands=commands)
         commands.run = driver.run_state
+        driver.run_state.expect_prints(prints, accept_changed_data)
         driver.run()
         for row in configs.itertuples():  # the run's own words for why a config failed
             if row.status == FAILED:

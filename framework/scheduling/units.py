@@ -21,7 +21,8 @@ An *assignment* says where units run, and is plural from the start:
 every member's unit on every partition the gang trains (workers given the same partition split its pass, each taking
 a share of its batches). The bookkeeping stays per (config, partition), so the MOP invariants, the completeness
 check, replay and resume hold for gangs and packs unchanged; the schedule log keeps one row per (config, worker)
-with the partition that worker trained, and names the gang or pack by `group`.
+with the partition that worker trained and the examples it took (`example_share` of the unit's, where workers share
+a pass: a unit's rows add up to its examples), and names the gang or pack by `group`.
 
 `UnitTask` is what a worker needs to run an assignment besides the states; `UnitReport` what it sends back, one
 per member. Nothing here imports torch or Ray.
@@ -179,6 +180,12 @@ class UnitReport:
     group: int | None = None
     comm_s: float = 0.0  # seconds a gang's step spent in its all-reduces (the least of its members'; 0: no gang)
     note: str | None = None  # a pack's members ran one after another: why they were not fused (not logged)
+
+
+def example_share(total: int, index: int, count: int) -> int:
+    """How many of a unit's `total` examples its gang's sharer `index` of `count` trained: `framework.data.shard_data`
+    gives it every `count`-th example from `index`. The `count` shares add up to `total`."""
+    return len(range(index, total, count))
 
 
 def unit_seed(seed: int, *parts: int) -> int:

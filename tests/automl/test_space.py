@@ -52,7 +52,8 @@ def test_space_from_optuna_adds_constants_and_decodes_choices():
     searched = automl.SearchSpace({"shape": [(3, 3), (5, 5)], "act": ["relu"], "seed": 1})
     dists = searched.to_optuna()
     assert dists["shape"] == CategoricalDistribution((0, 1))  # tuples are not Optuna choices: encoded by index
-    assert searched.from_optuna({"shape": 1, "act": "relu"}) == {"shape": (5, 5), "act": "relu", "seed": 1}
+    # (a tuple is held as a list: JSON has no tuple, and a config is what the run records)
+    assert searched.from_optuna({"shape": 1, "act": "relu"}) == {"shape": [5, 5], "act": "relu", "seed": 1}
 
 
 def test_space_contains_rejects_missing_extra_and_outside_values(space):
@@ -69,7 +70,7 @@ def test_space_contains_rejects_missing_extra_and_outside_values(space):
 
 def test_space_lists_are_categorical_and_others_constant():
     searched = automl.SearchSpace({"a": [1, 2], "b": (1, 2), "c": "x"})
-    assert searched.domains == {"a": Categorical((1, 2)), "b": Constant((1, 2)), "c": Constant("x")}
+    assert searched.domains == {"a": Categorical((1, 2)), "b": Constant([1, 2]), "c": Constant("x")}
 
 
 def test_space_clip_keeps_values_in_range():
@@ -90,7 +91,7 @@ def test_uniform_rejects_non_numbers():
 
 
 def test_uniform_rejects_infinite_bounds():
-    with pytest.raises(TypeError, match=r"`hi` is inf"):
+    with pytest.raises(ValueError, match=r"`hi` is inf, but must be a finite real number"):
         automl.uniform(0, float("inf"))
 
 

@@ -199,12 +199,20 @@ def test_a_run_read_under_another_key_is_unverified(tmp_path, monkeypatch):
     assert s["verified"] is False and _same(s, _as_result(path))
 
 
+def _signed_config_row(catalog: SQLiteCatalog, config_id: int, text: str) -> None:
+    """A configs row whose JSON `text` the catalog's own writer refuses (`automl.json_exact`), signed as one."""
+    from framework.engine.catalog import _config_row
+
+    with catalog._tx():
+        catalog._insert("configs", {**_config_row(config_id, {}, "active", None, 0), "config": text})
+
+
 @pytest.mark.parametrize("edit", [
     # what no run writes, signed as a run signs it: read as a Result, which says what it makes of it
     lambda c: c.set_meta(metric="loss"),  # a metric that is neither train_* nor valid_*
     lambda c: c.set_meta(metric=5),
     lambda c: c.set_meta(start_time="yesterday"),
-    lambda c: c.add_config(7, {"name": "\udcff"}, "active"),  # text a DataFrame cannot hold
+    lambda c: _signed_config_row(c, 7, '{"name": "\\udcff"}'),  # text a DataFrame cannot hold (no run writes it)
     lambda c: c.add_epoch(0, 5, 5, {"valid_loss": "low"}),
     lambda c: c.add_epoch(0, 5, 5, {"accuracy": 0.5}),
     lambda c: c.add_epoch(0, 5, 5, {"valid_loss": 2**60}),

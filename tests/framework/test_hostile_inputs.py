@@ -1,19 +1,22 @@
 """No traceback on any input: odd arguments, run folders whose names are not UTF-8 or hold control characters, and
 catalogs that hold such text are one line on stderr with exit code 2 at the command line (a ValueError naming the
-parameter, its value and the rule in the API), and a bad run never hides the runs beside it. Runs are made by hand
-with the real catalog (no Ray)."""
+parameter, its value and the rule in the API), and a bad run never hides the runs beside it; a request the dashboard
+cannot read is a one-line 400 or 401. Runs are made by hand with the real catalog (no Ray)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import socket
 
 import pytest
 
 from framework.__main__ import main as cli
 from framework.cli import printable
-from framework.engine.catalog import SQLiteCatalog
+from framework.dashboard import MAX_BODY_DEPTH, serve
+from framework.engine.catalog import SQLiteCatalog, _config_row
 from framework.result import CATALOG_FILE, Result
 from framework.run_record import writer_lock
 from framework.runs import compare_runs, list_runs, run_status
@@ -33,7 +36,11 @@ def _run_dir(path, metric: str = "valid_loss", config: dict | None = None) -> st
     if config is not None:
         curves[3] = [0.01]
     for cid, losses in curves.items():
-        catalog.add_config(cid, config if cid == 3 else {"lr": 0.1 * (cid + 1)}, "stopped")
+        if cid == 3:  # as another writer may leave it: the catalog itself refuses text that is not UTF-8
+            with catalog._tx():
+                catalog._insert("configs", {**_config_row(3, {}, "stopped", None, 0), "config": json.dumps(config)})
+        else:
+            catalog.add_config(cid, {"lr": 0.1 * (cid + 1)}, "stopped")
         for e, v in enumerate(losses):
             catalog.add_epoch(cid, e, e, {"valid_loss": v, "valid_accuracy": 1 - v})
         catalog.update_config(cid, epochs=len(losses))
@@ -256,3 +263,174 @@ def test_list_searches_a_folder_tree_deeper_than_pythons_recursion_limit(tmp_pat
         while deep != str(tmp_path):
             os.rmdir(deep)
             deep = os.path.dirname(deep)
+
+
+# ---- the dashboard -------------------------------------------------------------------------------------------------
+def _http(port: int, head: bytes, body: bytes = b"") -> tuple[int, str]:
+    """(status, body) of one raw HTTP/1.1 request to 127.0.0.1:`port`: `head` is its request line and headers as
+    bytes (any bytes, UTF-8 or not); Host, Content-Length and Connection are added."""
+    request = head + b"\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2].decode("utf-8", "replace")
+
+
+def _post(body: bytes, header: bytes = b"") -> tuple[bytes, bytes]:
+    """A command's request: (head, `body`); `header` follows the Content-Type header (`; charset=...` extends it)."""
+    return b"POST /api/command HTTP/1.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json" + header, body
+
+
+def _nested(depth: int) -> bytes:
+    """An `add_config` body whose config nests lists so that the whole body is `depth` levels deep."""
+    inner = depth - 2  # the body's object and the args' object
+    return b'{"name": "add_config", "args": {"config": ' + b"[" * inner + b"]" * inner + b"}}"
+
+
+P = pytest.param
+
+
+@pytest.mark.parametrize("head, body, status, words", [
+    # a token that is not UTF-8, in the header or the query: as no token (it was a 500 and a traceback)
+    P(b"GET /api/status HTTP/1.1\r\nAuthorization: Bearer \xff\xfe", b"", 401,
+      ["the token given is not UTF-8 text", "needs its token"], id="bearer-not-utf8"),
+    P(b"GET /api/status?token=%ff%fe HTTP/1.1", b"", 401, ["needs its token"], id="query-token-not-utf8"),
+    # a request line or header aiohttp cannot parse: its own 400, and one line at debug level
+    P(b"GET /api/status?token=\xff HTTP/1.1", b"", 400, ["Invalid char in url query"], id="raw-byte-in-url"),
+    P(b"GET /api/status HTTP/1.1\r\nAuthorization: Bearer {token}\r\nX-\xff: 1", b"", 400, ["Invalid header"],
+      id="header-name-not-a-token"),
+    P(b"GET /api/status HTTP/1.1\r\nAuthorization: Bearer {token}\r\nX-Big: " + b"a" * 10_000, b"", 400,
+      ["Got more than"], id="header-too-long"),
+    P(b"\x16\x03\x01\x02\x00", b"", 400, ["HTTPS traffic"], id="tls-hello"),
+    # a header that is not UTF-8, whichever it is
+    P(b"GET /api/status HTTP/1.1\r\nAuthorization: Bearer {token}\r\nX-Name: r\xe9sum\xe9", b"", 400,
+      ["the header 'X-Name' is not UTF-8 text"], id="header-not-utf8"),
+    P(*_post(b'{"name": "pause"}', b"\r\nOrigin: http://\xff"), 400, ["the header 'Origin' is not UTF-8 text"],
+      id="origin-not-utf8"),
+    # bodies: not UTF-8, an unknown charset (JSON is UTF-8: it is read as such), not JSON, not standard JSON, too
+    # deep (900 was a 500 RecursionError and about 3,000 lines of traceback), too long
+    P(*_post(b'{"name": "\xff"}'), 400, ["the body must be JSON, in UTF-8, but byte 10 is not UTF-8"],
+      id="body-not-utf8"),
+    P(*_post(b'{"name": 5}', b"; charset=bogus"), 400, ["`name` is 5"], id="unknown-charset"),
+    P(*_post(b"{not json"), 400, ["the body must be JSON: Expecting property name"], id="not-json"),
+    P(*_post(b'{"name": "pause", "args": {"x": NaN}}'), 400, ["the body must be JSON: NaN is not JSON"], id="nan"),
+    P(*_post(b'{"name": "pause", "args": {"x": 1e400}}'), 400, ["1e400 is out of a float's range"], id="1e400"),
+    P(*_post(b'{"name": "pause", "args": {"x": ' + b"9" * 5000 + b"}}"), 400, ["the body must be JSON: Exceeds"],
+      id="int-of-5000-digits"),
+    P(*_post(_nested(900)), 400, ["the body is nested 900 levels deep, but must be JSON nested at most 32"],
+      id="nested-900"),
+    P(*_post(_nested(30_000)), 400, ["the body is nested 30000 levels deep"], id="nested-30000"),
+    P(*_post(_nested(MAX_BODY_DEPTH + 1)), 400, [f"nested {MAX_BODY_DEPTH + 1} levels deep"], id="nested-33"),
+    P(*_post(b"[" * 70_000), 413, ["Maximum request body size"], id="body-too-long"),
+])
+def test_the_dashboard_answers_what_it_cannot_read_in_one_line_and_logs_no_traceback(tmp_path, caplog, capfd, head,
+                                                                                      body, status, words):
+    run = _run_dir(tmp_path / "run")
+    caplog.set_level(logging.DEBUG)  # every record, aiohttp's included
+    with serve(run) as board:
+        got, text = _http(board.port, head.replace(b"{token}", board.token.encode()), body)
+    assert got == status and all(w in text for w in words), text
+    if text.startswith("{"):  # the dashboard's own answer: one line
+        assert "\n" not in json.loads(text)["error"]
+    out, err = capfd.readouterr()
+    assert "Traceback" not in caplog.text + out + err, caplog.text + err
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_body_nested_at_most_max_body_depth_is_read(tmp_path):
+    """Read, and refused by the check of its arguments after (`timeout` is the sender's): no command is sent."""
+    run = _run_dir(tmp_path / "run")
+    inner = MAX_BODY_DEPTH - 2
+    nested = b'{"name": "pause", "args": {"timeout": ' + b"[" * inner + b"]" * inner + b"}}"
+    quoted = b'{"name": "pause", "args": {"timeout": "' + b"[{" * 1000 + b'\\""}}'  # brackets in a string
+    with serve(run) as board:
+        for body in (nested, quoted):
+            got, text = _http(board.port, _post(body)[0].replace(b"{token}", board.token.encode()), body)
+            assert got == 400 and "`args` names ['timeout'], which cannot be a command's arguments" in text, text
+
+
+# ---- numbers no float or int64 holds, config values a run could not record, a stopper that raises ------------------
+def _returns_a_set(config):
+    return {1, 2}
+
+
+def _returns_a_tensor(config):
+    import torch
+
+    return torch.ones(3)
+
+
+def _returns_bytes(config):
+    return b"\x00\xff"
+
+
+def _returns_nan(config):
+    return float("nan")
+
+
+def _returns_10_to_the_400(config):
+    return 10**400
+
+
+def _draw(fn):
+    """RandomSearch's first draw of a space whose `x` is `sample_from(fn)`."""
+    import automl
+
+    return lambda: automl.RandomSearch({"lr": [0.1], "x": automl.sample_from(fn)}, num_samples=1, epochs=1).step([])
+
+
+def _hostile_numbers():
+    import automl
+    from framework.options import RunOptions
+    from framework.stoppers import TimeoutStopper
+
+    return [
+        P(lambda: TimeoutStopper(10**400), ValueError, "TimeoutStopper: `timeout` is 1.00000e+400 (an int), but must "
+          "be a finite number of seconds > 0", id="TimeoutStopper(10**400)"),
+        P(lambda: RunOptions(stop={"valid_acc": 10**400}, metric="valid_acc", mode="max"), ValueError,
+          "`stop['valid_acc']` is 1.00000e+400 (an int), but must be a finite number", id="stop={m: 10**400}"),
+        P(lambda: automl.uniform(0, 10**400), ValueError, "`hi` is 1.00000e+400 (an int), but must be a finite real "
+          "number", id="uniform(0, 10**400)"),
+        P(lambda: automl.randint(0, 2**70), ValueError, "`hi` is 1.18059e+21 (an int), but must be an int in "
+          "[-2**63, 2**63 - 1]", id="randint(0, 2**70)"),
+        P(lambda: automl.quniform(0, 1, 1e-300), ValueError, "`q` is 1e-300, but [`lo`, `hi`] = [0, 1] reaches its "
+          "multiple k * q for k = 1.00000e+300 (an int), and |k| must be <= 2**53", id="quniform(0, 1, 1e-300)"),
+        P(lambda: automl.BOHB({"lr": automl.uniform(0, 1)}, max_epochs=2**70), ValueError,
+          "`max_epochs` is 1.18059e+21 (an int), but must be <= 9223372036854775807", id="BOHB(max_epochs=2**70)"),
+        P(_draw(_returns_a_set), TypeError, "`space['x']` is {1, 2}, a set, but a config holds JSON values only",
+          id="sample_from-set"),
+        P(_draw(_returns_a_tensor), TypeError, "`space['x']` is a torch.Tensor of shape (3,)", id="sample_from-tensor"),
+        P(_draw(_returns_bytes), TypeError, "`space['x']` is b'\\x00\\xff', a bytes", id="sample_from-bytes"),
+        P(_draw(_returns_nan), ValueError, "`space['x']` is nan, but a float in a config must be finite",
+          id="sample_from-nan"),
+        P(_draw(_returns_10_to_the_400), ValueError, "`space['x']` is 1.00000e+400 (an int), but an int in a config "
+          "must be in [-2**63, 2**63 - 1]", id="sample_from-10**400"),
+    ]
+
+
+@pytest.mark.parametrize("build, error, words", _hostile_numbers())
+def test_numbers_and_config_values_a_run_could_not_hold_are_one_line_before_any_work(capfd, build, error, words):
+    with pytest.raises(error) as e:
+        build()
+    line = str(e.value)
+    assert line.startswith(words) and "\n" not in line and len(line) < 400, line
+    assert e.value.__cause__ is None and (e.value.__suppress_context__ or e.value.__context__ is None)  # no chain
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+
+
+def test_a_stopper_that_raises_is_one_line_and_its_traceback_stays_in_the_run(capfd):
+    from tests.framework.test_stoppers import FunctionStopper, _events, _failing_run, divides_by_zero_after_epoch_one
+
+    driver, notices = _failing_run(FunctionStopper(divides_by_zero_after_epoch_one))
+    assert driver.run() is True
+    [line] = [n for n in notices.lines if "stopper" in n]
+    assert "\n" not in line and line.startswith("the run stops: the stopper failed: FunctionStopper("
+                                                "divides_by_zero_after_epoch_one) raised ZeroDivisionError")
+    [failed] = _events(driver.run_state.log, "stopper_failed")
+    assert "Traceback" in failed["traceback"]
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err

@@ -298,3 +298,104 @@ def test_a_run_whose_workers_would_hold_more_than_memory_limit_is_refused_before
                                  procedure=automl.GridSearch({"lr": [0.1]}, epochs=1),
                                  storage_path=str(tmp_path / "run"), progress=False)
     assert not (tmp_path / "run").exists()
+
+
+# ---- what a source may read, and what it recorded (issue 47) --------------------------------------------------
+def test_only_regular_files_inside_a_named_folder_are_listed_as_resolved_paths(parquet, tmp_path):
+    from framework.sources import list_files  # (resolved by framework.fingerprints.regular_file)
+
+    found = list_files("train", os.path.relpath(parquet / "train"), (".parquet",))
+    assert found and all(os.path.isabs(f) and f == os.path.realpath(f) for f in found)
+    os.mkfifo(parquet / "train" / "x.parquet")  # a FIFO would block the worker's read for ever
+    with pytest.raises(ValueError, match=r"x\.parquet', which is a FIFO; only regular files are read"):
+        PartitionedDataset.from_parquet(parquet / "train", parquet / "valid")
+    with pytest.raises(ValueError, match="which is a FIFO"):
+        PartitionedDataset.from_parquet([parquet / "train" / "x.parquet"], parquet / "valid")
+    os.remove(parquet / "train" / "x.parquet")
+    outside = tmp_path / "elsewhere.parquet"
+    pq.write_table(_table(10), outside)
+    os.symlink(outside, parquet / "train" / "link.parquet")
+    with pytest.raises(ValueError, match=r"link\.parquet' links to .*elsewhere\.parquet', outside it"):
+        PartitionedDataset.from_parquet(parquet / "train", parquet / "valid")
+
+
+def test_more_partitions_than_the_files_could_hold_is_refused_at_once(parquet):
+    with pytest.raises(ValueError, match=r"`num_partitions` is 1000000, but `train`'s 3 file\(s\) hold \d+ bytes"):
+        PartitionedDataset.from_parquet(parquet / "train", parquet / "valid", num_partitions=10**6)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.write_bytes(b""), "cannot be read as Parquet"),
+    (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]), "cannot be read as Parquet"),
+    (lambda p: p.write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1"), "cannot be read as Parquet"),
+], ids=["empty", "truncated", "corrupt"])
+def test_a_damaged_file_fails_the_read_naming_it(parquet, damage, message):
+    ds = PartitionedDataset.from_parquet(parquet / "train", parquet / "valid", num_partitions=3)
+    target = parquet / "train" / "part-2.parquet"
+    damage(target)
+    source = next(s for s in ds.train if str(target) in s.files())
+    with pytest.raises(ValueError, match=rf"{target}.*{message}"):
+        source.read()
+
+
+def test_files_of_one_source_with_other_columns_or_types_fail_naming_the_file_and_column(parquet):
+    t = _table(30)
+    pq.write_table(t.set_column(3, "label", pa.array(np.arange(30) % 3, type=pa.float32())),
+                   parquet / "train" / "part-1.parquet")
+    source = ParquetSource([(str(parquet / "train" / f"part-{i}.parquet"), 0, 1) for i in range(3)])
+    with pytest.raises(ValueError, match=r"part-1\.parquet: column 'label' is of type float, not int64 against "
+                                         r".*part-0\.parquet"):
+        source.read()
+    pq.write_table(t.rename_columns(["a", "g", "emb", "label"]), parquet / "train" / "part-1.parquet")
+    with pytest.raises(ValueError, match=r"part-1\.parquet: column\(s\) \['b'\] are gone and \['g'\] are new"):
+        source.read()
+
+
+def test_an_empty_share_of_a_file_is_an_error_naming_it(parquet):
+    source = ParquetSource([(str(parquet / "valid" / "v.parquet"), 0, 200)])
+    with pytest.raises(ValueError, match=r"v\.parquet: share 1 of 200 holds no rows \(the file has 90 rows"):
+        source.read()
+
+
+def test_a_fingerprint_tells_content_size_and_columns_apart_but_not_a_touch(parquet):
+    from framework.fingerprints import fingerprint_change
+
+    path = parquet / "train" / "part-0.parquet"
+    source = ParquetSource([(str(path), 0, 1)], columns=["a", "b"])
+    source.read()
+    before = source.fingerprint()
+    assert [f["path"] for f in before["files"]] == [str(path)] and before["files"][0]["schema"][0] == ["a", "double"]
+    os.utime(path, ns=(1, 1))  # a touch (or a copy) keeps the data
+    source.read()
+    assert fingerprint_change("p", before, source.fingerprint()) is None
+    # other labels, the same size and modification time: the bytes tell
+    opts = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+    pq.write_table(_table(60), path, **opts)
+    source.read()
+    plain = source.fingerprint()
+    st = path.stat()
+    pq.write_table(_table(60).set_column(3, "label", pa.array((np.arange(60) + 1) % 3)), path, **opts)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+    source.read()
+    assert "has other content than when the run read it" in fingerprint_change("p", plain, source.fingerprint())
+    pq.write_table(_table(61), path)
+    source.read()
+    assert "bytes when the run read it" in fingerprint_change("p", plain, source.fingerprint())
+
+
+def test_a_saved_hf_dataset_whose_state_json_escapes_or_is_malformed_is_refused(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    d = datasets.Dataset.from_dict({"x": [[1.0, 2.0]] * 8, "label": [0, 1] * 4})
+    d.save_to_disk(str(tmp_path / "train"))
+    d.save_to_disk(str(tmp_path / "valid"))
+    state = tmp_path / "train" / "state.json"
+    good = json.loads(state.read_text())
+    for name in ("../../etc/passwd", "/etc/passwd"):
+        state.write_text(json.dumps({**good, "_data_files": [{"filename": name}]}))
+        with pytest.raises(ValueError, match="outside the folder; only files inside it are read"):
+            PartitionedDataset.from_hf_dataset(str(tmp_path / "train"), str(tmp_path / "valid"))
+    for text in ("{not json", json.dumps({"_data_files": [{"file": "x"}]}), json.dumps({"_data_files": [3]})):
+        state.write_text(text)
+        with pytest.raises(ValueError, match="state.json cannot be read as the one Dataset.save_to_disk writes"):
+            PartitionedDataset.from_hf_dataset(str(tmp_path / "train"), str(tmp_path / "valid"))

@@ -12,6 +12,7 @@ import torch
 
 import automl
 from automl import ACTIVE, STOPPED, ConfigState
+from framework.callbacks import Callback
 from framework.driver import Driver, MemoryRunLog, SQLiteRunLog
 from framework.engine.catalog import SQLiteCatalog
 from framework.engine.checkpoint import CheckpointStore
@@ -153,6 +154,10 @@ def test_make_stopper_reads_dicts_lists_and_functions():
     ({"valid_acc": "high"}, ValueError, r"`stop\['valid_acc'\]` is 'high', but must be a finite number"),
     ({"valid_acc": float("nan")}, ValueError, r"`stop\['valid_acc'\]` is nan, but must be a finite number"),
     ({"valid_loss": 0.1}, ValueError, r"the run minimises 'valid_loss': use MetricThresholdStopper\('valid_loss'"),
+    ({"valid_acc": 10**400}, ValueError, r"^`stop\['valid_acc'\]` is 1.00000e\+400 \(an int\), but must be a finite "
+                                         r"number \(the threshold\)$"),
+    ({"epochs": 2**70}, ValueError, r"^`stop\['epochs'\]` is 1.18059e\+21 \(an int\), but must be an int >= 1 and "
+                                    r"<= 2\*\*63 - 1"),
     (3, TypeError, r"`stop` is 3, but must be a framework.stoppers.Stopper, a dict of thresholds"),
 ])
 def test_make_stopper_rejects_what_it_cannot_read_naming_it(stop, error, match):
@@ -178,6 +183,18 @@ def test_make_stopper_rejects_what_it_cannot_read_naming_it(stop, error, match):
     (lambda: TimeoutStopper(0), r"TimeoutStopper: `timeout` is 0, but must be a finite number of seconds > 0"),
     (lambda: TimeoutStopper(datetime.timedelta(0)), r"`timeout` is datetime.timedelta\(0\), but must be"),
     (lambda: CombinedStopper(), r"CombinedStopper: `stoppers` is empty"),
+    # numbers no float or int64 holds: one line at construction, not an OverflowError in the run
+    (lambda: TimeoutStopper(10**400), r"^TimeoutStopper: `timeout` is 1.00000e\+400 \(an int\), but must be a finite "
+                                      r"number of seconds > 0 or a datetime.timedelta$"),
+    (lambda: MaximumIterationStopper(2**70), r"^MaximumIterationStopper: `max_iter` is 1.18059e\+21 \(an int\), but "
+                                             r"must be <= 2\*\*63 - 1"),
+    (lambda: MetricThresholdStopper("valid_acc", 10**400), r"`threshold` is 1.00000e\+400 \(an int\), but must be"),
+    (lambda: TrialPlateauStopper("valid_loss", std=10**400), r"`std` is 1.00000e\+400 \(an int\), but must be a"),
+    (lambda: TrialPlateauStopper("valid_loss", grace_period=2**64), r"`grace_period` is 1.84467e\+19 \(an int\)"),
+    (lambda: TrialPlateauStopper("valid_loss", metric_threshold=-(10**400), mode="min"),
+     r"`metric_threshold` is -1.00000e\+400 \(an int\), but must be a finite number or None"),
+    (lambda: ExperimentPlateauStopper("valid_loss", top=2**70), r"`top` is 1.18059e\+21 \(an int\), but must be <="),
+    (lambda: ExperimentPlateauStopper("valid_loss", patience=2**70), r"`patience` is 1.18059e\+21 \(an int\)"),
 ])
 def test_stoppers_reject_bad_arguments_naming_them(build, match):
     with pytest.raises(ValueError, match=match):
@@ -196,6 +213,8 @@ def test_stoppers_reject_what_is_not_a_stopper_or_a_function():
     ("time_budget_s", 0, ValueError, r"`time_budget_s` is 0, but must be a finite number of seconds > 0 or None"),
     ("time_budget_s", float("inf"), ValueError, r"`time_budget_s` is inf, but must be a finite number"),
     ("time_budget_s", True, ValueError, r"`time_budget_s` is True, but must be a finite number"),
+    ("time_budget_s", 10**400, ValueError, r"^`time_budget_s` is 1.00000e\+400 \(an int\), but must be a finite"),
+    ("unit_timeout_s", 10**400, ValueError, r"^`unit_timeout_s` is 1.00000e\+400 \(an int\), but must be a finite"),
 ])
 def test_run_options_validate_stop_and_the_time_budget(option, value, error, match):
     with pytest.raises(error, match=match):
@@ -464,3 +483,102 @@ def test_a_run_whose_last_configs_stop_while_their_units_wait_ends_instead_of_wa
     source.run = driver.run_state
     assert driver.run() is True
     assert [(c.status, c.outcome, len(c.history)) for c in driver.run_state.configs] == [(STOPPED, "stopped", 1)] * 3
+
+
+# ---- a stopper that raises ------------------------------------------------------------------------------------------
+def divides_by_zero_after_epoch_one(config_id: int, result: dict) -> bool:
+    """A user's stop rule with a bug: it raises once config 1 finished its first epoch."""
+    return config_id == 1 and result["epochs"] >= 1 and 1 / 0 > 0
+
+
+class Unready(Stopper):
+    """A user's run-wide rule that raises at its first `stop_all` after four epoch ends."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def on_epoch(self, state):
+        self.seen += 1
+
+    def stop_all(self):
+        if self.seen >= 4:
+            raise KeyError("valid_f1")
+        return None
+
+
+class _Notices(Callback):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def on_notice(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _failing_run(stop, log=None, **options) -> tuple[Driver, _Notices]:
+    notices = _Notices()
+    backend = LocalBackend(FNS, _entries(), num_threads=1, unit_time=lambda unit, worker: 1.0)
+    driver = Driver(backend, automl.GridSearch(SPACE, epochs=3), log if log is not None else MemoryRunLog(),
+                    {w: [w] for w in range(P)}, list(range(P)), RunOptions(queue_depth=1, stop=stop, **options),
+                    observers=[notices])
+    return driver, notices
+
+
+@pytest.mark.parametrize("stop, named, error, epochs", [
+    # in `on_epoch` at round 0's decision; in `stop_all` (of one of several: that one is named) at round 1's
+    (FunctionStopper(divides_by_zero_after_epoch_one), "FunctionStopper(divides_by_zero_after_epoch_one)",
+     "ZeroDivisionError: division by zero", 1),
+    (CombinedStopper(MaximumIterationStopper(3), Unready()), "Unready(...)", "KeyError: 'valid_f1'", 2),
+])
+def test_a_stopper_that_raises_ends_the_run_in_one_line_with_its_traceback_in_the_events(capfd, stop, named, error,
+                                                                                       epochs):
+    log = MemoryRunLog()
+    driver, notices = _failing_run(stop, log)
+    assert driver.run() is True  # the run ends as a run-wide stop does: not crashed
+    configs = driver.run_state.configs
+    assert [(c.status, c.outcome, len(c.history)) for c in configs] == [(STOPPED, "stopped", epochs)] * 3
+    [failed] = _events(log, "stopper_failed")
+    assert failed["stopper"] == named and failed["error"] == error
+    assert failed["traceback"].startswith("Traceback") and error in failed["traceback"]
+    [run_wide] = _events(log, "run_stopped")
+    assert run_wide["reason"] == f"the stopper failed: {named} raised {error}"
+    [line] = [n for n in notices.lines if "stopper" in n]
+    assert line == (f"the run stops: the stopper failed: {named} raised {error} (its traceback is in the run's "
+                    "events: stopper_failed)")
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+
+
+def test_a_run_whose_stopper_failed_records_it_so_that_a_resume_needs_no_stop():
+    from framework.driver.stopping import failed_meta
+
+    driver, _ = _failing_run(FunctionStopper(divides_by_zero_after_epoch_one))
+    ok, _ = _failing_run(FunctionStopper(print))
+    driver.run()
+    assert failed_meta(ok.run_state) == {}
+    meta = {**driver.run_state.options.to_meta(), **failed_meta(driver.run_state)}
+    assert meta["stop"] == {"type": "FunctionStopper", "args": None, "failed": (
+        "the stopper failed: FunctionStopper(divides_by_zero_after_epoch_one) raised ZeroDivisionError: division by "
+        "zero")}
+    recorded = json.loads(json.dumps(meta))
+    assert RunOptions.from_meta(recorded).stop is None  # no `stop=` asked for
+    again = MaximumIterationStopper(2)
+    assert RunOptions.from_meta(recorded, stop=again).stop is again  # or another, given
+
+
+def test_a_stopper_that_raises_when_a_resume_shows_it_the_committed_epochs_ends_the_resumed_run(tmp_path):
+    catalog = SQLiteCatalog(str(tmp_path / "run.db"))
+    ckpt = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
+    log = SQLiteRunLog(catalog, ckpt)
+    first, _ = _failing_run(None, log, time_budget_s=6.5)  # round 0 commits at t=6: every config has one epoch
+    first.run()
+    ckpt.flush()
+    backend = LocalBackend(FNS, _entries(), num_threads=1, unit_time=lambda unit, worker: 1.0)
+    resumed = Driver(backend, loads_signed(*catalog.last_round()[1:]), log, {w: [w] for w in range(P)},
+                     list(range(P)), RunOptions(queue_depth=1, stop=FunctionStopper(divides_by_zero_after_epoch_one)))
+    assert resumed.run(resume_from=catalog) is True
+    assert all(c.status == STOPPED and c.outcome == "stopped" for c in resumed.run_state.configs)
+    assert [len(c.history) for c in resumed.run_state.configs] == [2, 2, 2]  # the epochs in flight finished
+    kinds = list(catalog.events().kind)
+    assert kinds.count("stopper_failed") == 1 and kinds.index("stopper_failed") < kinds.index("run_stopped")
+    ckpt.close()
+    catalog.close()

@@ -3,6 +3,8 @@
 - `score_eval_fn` reports `config["q"]` as `score`: the best config of a run is known from the configs alone.
 - `draw_train_fn` / `draw_eval_fn` report a random draw: what the unit's seed produced.
 - `fingerprint_train_fn` reports fingerprints of the weights and optimizer state a unit starts from and ends with.
+- `typed_model_fn` fails a config whose values are not of the types `TYPED` names (a value read back as text fails),
+  and `typed_eval_fn` reports `config["wd"]` as `wd`: what model_fn got, in a run, on its resume and on its replay.
 """
 
 from __future__ import annotations
@@ -64,3 +66,24 @@ def fingerprint_train_fn(model, optimizer, data, config) -> dict:
 def loss_eval_fn(model, data, config) -> dict:
     x, y = data
     return {"loss": F.cross_entropy(model(x), y).item()}
+
+
+#: the exact type each of these config values must reach model_fn with
+TYPED = {"lr": float, "hidden": int, "shape": list, "wd": float, "steps": int, "flag": bool, "scale": float}
+
+
+def typed_model_fn(config: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """`framework.examples.mlp_model_fn`, once every value `TYPED` names has exactly its type."""
+    from framework.examples import mlp_model_fn
+
+    wrong = {k: type(config.get(k)).__name__ for k, t in TYPED.items() if type(config.get(k)) is not t}
+    if wrong:
+        raise TypeError(f"config values of another type than TYPED: {wrong}")
+    return mlp_model_fn(config)
+
+
+def typed_eval_fn(model, data, config) -> dict:
+    """`framework.examples.classifier_eval_fn`'s metrics, and `config["wd"]` as it reached the worker."""
+    from framework.examples import classifier_eval_fn
+
+    return {**classifier_eval_fn(model, data, config), "wd": config["wd"]}

@@ -321,6 +321,14 @@ def test_the_cli_serves_until_interrupted(run, tmp_path):
             assert url.endswith("/?token=t0k")
             status, s = _call(url.replace("/?", "/api/status?"))
             assert status == 200 and s["path"] == run.path
+            # what it cannot read is one line to the client and nothing in its console (each was a 500 and a
+            # traceback there: a token that is not UTF-8, an `add_config` nested 900 deep)
+            base = url.split("/?")[0]
+            status, out = _call(base + "/api/status", headers={"Authorization": b"Bearer \xff\xfe"}, token=None)
+            assert status == 401 and out["error"].startswith("the token given is not UTF-8 text"), out
+            deep = b'{"name": "add_config", "args": {"config": {"a": ' + b"[" * 900 + b"]" * 900 + b"}}}"
+            status, out = _call(base + "/api/command", deep, {"Content-Type": "application/json"}, token="t0k")
+            assert status == 400 and out["error"].startswith("the body is nested 903 levels deep"), out
         finally:
             proc.send_signal(signal.SIGINT)
             try:

@@ -46,6 +46,20 @@ def test_configs_train_as_gangs_of_workers_that_keep_their_partitions(ray_cluste
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, availability=sel.placement)
 
 
+def test_a_replicated_gangs_rows_add_up_to_the_examples_of_its_partitions(ray_cluster, digits, tmp_path):
+    # 3 partitions on both workers: a gang trains partitions 0 and 1, then both workers share partition 2's pass
+    ds = _dataset(digits, rows=305, partitions=3, replicas=2)  # train 82, 81, 81 rows; valid 21, 20, 20
+    result = _select(ds, tmp_path / "run", None, space={**SPACE, "lr": [0.1]}, epochs=1, num_workers=2,
+                     scheduler="data_parallel").run()
+    assert (result.status.status == "completed").all()
+    rows = result.schedule
+    assert rows.group.notna().all()
+    examples = {(k, p): sorted(g.num_examples) for (k, p), g in rows.groupby(["kind", "partition"])}
+    assert examples == {("train", 0): [82], ("train", 1): [81], ("train", 2): [40, 41],
+                        ("eval", 0): [21], ("eval", 1): [20], ("eval", 2): [10, 10]}
+    assert sum(len(x) for x, _ in ds.train) == 244 == rows[rows.kind == "train"].num_examples.sum()
+
+
 def test_a_killed_gang_member_fails_the_step_which_reruns_from_the_last_state(ray_cluster, digits, tmp_path):
     ds = _dataset(digits, rows=400, partitions=2)
     plan = FaultPlan([Fault("kill_worker", config_id=0, epoch=1)])  # the gang's first member dies as its step starts

@@ -4,7 +4,9 @@ primitive (quantised, normal, nested, `sample_from`) goes through GridSearch, Ra
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 import automl
 import framework
@@ -132,3 +134,65 @@ def test_every_space_primitive_goes_through_the_procedure_on_the_engine(name, ra
         assert sorted((c["hidden"], c["lr"]) for c in result.configs.values()) == [(16, 0.05), (16, 0.1), (32, 0.05),
                                                                                   (32, 0.1)]
     assert_complete(result)
+
+
+def float32_weight_decay(config: dict) -> np.float32:
+    return np.float32(0.05)
+
+
+def int64_steps(config: dict) -> np.int64:
+    return np.int64(7)
+
+
+def numpy_flag(config: dict) -> np.bool_:
+    return np.bool_(True)
+
+
+def tensor_scale(config: dict) -> torch.Tensor:
+    return torch.tensor(0.25)  # a 0-d tensor: its number
+
+
+def a_set(config: dict) -> set:
+    return {config["hidden"]}
+
+
+# numpy and torch values where configs are drawn: choices, a constant, sample_from
+NUMPY_GRID = {"hidden": [np.int64(16)], "lr": [np.float32(0.1)], "shape": [(16, 16)], "batch_size": np.int64(64),
+              "wd": automl.sample_from(float32_weight_decay), "steps": automl.sample_from(int64_steps),
+              "flag": automl.sample_from(numpy_flag), "scale": automl.sample_from(tensor_scale)}
+
+
+def test_model_fn_gets_the_same_python_values_in_the_run_on_its_resume_and_on_its_replay(ray_cluster, small_digits,
+                                                                                     tmp_path, assert_complete):
+    """`typed_model_fn` fails a config whose values are not exactly the Python types a config holds (the string
+    '0.05' a replay once got for np.float32(0.05)); `typed_eval_fn` reports the `wd` a worker got. The run stops
+    after its first decision (its time budget), resumes from the catalog, and is replayed."""
+    from tests.integration.probe_functions import typed_eval_fn, typed_model_fn
+
+    held = {"hidden": 16, "lr": float(np.float32(0.1)), "shape": [16, 16], "batch_size": 64,
+            "wd": 0.05000000074505806, "steps": 7, "flag": True, "scale": 0.25}
+    path = str(tmp_path / "run")
+    first = framework.ModelSelection(typed_model_fn, classifier_train_fn, typed_eval_fn, small_digits,
+                                     automl.GridSearch(NUMPY_GRID, epochs=2), storage_path=path, progress=False, seed=0,
+                                     time_budget_s=1e-3).run()
+    assert list(first.status.status) == ["active"] and list(first.metrics.epoch) == [0]
+    resumed = framework.ModelSelection.resume(path, typed_model_fn, classifier_train_fn, typed_eval_fn,
+                                              progress=False, time_budget_s=None).run()
+    again = framework.replay(path)  # the recorded functions, by name
+    for result in (resumed, again):
+        assert list(result.status.status) == ["completed"], result.status.error.tolist()  # model_fn never failed
+        [config] = result.configs.values()
+        assert config == held and [type(v) for v in config.values()] == [type(v) for v in held.values()]
+        assert list(result.metrics.epoch) == [0, 1] and list(result.metrics.valid_wd) == [held["wd"]] * 2
+    assert_complete(resumed)
+
+
+def test_a_value_a_config_cannot_hold_is_refused_at_the_draw_before_any_config_is_written(ray_cluster, small_digits,
+                                                                                       tmp_path):
+    path = tmp_path / "run"
+    with pytest.raises(TypeError, match=r"^`space\['bad'\]` is \{16\}, a set, but a config holds JSON values only.*"
+                                        r"\(what sample_from\(a_set\) returned\)$"):
+        framework.ModelSelection(mlp_model_fn, classifier_train_fn, classifier_eval_fn, small_digits,
+                                 automl.RandomSearch({"hidden": [16], "bad": automl.sample_from(a_set)}, num_samples=2,
+                                                     epochs=1), storage_path=str(path), progress=False).run()
+    assert framework.Result.open(str(path)).configs == {}

@@ -5,6 +5,7 @@ is one clear error."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -196,3 +197,73 @@ def test_a_missing_parquet_column_fails_the_run_naming_the_column_and_the_file(r
     ds = framework.PartitionedDataset.from_parquet(data / "train", data / "valid", columns=["f1", "pixels"])
     with pytest.raises(ValueError, match=r"name column\(s\) \['pixels'\], but .*part-\d\.parquet has no such column"):
         _run(ds, tmp_path)
+
+
+_PLAIN = {"compression": "none", "use_dictionary": False, "write_statistics": False}  # (sizes that labels keep)
+
+
+def _write_plain(folder, digits, shift: int = 0, rename: dict | None = None):
+    """digits as plain Parquet (two train files, one valid), labels shifted by `shift` mod 10 (other labels, the
+    same file sizes); `rename`: {file index: {old column: new}} for train files."""
+    x, y = digits[0][:480], digits[1][:480]
+    for split, rows, count in (("train", slice(0, 400), 2), ("valid", slice(400, 480), 1)):
+        os.makedirs(folder / split, exist_ok=True)
+        for i, chunk in enumerate(np.array_split(np.arange(len(x))[rows], count)):
+            cols = {**{f"f{k}": x[chunk, k].astype(np.float32) for k in range(x.shape[1])},
+                    "label": ((y[chunk] + shift) % 10).astype(np.int64)}
+            for old, new in ((rename or {}).get(i, {}) if split == "train" else {}).items():
+                cols[new] = cols.pop(old)
+            pq.write_table(pa.table(cols), folder / split / f"part-{i}.parquet", **_PLAIN)
+    return folder
+
+
+def test_a_run_reads_the_files_it_recorded_and_a_changed_or_edited_one_is_refused_naming_it(
+        ray_cluster, digits, tmp_path, monkeypatch):
+    from framework.sources import DataChangedError
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _write_plain(tmp_path / "a" / "data", digits)
+    monkeypatch.chdir(tmp_path / "a")
+    result = _run(framework.PartitionedDataset.from_parquet("data/train", "data/valid"), tmp_path)  # relative paths
+    read = [json.loads(d) for d in result.events[result.events.kind == "source_read"].detail]
+    assert {f["path"] for d in read for f in d["files"]} == {str(tmp_path / "a" / "data" / s / f"part-{i}.parquet")
+                                                             for s, n in (("train", 2), ("valid", 1)) for i in range(n)}
+
+    # files of the same names in another working directory, other labels: a replay from there reads the run's own
+    _write_plain(tmp_path / "b" / "data", digits, shift=3)
+    monkeypatch.chdir(tmp_path / "b")
+    again = framework.replay(result.storage_path, out_path=str(tmp_path / "r1"))
+    np.testing.assert_array_equal(again.metrics.valid_loss.to_numpy(), result.metrics.valid_loss.to_numpy())
+
+    # the run's own file replaced by other content of the same size and modification time: refused, naming it
+    target = tmp_path / "a" / "data" / "train" / "part-1.parquet"
+    st = target.stat()
+    shutil.copy(tmp_path / "b" / "data" / "train" / "part-1.parquet", target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert target.stat().st_size == st.st_size
+    with pytest.raises(DataChangedError, match=rf"{target} has other content than when the run read it"):
+        framework.replay(result.storage_path, out_path=str(tmp_path / "r2"))
+    accepted = framework.replay(result.storage_path, out_path=str(tmp_path / "r3"), accept_changed_data=True)
+    assert (accepted.events.kind == "source_changed_accepted").sum() == 1
+
+    # a dataset entry edited to name a file the run never read (run.db edited: trust_unverified) is never opened
+    import sqlite3
+
+    db = sqlite3.connect(os.path.join(result.storage_path, "run.db"))
+    (meta,) = db.execute("SELECT value FROM meta WHERE key = 'dataset'").fetchone()
+    db.execute("UPDATE meta SET value = ? WHERE key = 'dataset'", (meta.replace(str(target), "/etc/passwd"),))
+    db.commit()
+    db.close()
+    from framework.engine.catalog import UnverifiedRunWarning
+
+    with pytest.warns(UnverifiedRunWarning), pytest.raises(DataChangedError, match="names /etc/passwd, a file the "
+                                                                                   "run never read"):
+        framework.replay(result.storage_path, out_path=str(tmp_path / "r4"), trust_unverified=True,
+                         model_fn=mlp_model_fn, step_fn=classifier_step_fn)
+
+    # a first run whose files disagree on a column: refused at load, naming the file and the column
+    _write_plain(tmp_path / "c", digits, rename={1: {"f3": "g3"}})
+    with pytest.raises(DataChangedError, match=r"part-1\.parquet: column\(s\) \['f3'\] are gone and \['g3'\] are new"):
+        _run(framework.PartitionedDataset.from_parquet(tmp_path / "c" / "train", tmp_path / "c" / "valid"), tmp_path,
+             name="renamed")

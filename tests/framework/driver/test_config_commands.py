@@ -402,3 +402,35 @@ def test_checkpoint_config_writes_a_configs_latest_weights_now_whatever_the_poli
     state, epoch, units = seen["written"]
     assert (epoch, units) == (0, P) and {e: sorted(ps) for e, ps in state["visited"].items()} == {0: list(range(P))}
     _check_no_unit_twice(driver, log)
+
+
+def test_a_config_a_person_adds_or_clones_holds_what_every_procedures_config_holds():
+    """`automl.json_exact`: numpy numbers become the Python ones they equal (what a resume and a replay read back);
+    what the run could not record exactly is rejected in one line naming it, and nothing is added."""
+    import math
+
+    import numpy as np
+
+    def when(driver, hook, *args):
+        if hook == "round_committed" and args[0]["round"] == 0 and not _events(driver.run_state.log, "command"):
+            return [("add_config", {"config": {**SPACE_ONE, "lr": np.float32(0.05), "shape": (2, 2)}, "epochs": 1}),
+                    ("add_config", {"config": {**SPACE_ONE, "lr": {0.1}}}),
+                    ("add_config", {"config": {**SPACE_ONE, "steps": 10**400}}),
+                    ("clone_config", {"config_id": 0, "overrides": {"lr": math.nan}, "warm": False}),
+                    ("clone_config", {"config_id": 0, "overrides": {"lr": np.float64(0.02)}, "warm": False,
+                                      "epochs": 1})]
+        return []
+
+    driver, log = _run(automl.GridSearch(SPACE, epochs=2), when)
+    assert [(n, a) for n, a, _ in _commands(log)] == [("add_config", True), ("add_config", False),
+                                                      ("add_config", False), ("clone_config", False),
+                                                      ("clone_config", True)]
+    reasons = [o for _, _, o in _commands(log)]
+    assert reasons[1].startswith("`config['lr']` is {0.1}, a set, but a config holds JSON values only")
+    assert reasons[2].startswith("`config['steps']` is 1.00000e+400 (an int), but an int in a config must be in")
+    assert reasons[3] == "`overrides['lr']` is nan, but a float in a config must be finite (JSON has no nan or inf)"
+    assert all("\n" not in r for r in reasons)
+    added, cloned = (driver.run_state.configs[i].config for i in (3, 4))
+    assert type(added["lr"]) is float and added["lr"] == float(np.float32(0.05)) and added["shape"] == [2, 2]
+    assert type(cloned["lr"]) is float and cloned["lr"] == 0.02
+    assert [len(c.history) for c in driver.run_state.configs] == [2, 2, 2, 1, 1]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from framework.driver.observers import TIME_PARTS, ProgressBar, RunClock
-from framework.engine.ray_backend import _readable_by_others, token_auth_notice
+from framework.engine.ray_start import _readable_by_others, token_auth_notice
 
 
 def _bar_lines(text: str) -> list[str]:
