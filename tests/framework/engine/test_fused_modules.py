@@ -31,10 +31,12 @@ def _check(make, x: torch.Tensor, batch_major: bool | None = None) -> None:
     (out * torch.arange(out.numel()).view(out.shape).sin()).sum().backward()
     for i, model in enumerate(models):
         alone = model(x[i])
-        torch.testing.assert_close(out[i], alone, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[i], alone, rtol=1e-5, atol=1e-5 * max(1.0, float(alone.abs().max())))
         (alone * torch.arange(out.numel()).view(out.shape)[i].sin()).sum().backward()
+        # against the scale of the member's gradients: a bias that batch norm cancels has a gradient of rounding noise
+        scale = max(float(p.grad.abs().max()) for p in model.parameters())
         for name, p in model.named_parameters():
-            torch.testing.assert_close(stacked[name].grad[i], p.grad, rtol=1e-4, atol=1e-5, msg=name)
+            torch.testing.assert_close(stacked[name].grad[i], p.grad, rtol=1e-4, atol=1e-5 * max(1.0, scale), msg=name)
         for name, b in model.named_buffers():
             torch.testing.assert_close(stacked[name][i], b, msg=name)
 
@@ -53,7 +55,15 @@ def _embedding_model() -> nn.Module:
     (lambda: nn.BatchNorm1d(3, track_running_stats=False), (3,)),
 ], ids=["linear", "conv2d-bn-ln", "conv1d-bn1d", "bn-batch-stats"])
 def test_fused_copy_computes_each_member_as_alone(make, shape, batch_major):
-    _check(make, torch.randn(K, B, *shape), batch_major)
+    _check(make, torch.randn(K, B, *shape, generator=torch.Generator().manual_seed(0)), batch_major)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_a_bias_that_batch_norm_cancels_matches_for_every_input_draw(seed):
+    make = lambda: nn.Sequential(nn.Conv1d(2, 3, 3, dilation=2, padding="same"),  # noqa: E731
+                                 nn.BatchNorm1d(3, affine=False), nn.Flatten(), nn.BatchNorm1d(24, momentum=None),
+                                 nn.LayerNorm(24, bias=False))
+    _check(make, torch.randn(K, B, 2, 8, generator=torch.Generator().manual_seed(seed)), batch_major=True)
 
 
 def test_embedding_offsets_each_members_indices():
