@@ -60,7 +60,7 @@ def wall_stopped(solver: Any, status: int) -> bool:
     from ortools.sat.python import cp_model
 
     done = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE, cp_model.MODEL_INVALID)
-    return not done and solver.response_proto.deterministic_time < solver.parameters.max_deterministic_time
+    return not done and solver.ResponseProto().deterministic_time < solver.parameters.max_deterministic_time
 
 
 def integer_durations(problem: ShopProblem, resolution: int = 1000) -> tuple[dict, float, float]:
@@ -166,7 +166,7 @@ class CPSATSolver(OfflineSolver):
         solver = cp_model.CpSolver()
         bound_by_work(solver.parameters, self.time_limit_s * WORK_PER_S, self.time_limit_s, self.workers, self.seed)
         status = solver.Solve(m)
-        limits = {"work": solver.response_proto.deterministic_time, "wall_stop": wall_stopped(solver, status)}
+        limits = {"work": solver.ResponseProto().deterministic_time, "wall_stop": wall_stopped(solver, status)}
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return Schedule(
                 warm.entries, HEURISTIC, lb, self.name, time.perf_counter() - t0, {"cp_status": "none", **limits}

@@ -89,7 +89,8 @@ def test_milp_rejects_a_backend_without_a_deterministic_limit():
 def test_cpsat_with_two_workers_interleaves_them_deterministically():
     p = shop_problem(heterogeneous(30, 8, seed=1))
     a, b = (CPSATSolver(time_limit_s=0.1, workers=2, seed=5).solve(p) for _ in range(2))
-    assert a.status == "feasible" and a.entries == b.entries and a.info["work"] == b.info["work"]
+    # (stopped by its budget; an older OR-Tools may prove the optimum within it)
+    assert a.status in ("feasible", "optimal") and a.entries == b.entries and a.info["work"] == b.info["work"]
 
 
 def test_milp_budget_is_a_node_limit_for_scip_and_deterministic_time_for_cp_sat():

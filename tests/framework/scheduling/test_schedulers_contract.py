@@ -78,8 +78,8 @@ def test_solver_same_problem_same_schedule_at_any_load(solver, cpu_hog):
     quiet = make(seed=3, **opts).solve(problem)
     with cpu_hog():
         loaded = make(seed=3, **opts).solve(problem)
-    if solver in ("cpsat", "milp"):  # stopped by its budget: what a wall-clock limit made depend on the load
-        assert quiet.status == "feasible" and quiet.info["wall_stop"] is False
+    if solver in ("cpsat", "milp"):  # stopped by its budget (an older OR-Tools may prove the optimum within it)
+        assert quiet.status in ("feasible", "optimal") and quiet.info["wall_stop"] is False
     assert (loaded.entries, loaded.status, loaded.bound) == (quiet.entries, quiet.status, quiet.bound)
     assert loaded.info.get("wall_stop") == quiet.info.get("wall_stop")
 
