@@ -48,7 +48,8 @@ def file_print(path: str) -> dict[str, Any]:
     of 32 blocks of 64 KiB: the head, the tail, where a footer is, and evenly between), read on the worker. Only a
     regular file is opened."""
     regular_file("the data", path)
-    h, size = hashlib.sha256(), os.stat(path).st_size
+    st = os.stat(path)
+    h, size = hashlib.sha256(), st.st_size
     with open(path, "rb") as f:
         if size <= _WHOLE:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -58,9 +59,7 @@ def file_print(path: str) -> dict[str, Any]:
             for offset in sorted({0, last, *(i * last // (_SAMPLES - 1) for i in range(1, _SAMPLES - 1))}):
                 f.seek(offset)
                 h.update(f.read(_BLOCK))
-    st = os.stat(path)
-    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(),
-            "sampled": size > _WHOLE}
+    return {"path": path, "size": size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "sampled": size > _WHOLE}
 
 
 def fingerprint_change(where: str, recorded: dict[str, Any], now: dict[str, Any]) -> str | None:

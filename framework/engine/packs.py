@@ -557,6 +557,18 @@ class FusedPack:
         for m in (*self.models, self.base, *([self.fused] if self.fused is not None else [])):
             m.train(training)
 
+    def _start_pass(self, configs: Sequence[Mapping[str, Any]], sizes: set[int], refusal: str
+                    ) -> tuple[int, _Reads, list[Mapping[str, Any]]]:
+        """A pass's start, training or evaluating: the members' one batch size (else `PackError`, "the members'
+        " + `refusal` with the sizes), the member check armed for the model's first call (`check`), and what the
+        step gets as its config: a `_Reads` of the first member's until the first batch's `_check_reads`, then the
+        plain config (the list's one item)."""
+        if len(sizes) != 1:
+            raise PackError("the members' " + refusal.format(sorted(sizes)))
+        reads = _Reads(configs[0])
+        self._model.mode = "check"
+        return next(iter(sizes)), reads, [reads]
+
     def train(self, step_fn: Callable, data: Any, configs: Sequence[Mapping[str, Any]], orders: Sequence[torch.Tensor],
               extras: Mapping[str, Any] | None = None, *, lr_schedulers: Sequence[Any] | None = None
               ) -> list[dict[str, float]]:
@@ -564,13 +576,9 @@ class FusedPack:
         batches of the members' common `batch_size`; per member: the mean loss and metrics and `num_examples`.
         `lr_schedulers[i]`: member i's LR scheduler (on its own optimizer) to step after every step, as `StepLoop`
         does with a `scheduler_interval` of "step" (None: none; an "epoch" one the worker steps between passes)."""
-        batch = {batch_size_of(c) for c in configs}
-        if len(batch) != 1:
-            raise PackError(f"the members' batch sizes are {sorted(batch)}; a pack trains one batch size")
-        size, n, extras = batch.pop(), data_len(data), dict(extras or {})
-        model, reads = self._model, _Reads(configs[0])
-        model.mode = "check"  # (the first call of the model checks the members: `check`)
-        config: list[Mapping[str, Any]] = [reads]  # (the plain config after the first step's check)
+        size, reads, config = self._start_pass(configs, {batch_size_of(c) for c in configs},
+                                               "batch sizes are {}; a pack trains one batch size")
+        n, extras, model = data_len(data), dict(extras or {}), self._model
         keys: list[tuple[str, ...]] = []
 
         def member(rows: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -610,14 +618,10 @@ class FusedPack:
         model in eval mode and called as in `train` (its path checked on the first batch), over `data` in order, in
         batches of the members' common `eval_batch_size` (default: `batch_size`), every member on the same rows;
         per member: the example-weighted means of its loss (if any) and metrics, and `num_examples`."""
-        batch = {batch_size_of(c, "eval_batch_size", batch_size_of(c)) for c in configs}
-        if len(batch) != 1:
-            raise PackError(f"the members' evaluation batch sizes are {sorted(batch)}; a pack evaluates one batch "
-                            "size")
-        size, n, extras = batch.pop(), data_len(data), dict(extras or {})
-        model, reads = self._model, _Reads(configs[0])
-        model.mode = "check"  # (the first call of the model checks the members: `check`)
-        config: list[Mapping[str, Any]] = [reads]  # (the plain config after the first batch's check)
+        size, reads, config = self._start_pass(configs, {batch_size_of(c, "eval_batch_size", batch_size_of(c))
+                                                         for c in configs},
+                                               "evaluation batch sizes are {}; a pack evaluates one batch size")
+        n, extras, model = data_len(data), dict(extras or {}), self._model
         keys: list[tuple[str, ...]] = []
 
         def member(rows: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -153,14 +153,16 @@ class Packer:
         if k <= 1:
             return a
         u, w = a.unit, a.workers[0]
+        parts = tuple(sorted(state.availability))
+        order = self._fixed.order(policy, u.config_id, u.epoch, parts) if policy is not None else None
         # configs at other epochs may join where the step takes no epoch and the policy fixes no order (an
         # asynchronous procedure's configs); a fixed order is an epoch's
-        any_epoch = self.mix_epochs and (policy is None or self._fixed.order_of(policy, state, u) is None)
+        any_epoch = self.mix_epochs and order is None
         candidates = [v for v in state.eligible(w)
                       if v.config_id not in busy and v.config_id != u.config_id
                       and (v.partition, v.kind) == (u.partition, u.kind) and (any_epoch or v.epoch == u.epoch)
                       and later.get(v.config_id, v) == v and self.key(v.config_id, u.kind) == key]
-        allowed = self._fixed.mates(policy, state, u, candidates, key, k, self) if policy is not None else None
+        allowed = None if order is None else self._fixed.mates(policy, state, u, order, parts, candidates, key, k, self)
         mates = [v for v in candidates if allowed is None or v.config_id in allowed][:k - 1]
         pack = Assignment(u, (w,), (u.config_id, *(v.config_id for v in mates)),
                           epochs=(u.epoch, *(v.epoch for v in mates)))
@@ -172,12 +174,19 @@ class Packer:
         key = self.key(a.unit.config_id, a.unit.kind)
         if key is None:
             return
-        if state_bytes:
-            self.state_bytes[key] = max(self.state_bytes.get(key, 0), state_bytes)
         if note is not None and len(a.members) > 1:
             self.refused[(key, a.unit.kind)] = note
-        elif self.sizer is not None and a.unit.kind == TRAIN:
-            self.sizer.observe(key, len(a.members), seconds, examples)
+            self._learn(key, a.unit.kind, 0, 0.0, 0, state_bytes)
+        else:
+            self._learn(key, a.unit.kind, len(a.members), seconds, examples, state_bytes)
+
+    def _learn(self, key: Hashable, kind: str, size: int, seconds: float, examples: int, state_bytes: int) -> None:
+        """An assignment of `size` configs of `key` (0: one that did not fuse) took `seconds` for `examples` rows
+        each and held states of up to `state_bytes`: the memory cap, and "auto"'s measure of a training pack."""
+        if state_bytes:
+            self.state_bytes[key] = max(self.state_bytes.get(key, 0), state_bytes)
+        if size and self.sizer is not None and kind == TRAIN:
+            self.sizer.observe(key, size, seconds, examples)
 
 
     def restore(self, rows: Iterable[tuple[int, str, float, float, int, int, int | None]],
@@ -190,12 +199,9 @@ class Packer:
             packs.setdefault(("group", row[6]) if row[6] is not None else ("row", len(packs)), []).append(row)
         for members in packs.values():
             cid, kind, start, end, examples = members[0][:5]
-            key = self.key(cid)
-            if key is None:
-                continue
-            self.state_bytes[key] = max(self.state_bytes.get(key, 0), *(m[5] for m in members))
-            if self.sizer is not None and kind == TRAIN:
-                self.sizer.observe(key, len(members), end - start, examples)
+            key = self.key(cid, kind)
+            if key is not None:
+                self._learn(key, kind, len(members), end - start, examples, max(m[5] for m in members))
         for cid, kind, why in refused:
             key = self.key(cid, kind)
             if key is not None:
@@ -218,18 +224,10 @@ class _FixedOrders:
             self._orders[key] = None if o is None else tuple(o)
         return self._orders[key]
 
-    def order_of(self, policy: Scheduler, state: DispatchState, u: Unit) -> tuple[int, ...] | None:
-        """u's config's order in u's epoch under `policy` (None: the policy fixes none)."""
-        return self.order(policy, u.config_id, u.epoch, tuple(sorted(state.availability)))
-
-    def mates(self, policy: Scheduler, state: DispatchState, u: Unit, candidates: list[Unit], key: Hashable, k: int,
-              packer: Packer) -> list[int] | None:
-        """Which of `candidates` (units at u's partition and kind, of u's key) may join u's pack; None: the policy
-        fixes no order, so any of them may."""
-        parts = tuple(sorted(state.availability))
-        order = self.order(policy, u.config_id, u.epoch, parts)
-        if order is None:
-            return None
+    def mates(self, policy: Scheduler, state: DispatchState, u: Unit, order: tuple[int, ...],
+              parts: tuple[int, ...], candidates: list[Unit], key: Hashable, k: int, packer: Packer) -> list[int]:
+        """Which of `candidates` (units at u's partition and kind, of u's key) may join u's pack, under the fixed
+        `order` of u's config in its epoch (over the partitions `parts`)."""
         same = [v for v in candidates if self.order(policy, v.config_id, v.epoch, parts) == order]
         done = _done(state, u, parts)
         same = [v for v in same if _done(state, v, parts) == done]  # (else v's next unit is elsewhere)
