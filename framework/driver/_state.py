@@ -88,11 +88,14 @@ class RunState:
             if recorded is None:
                 split = entry.split("/")[0]
                 for f in now.get("files", []):
-                    other = next((g for e, p in self.prints.items() if e.split("/")[0] == split
-                                  for g in p.get("files", []) if g.get("schema") is not None), None)
+                    other = min((g for e, p in self.prints.items() if e.split("/")[0] == split
+                                 for g in p.get("files", []) if g.get("schema") is not None),
+                                key=lambda g: g["path"], default=None)
                     if other is not None and f.get("schema") is not None and f["schema"] != other["schema"]:
-                        raise DataChangedError(f"{f['path']}: {schema_change(other['schema'], f['schema'])} against "
-                                               f"{other['path']}; every file of the {split} data must have the same "
+                        # (named in path order, whichever worker joined first)
+                        a, b = sorted((other, f), key=lambda g: g["path"])
+                        raise DataChangedError(f"{b['path']}: {schema_change(a['schema'], b['schema'])} against "
+                                               f"{a['path']}; every file of the {split} data must have the same "
                                                "columns and types")
                 self.prints[entry] = dict(now)
                 self.event("source_read", entry=entry, worker=worker, **now)
