@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-min test-cluster soak bench lint clean mutate fuzz docs
+.PHONY: install demo test test-slow test-min test-cluster soak bench lint clean mutate fuzz docs
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,16 @@ demo: install
 
 # TEST_JOBS pytest-xdist processes, each with its own local Ray cluster (tests/conftest.py); a test file stays on one
 # (its module fixtures are shared). TEST_JOBS=0 runs the suite in this process alone.
+# The tests run in a random order (pytest-randomly: the files, and the tests within each file), drawn from TEST_SEED,
+# which is printed first: `make test TEST_SEED=N` repeats an order.
 TEST_JOBS ?= 2
+ifndef TEST_SEED
+TEST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+PYTEST_ORDER = -p randomly --randomly-seed=$(TEST_SEED)
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
+	@echo "make test: tests in random order, seed $(TEST_SEED) (repeat this order: make test TEST_SEED=$(TEST_SEED))"
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ORDER) tests
 
 # The dependency floors (not part of `make test`; CI runs it after): a venv of its own, $(VENV_MIN), with the oldest
 # releases pyproject.toml admits (tools/constraints-min.txt pins them; tests/test_dependencies.py keeps the two in
@@ -59,9 +66,16 @@ test-min: $(VENV_MIN)/.installed
 	$(VENV_MIN)/bin/pip install --quiet -c $(VENV_MIN)/constraints.txt $(TORCH_MIN_SPEC)
 	$(VENV_MIN)/bin/python tools/check_min_versions.py $(MIN_CONSTRAINTS)
 	$(VENV_MIN)/bin/ruff check framework automl simulators experiments tests benchmarks examples
-	$(VENV_MIN)/bin/python -m pytest -q -p no:cacheprovider $(MIN_TESTS)
+	@echo "make test-min: tests in random order, seed $(TEST_SEED) (repeat this order: make test-min TEST_SEED=$(TEST_SEED))"
+	$(VENV_MIN)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ORDER) $(MIN_TESTS)
 
 # a user's cluster workflow end to end (ray start, ray job submit, a node joining); about a minute, not in `test`
+# the slow tests (marked `slow`: Ray clusters and drivers of their own, whole benchmark scripts); CI runs them after
+# `make test`, in the same random order scheme
+test-slow: install
+	@echo "make test-slow: tests in random order, seed $(TEST_SEED) (repeat this order: make test-slow TEST_SEED=$(TEST_SEED))"
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ORDER) -m slow tests
+
 test-cluster: install
 	$(BIN)/python -m pytest -q -m cluster tests/cluster
 

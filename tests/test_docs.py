@@ -201,7 +201,6 @@ def test_every_public_name_has_a_docstring():
 
 
 @pytest.mark.ray
-@pytest.mark.slow
 def test_runnable_blocks_run(ray_cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MODELHOPPER_STORAGE", str(tmp_path / "runs"))
     os.makedirs(tmp_path / "work", exist_ok=True)

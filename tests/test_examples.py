@@ -88,7 +88,6 @@ def example_runs(tmp_path_factory):
     return parts, work, runs, out
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", NAMES)
 def test_example_runs(example_runs, name):

@@ -184,6 +184,31 @@ def readonly_uri(path: str) -> str:
     return f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro"
 
 
+def _create(path: str) -> None:
+    """Make a new catalog file at `path` with its tables, atomically: a reader that finds run.db (`connect`, the
+    dashboard, `Result.open` while the run starts) never sees it without them. A file another writer made first is
+    kept."""
+    tmp = f"{path}.new-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        db = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+        finally:
+            db.close()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: a rename, unless a writer made the file meanwhile
+            if not os.path.lexists(path):
+                os.replace(tmp, path)
+    finally:
+        for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+
+
 class SQLiteCatalog:
     """Thread-safe access to a run's SQLite file (the driver loop and the checkpoint writers share it).
 
@@ -205,6 +230,8 @@ class SQLiteCatalog:
                 raise CatalogError(f"{path} does not exist: not a run directory's catalog")
             self._db = sqlite3.connect(readonly_uri(path), uri=True, check_same_thread=False, isolation_level=None)
         else:
+            if not os.path.lexists(path):
+                _create(path)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         try:
             self._db.execute("PRAGMA trusted_schema = OFF")  # a planted view or trigger calls no function

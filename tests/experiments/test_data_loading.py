@@ -7,10 +7,12 @@ import os
 import sys
 
 import pandas as pd
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # fresh worker processes per row: make test-slow
 def test_data_loading_measures_mop_against_task_parallelism(ray_cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "path", [ROOT, *sys.path])
     from experiments import data_loading

@@ -60,13 +60,6 @@ class GatedRun:
         finally:
             self.gate.write_text("")
 
-    def finish(self):
-        """Open the gate for good and wait for the run's `Result`."""
-        self.gate.unlink(missing_ok=True)
-        self.thread.join(timeout=180)
-        assert not self.thread.is_alive(), "the run did not finish within 180 s of opening its gate"
-        return self.done["result"]
-
 
 @pytest.fixture(scope="module")
 def run(ray_cluster, digits, tmp_path_factory) -> GatedRun:
@@ -132,16 +125,20 @@ def test_the_endpoints_serve_the_running_run_as_json(run):
     with serve(run.path) as board:
         assert len(board.token) >= 24 and board.url == f"http://127.0.0.1:{board.port}/?token={board.token}"
         base = _base(board)
+        # the module's other tests may have run first (in random order): added configs, stopped config 0
         status, s = _call(base + "/api/status")
-        assert status == 200 and s["status"] == "running" and s["num_configs"] == 2 and s["rounds"] >= 1, s
+        assert status == 200 and s["status"] == "running" and s["num_configs"] >= 2 and s["rounds"] >= 1, s
         status, b = _call(base + "/api/leaderboard")
         assert status == 200 and (b["metric"], b["mode"]) == ("valid_accuracy", "max")
         rows = b["configs"]
-        assert sorted(r["config_id"] for r in rows) == [0, 1] and {r["status"] for r in rows} == {"active"}
-        assert all(r["epochs"] >= 1 and 0.0 <= r["value"] <= 1.0 and r["config"]["hidden"] == 16 for r in rows)
-        assert rows[0]["value"] >= rows[1]["value"]  # best first
+        ids = sorted(r["config_id"] for r in rows)
+        assert ids == list(range(s["num_configs"])) and {r["status"] for r in rows} <= {"active", "stopped"}
+        first = [r for r in rows if r["config_id"] in (0, 1)]
+        assert all(r["epochs"] >= 1 and 0.0 <= r["value"] <= 1.0 and r["config"]["hidden"] == 16 for r in first)
+        values = [r["value"] for r in rows if r["value"] is not None]
+        assert values == sorted(values, reverse=True)  # best first
         status, c = _call(base + "/api/curves")
-        assert status == 200 and [k["config_id"] for k in c["curves"]] == [0, 1]
+        assert status == 200 and {0, 1} <= {k["config_id"] for k in c["curves"]} <= set(ids)
         assert all(k["epochs"][0] == 0 and len(k["epochs"]) == len(k["values"]) for k in c["curves"])
         status, sch = _call(base + "/api/schedule")
         units = sch["units"]
@@ -369,13 +366,17 @@ def _screenshot(driver) -> Path:
 
 def test_the_page_in_a_real_browser_stops_a_config(run):
     driver = _chrome()
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     def text(css: str) -> str:
-        found = driver.find_elements(By.CSS_SELECTOR, css)
-        return found[0].text if found else ""
+        """The text of the first element `css` selects ("": none, or the page redrew it while it was read)."""
+        try:
+            found = driver.find_elements(By.CSS_SELECTOR, css)
+            return found[0].text if found else ""
+        except StaleElementReferenceException:
+            return ""
 
     token = secrets.token_urlsafe(8)  # the page carries the token of its URL into every request it makes
     try:
@@ -386,7 +387,7 @@ def test_the_page_in_a_real_browser_stops_a_config(run):
                        and text('tr[data-config-id="0"] td.status') == "active"
                        and text('tr[data-config-id="1"] td.status') == "active"
                        and d.find_elements(By.CSS_SELECTOR, "#gantt rect.unit")
-                       and len(d.find_elements(By.CSS_SELECTOR, "#curves polyline.curve")) == 2)
+                       and len(d.find_elements(By.CSS_SELECTOR, "#curves polyline.curve")) >= 2)
             assert "valid_accuracy" in text("#metric-head") and "workers_started" in text("#events")
             _screenshot(driver)  # the dashboard during the run (written again once config 0 stopped)
 
@@ -413,21 +414,8 @@ def test_the_page_in_a_real_browser_stops_a_config(run):
         assert stops[["args", "applied", "source"]].values.tolist() == [[{"config_id": 0}, True, "inbox:dashboard"]]
 
 
-def test_once_the_run_finished_the_dashboard_still_shows_it_and_commands_get_409(run):
-    """Last: it lets the module's run finish."""
-    result = run.finish()
-    assert set(result.status.status) <= {"completed", "stopped"}
-    with serve(run.path) as board:
-        base = _base(board)
-        status, s = _call(base + "/api/status")
-        assert status == 200 and s["status"] == "finished"
-        status, b = _call(base + "/api/leaderboard")
-        assert [r["config_id"] for r in b["configs"]] == result.leaderboard().config_id.tolist()
-        status, out = _command(base, "pause")
-        assert status == 409 and "is finished, not running" in out["error"]
-
-
-def test_model_selection_serves_its_dashboard_while_it_runs_and_stops_at_its_end(ray_cluster, digits, tmp_path):
+def test_model_selection_serves_its_dashboard_while_it_runs_and_stops_at_its_end_and_a_finished_run_gets_409(
+        ray_cluster, digits, tmp_path):
     x, y = digits
     ds = framework.PartitionedDataset.from_arrays(x[:200], y[:200], num_partitions=2, seed=0)
     args = (mlp_model_fn, classifier_train_fn, classifier_eval_fn, ds,
@@ -446,7 +434,16 @@ def test_model_selection_serves_its_dashboard_while_it_runs_and_stops_at_its_end
 
     sel = framework.ModelSelection(*args, num_workers=2, storage_path=str(tmp_path / "run"), progress=False,
                                    callbacks=[Look()], dashboard=True)
-    sel.run()
+    result = sel.run()
     assert seen["status"] == "running" and seen["url"].startswith("http://127.0.0.1:")
     with pytest.raises(urllib.error.URLError):  # closed with the run
         urllib.request.urlopen(seen["url"], timeout=5)
+    # once the run finished, a dashboard still shows it and commands get 409
+    with serve(str(tmp_path / "run")) as board:
+        base = _base(board)
+        status, s = _call(base + "/api/status")
+        assert status == 200 and s["status"] == "finished"
+        status, b = _call(base + "/api/leaderboard")
+        assert [r["config_id"] for r in b["configs"]] == result.leaderboard().config_id.tolist()
+        status, out = _command(base, "pause")
+        assert status == 409 and "is finished, not running" in out["error"]

@@ -21,7 +21,7 @@ import pytest
 from framework.engine import orphans
 from framework.result import Result
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # minutes of Ray clusters and drivers: make test-slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -286,3 +286,31 @@ def test_verified_events_leave_out_a_row_planted_without_the_key(db):
             '{"request": "a", "applied": true, "outcome": "started workers [2]"}']
     finally:
         reader.close()
+
+
+def test_a_new_catalog_appears_with_its_tables_so_a_reader_never_sees_it_empty(tmp_path, monkeypatch):
+    """A reader polling for run.db (`connect`, the dashboard, a `Result` of a run starting) opens a run catalog the
+    moment the file exists: it is made under another name and linked into place with its tables."""
+    import threading
+
+    monkeypatch.setenv("MODELHOPPER_SECRET", KEY_A)
+    paths = [str(tmp_path / f"run{i}" / "run.db") for i in range(20)]
+    for p in paths:
+        os.makedirs(os.path.dirname(p))
+    seen: list[str] = []
+
+    def read() -> None:
+        for p in paths:
+            while not os.path.exists(p):
+                pass
+            SQLiteCatalog(p, readonly=True).close()  # CatalogError "is not a run catalog" before the fix
+            seen.append(p)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for p in paths:
+        SQLiteCatalog(p).close()
+    reader.join(timeout=60)
+    assert seen == paths
+    assert sorted(os.listdir(tmp_path / "run0")) == ["run.db"]  # nothing left of the file it was made as
+    SQLiteCatalog(paths[0]).close()  # a second writer opens the same file
