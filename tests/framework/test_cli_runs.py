@@ -36,7 +36,7 @@ PLANTED_REF = "tests.integration.planted:model_fn"  # importing it runs code (te
 def runs(ray_cluster, digits, tmp_path_factory):
     """A storage root with a finished run (ranked by valid_accuracy, max) and, newer, a crashed one (valid_loss,
     min), plus a mirrored run's working copy under `.working` that `list` must skip."""
-    from tests.integration.test_fault_tolerance import _crash_driver
+    from tests.integration.ft_helpers import _crash_driver
 
     root = tmp_path_factory.mktemp("root")
     x, y = digits

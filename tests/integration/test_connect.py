@@ -120,7 +120,7 @@ def test_commands_sent_while_the_run_was_down_are_applied_once_when_it_resumes(r
     from framework.engine.catalog import SQLiteCatalog
     from framework.engine.inbox import send_request
     from framework.runs.steering import NotRunningError
-    from tests.integration.test_fault_tolerance import _crash_driver, _resume
+    from tests.integration.ft_helpers import _crash_driver, _resume
 
     storage = _crash_driver(tmp_path, "commit")  # 1 worker, round 0 committed, then SIGKILL
     with pytest.raises(NotRunningError, match="is crashed, not running"):

@@ -1,84 +1,26 @@
 """Failures on a real local Ray cluster, each injected at an exact point (`framework.engine.faults`): killed and hung
-workers, failing user code, lost state objects, checkpoints that never reached the disk, driver crashes, workers
-joining, draining and autoscaling. Every test asserts that its recovery path ran and that nothing was lost and
-nothing counted twice. No test races a timer: they pass the same way on an idle or a loaded machine."""
+workers, failing user code, lost state objects, checkpoints that never reached the disk, workers joining, draining
+and autoscaling (driver crashes: test_driver_crashes.py). Every test asserts that its recovery path ran and that
+nothing was lost and nothing counted twice. No test races a timer: they pass the same way on an idle or a loaded
+machine."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-
-import pandas as pd
 import pytest
-import torch
 
-import automl
-import framework
-from framework.engine.catalog import SQLiteCatalog
 from framework.engine.faults import Fault, FaultPlan
-from simulators import validate_schedule
-from tests.integration.ft_functions import classifier_eval_fn, classifier_train_fn, gated_train_fn, mlp_model_fn
+from tests.integration.ft_functions import gated_train_fn
+from tests.integration.ft_helpers import (
+    SPACE,
+    _assert_nothing_lost_or_counted_twice,
+    _dataset,
+    _events,
+    _select,
+    _unit,
+    _units_log,
+)
 
 pytestmark = pytest.mark.ray
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SPACE = {"hidden": [16], "lr": [0.05, 0.1, 0.2], "batch_size": [64]}
-
-
-def _dataset(digits, rows=300, partitions=2, replicas=1):
-    x, y = digits
-    return framework.PartitionedDataset.from_arrays(x[:rows], y[:rows], num_partitions=partitions, seed=0,
-                                                    replicas=replicas)
-
-
-def _select(ds, storage, faults, space=SPACE, epochs=2, train_fn=classifier_train_fn, **options):
-    options.setdefault("num_workers", ds.num_partitions)
-    return framework.ModelSelection(
-        mlp_model_fn, train_fn, classifier_eval_fn, ds, automl.GridSearch(space, epochs=epochs),
-        storage_path=str(storage), progress=False, faults=faults, **options,
-    )
-
-
-def _events(result, kind):
-    ev = result.events[result.events.kind == kind]
-    return [json.loads(d) for d in ev.detail]
-
-
-def _units_log(result) -> pd.DataFrame:
-    catalog = SQLiteCatalog(os.path.join(result.storage_path, "run.db"))
-    try:
-        return catalog.units(status=None)
-    finally:
-        catalog.close()
-
-
-def _assert_nothing_lost_or_counted_twice(result, partitions, epochs, configs=None, availability=None):
-    """Each finished config absorbed every partition exactly once per epoch (its weights say so, and so does the
-    log); each unit has one `done` row; every epoch's metrics are the example-weighted means of those rows; and
-    every config's completeness proof (its state's visit record) agrees with the log (`Result.assert_complete`)."""
-    configs = sorted(result.configs) if configs is None else configs
-    report = validate_schedule(result.schedule, availability=availability, partitions=partitions)
-    assert report.ok, report.violations
-    done = _units_log(result).query("status == 'done'")
-    assert not done.duplicated(["config_id", "epoch", "partition", "kind"]).any()
-    for cid in configs:
-        visited = result.load_state(cid)["visited"]
-        assert {e: sorted(ps) for e, ps in visited.items()} == {e: partitions for e in range(epochs)}, cid
-        assert sorted(result.metrics[result.metrics.config_id == cid].epoch) == list(range(epochs))
-        for e in range(epochs):
-            rows = done[(done.config_id == cid) & (done.epoch == e) & (done.kind == "train")]
-            assert sorted(rows.partition) == partitions
-            losses = [json.loads(m)["loss"] for m in rows.metrics]
-            expect = sum(v * n for v, n in zip(losses, rows.num_examples)) / rows.num_examples.sum()
-            got = result.metrics.set_index(["config_id", "epoch"]).loc[(cid, e), "train_loss"]
-            assert got == pytest.approx(expect, rel=1e-9), (cid, e)
-    result.assert_complete()
-
-
-def _unit(cid, epoch, partition, kind="train"):
-    return str(framework.scheduling.Unit(cid, epoch, partition, kind))
 
 
 # ---- workers that die or hang -----------------------------------------------------------------------------------
@@ -263,140 +205,6 @@ def test_lost_state_without_a_usable_checkpoint_restarts_a_first_epoch_and_fails
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, configs=[2])
 
 
-# ---- driver crashes and resume ----------------------------------------------------------------------------------
-def _crash_driver(tmp_path, crash, checkpoint="unit"):
-    """Run tests/integration/resume_job.py in a subprocess that crashes itself at `crash`; return its storage."""
-    storage = str(tmp_path / f"crashed-{crash}")
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster_address(),
-           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.resume_job", storage, crash, checkpoint], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -9, f"the driver was not killed by its fault ({proc.returncode}):\n{proc.stderr[-3000:]}"
-    return storage
-
-
-def ray_cluster_address():
-    import ray
-
-    return ray.get_runtime_context().gcs_address
-
-
-def _checkpoint_paths(storage):
-    """Each config's latest checkpoint, as the catalog resolves it."""
-    catalog = SQLiteCatalog(os.path.join(storage, "run.db"), readonly=True)
-    try:
-        return [catalog.checkpoints(int(cid))[0][2] for cid in catalog.configs().config_id]
-    finally:
-        catalog.close()
-
-
-def _resume(storage):
-    return framework.ModelSelection.resume(
-        storage, mlp_model_fn, classifier_train_fn, classifier_eval_fn, progress=False).run()
-
-
-def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(ray_cluster, tmp_path, assert_complete):
-    from tests.integration.resume_job import selection
-
-    storage = _crash_driver(tmp_path, "unit")
-    catalog = SQLiteCatalog(os.path.join(storage, "run.db"))
-    try:
-        log = catalog.units(status="done")
-        crashed = log[(log.config_id == 1) & (log.epoch == 1) & (log.kind == "train")]
-        assert len(crashed) == 1, "the crash unit was not logged"
-        assert max(units for _, units, _, _ in catalog.checkpoints(1)) == 2  # its checkpoint never came
-        assert catalog.last_round()[0] == 0
-    finally:
-        catalog.close()
-    # crashed: config 1's state lags the log by that unit, in the epoch it has not committed (what resume re-runs)
-    assert_complete(storage)
-
-    resumed = _resume(storage)
-    [plan] = _events(resumed, "resume_plan")
-    assert plan["round"] == 1 and plan["lost_units"] == 1
-    log = _units_log(resumed)
-    [lost] = log[log.status == "lost"].itertuples()
-    assert (lost.config_id, lost.epoch, lost.partition, lost.kind) == (1, 1, crashed.partition.iloc[0], "train")
-    _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3)
-
-    reference = selection(str(tmp_path / "reference")).run()
-    same = 0
-    for cid in reference.configs:
-        a, b = resumed.load_state(cid), reference.load_state(cid)
-        if a["visited"] != b["visited"]:
-            continue  # its visit order changed with the crash: different (equally valid) SGD order
-        same += 1
-        for k in a["model"]:
-            assert torch.equal(a["model"][k], b["model"][k]), f"config {cid} differs although its visits match"
-    assert same >= 1
-
-
-def test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch(ray_cluster, tmp_path, assert_complete):
-    storage = _crash_driver(tmp_path, "unit", checkpoint="epoch")
-    catalog = SQLiteCatalog(os.path.join(storage, "run.db"))
-    try:
-        done = catalog.units(status="done")
-        open_epoch = done[(done.epoch == 1) & (done.kind == "train")]
-        # the state at the end of epoch 0 is on disk for every config, and nothing after it but whole epochs
-        assert all(units % 2 == 0 for cid in (0, 1, 2, 3) for _, units, _, _ in catalog.checkpoints(cid))
-    finally:
-        catalog.close()
-    assert_complete(storage)  # every state lags the log within its epoch in progress only
-    resumed = _resume(storage)
-    [plan] = _events(resumed, "resume_plan")
-    log = _units_log(resumed)
-    lost = log[log.status == "lost"]
-    assert plan["lost_units"] == len(lost) >= 1  # config 1's unit of epoch 1 at least: no epoch-end checkpoint yet
-    assert set(lost.epoch) == {1} and set(lost.kind) == {"train"} and len(lost) <= len(open_epoch)
-    _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3)
-
-
-def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tmp_path):
-    storage = _crash_driver(tmp_path, "commit")
-    catalog = SQLiteCatalog(os.path.join(storage, "run.db"))
-    try:
-        assert catalog.last_round()[0] == 0
-        before = catalog.units(status="done")
-    finally:
-        catalog.close()
-    assert set(before["round"]) == {0} and len(before) == 4 * 4  # 4 configs x (2 train + 2 eval)
-
-    moved = shutil.move(storage, str(tmp_path / "moved"))  # a crashed run copied elsewhere resumes there
-    # config 3's newest checkpoint is corrupt: the one before it lacks half of epoch 0, which round 0 committed;
-    # resume rebuilds it from the log (the run's very bytes) before any worker starts
-    with open(_checkpoint_paths(moved)[3], "r+b") as f:
-        f.seek(64)
-        f.write(b"\xff" * 16)
-    catalog = SQLiteCatalog(os.path.join(moved, "run.db"))
-    assert catalog.meta()["max_worker_restarts"] == 3
-    catalog.set_meta(max_worker_restarts=7)  # as if the run had been made with 7: resume keeps the run's setting
-    catalog.close()
-    sel = framework.ModelSelection.resume(moved, mlp_model_fn, classifier_train_fn, classifier_eval_fn)
-    assert sel.max_worker_restarts == 7 and sel.unit_timeout_s is None and sel.max_unit_retries == 0
-    partial = os.path.join(moved, "checkpoints", "config_0_u3.pt.tmp.123.456")  # what a crash mid-write leaves
-    with open(partial, "wb") as f:
-        f.write(b"half a checkpoint")
-    resumed = _resume(moved)
-    assert resumed.storage_path == moved and not os.path.exists(partial)
-    assert _events(resumed, "resumed")[-1]["partial_checkpoints_removed"] == 1
-    [rebuilt] = _events(resumed, "checkpoint_rebuilt")
-    assert rebuilt["config_id"] == 3 and "corrupt" in rebuilt["damage"] and rebuilt["units"] == 2
-    # queued writes of one config coalesce, so the state it starts from is the unit before it or none (under load)
-    assert rebuilt["rerun"] == 2 - rebuilt["from_units"] >= 1
-    [plan] = _events(resumed, "resume_plan")
-    assert (plan["round"], plan["lost_units"], plan["rerun"]) == (1, 0, 16)  # epoch 1 of configs 0-3: 4 units each
-    assert not _events(resumed, "resume_gap") and (resumed.status.status == "completed").all()
-    log = _units_log(resumed)
-    assert (log.status == "done").all()
-    assert (log[log["round"] == 0].seq.tolist()) == before.seq.tolist()  # round 0 was not run again
-    _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3)
-    assert not os.path.exists(storage) and all(os.path.exists(p) for p in _checkpoint_paths(moved))
-    # resuming the finished run returns its result without Ray or workers, and writes nothing
-    db = os.path.join(moved, "run.db")
-    before_db = (os.stat(db).st_mtime_ns, os.stat(db).st_size)
-    again = _resume(moved)
-    assert (os.stat(db).st_mtime_ns, os.stat(db).st_size) == before_db  # no event, no worker: nothing ran
-    assert again.metrics.equals(resumed.metrics)
 
 
 # ---- elasticity -------------------------------------------------------------------------------------------------

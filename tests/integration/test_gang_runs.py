@@ -8,7 +8,7 @@ import pytest
 
 import framework
 from framework.engine.faults import Fault, FaultPlan
-from tests.integration.test_fault_tolerance import (
+from tests.integration.ft_helpers import (
     _assert_nothing_lost_or_counted_twice,
     _dataset,
     _events,

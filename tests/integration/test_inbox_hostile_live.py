@@ -72,7 +72,7 @@ def _text_ids(tmp: str) -> None:
 
 
 def test_a_run_whose_inbox_is_replaced_while_it_runs_goes_on_and_resumes(ray_cluster, tmp_path):
-    from tests.integration.test_fault_tolerance import ray_cluster_address
+    from tests.integration.ft_helpers import ray_cluster_address
 
     path, gate, outside = str(tmp_path / "run"), tmp_path / "gate", tmp_path / "outside.db"
     gate.write_text("")  # closed: the run's units wait while its inbox is replaced

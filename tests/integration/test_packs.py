@@ -24,7 +24,7 @@ from framework.engine.state import unpack_state
 from framework.engine.worker import Worker
 from framework.examples import classifier_step_fn, digits_arrays, mlp_model_fn
 from framework.scheduling import TRAIN, SeededOrderScheduler, Unit, UnitTask
-from tests.integration.test_fault_tolerance import (
+from tests.integration.ft_helpers import (
     ROOT,
     _assert_nothing_lost_or_counted_twice,
     _dataset,

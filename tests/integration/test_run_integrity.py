@@ -48,7 +48,7 @@ def finished_run(ray_cluster, digits, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def crashed_run(ray_cluster, tmp_path_factory):
-    from tests.integration.test_fault_tolerance import _crash_driver
+    from tests.integration.ft_helpers import _crash_driver
 
     return _crash_driver(tmp_path_factory.mktemp("integrity"), "unit")
 

@@ -34,7 +34,7 @@ from framework.examples import (
 from framework.scheduling import TRAIN, Unit, UnitTask
 from framework.scheduling.units import unit_seed
 from simulators import validate_schedule
-from tests.integration.test_fault_tolerance import (
+from tests.integration.ft_helpers import (
     ROOT,
     _assert_nothing_lost_or_counted_twice,
     _dataset,
