@@ -1,8 +1,11 @@
-"""Shared fixtures: one local Ray cluster per test session, small real datasets."""
+"""Shared fixtures: one local Ray cluster per test session, small real datasets, a CPU hog."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -44,3 +47,39 @@ def assert_complete():
     latest verified checkpoint) disagrees with the schedule log or its committed epochs."""
     return _assert_complete
 
+
+@contextlib.contextmanager
+def _hog(n: int | None = None):
+    """`n` (default: one per core) Python processes in a busy loop for the duration of the block, killed after it."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n or os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+@pytest.fixture
+def cpu_hog():
+    """`with cpu_hog(): ...` runs the block beside a process spinning on every core, as on a busy CI runner or
+    laptop."""
+    return _hog
+
+
+@pytest.fixture(autouse=True)
+def _seeded_torch(request):
+    """torch's global generator seeded for each test from the order's seed and the test's id, as pytest-randomly
+    seeds `random` and NumPy's: a test's unseeded draws change from one seed to the next (so a test that passes by
+    luck shows) and repeat with `make test TEST_SEED=N`. Without pytest-randomly the seed is 0."""
+    import zlib
+
+    import torch
+
+    try:
+        seed = request.config.getoption("randomly_seed")
+    except ValueError:  # -p no:randomly
+        seed = 0
+    seed = seed if isinstance(seed, int) else 0
+    torch.manual_seed((seed + zlib.crc32(request.node.nodeid.encode())) % 2**32)

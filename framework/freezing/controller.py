@@ -19,11 +19,17 @@ int8) is built on a background thread, calibrated on a recent batch, and, every 
 of the frontmost active layer module is compared with the reference's for the same batch (SP loss). The policy
 freezes that module when its plasticity is flat (parameters get ``requires_grad=False``, the module runs in eval mode
 so batch norm uses its running statistics), and unfreezes everything when the LR has dropped 10x since the first
-freeze. With a `cache_dir`, the output of the last frozen member is stored per sample id and read back (prefetched
-when the upcoming id order is known), and the model runs from it: the frozen members' forward passes are replaced for
-that call (a module-boundary cut, `framework.freezing.cut`), so any model whose structure can be cut there works, a
-torchvision ResNet or a HuggingFace BERT as well as an ``nn.Sequential``. `scaled_defaults` gives `eval_interval`
-and W for a run of a given length, by the paper's ratios.
+freeze. By default a reading is used at the first step after it comes back and a request that meets a busy reference
+is dropped, so where freezing happens depends on the machine's load; with ``reading_lag=L`` every reading is used
+exactly L steps after its batch and nothing is dropped (the training loop waits instead), so the freeze and unfreeze
+steps depend only on the data, the weights and the seed.
+
+With a `cache_dir`, the output of the last frozen member is stored per sample id and read back (prefetched when the
+upcoming id order is known), and the model runs from it: the frozen members' forward passes are replaced for that
+call (a module-boundary cut, `framework.freezing.cut`), so any model whose structure can be cut there works, a
+torchvision ResNet or a HuggingFace BERT as well as an ``nn.Sequential``. A batch runs from the cache once all its
+sample ids were stored since the prefix froze (each sample's first pass stores it). `scaled_defaults` gives
+`eval_interval` and W for a run of a given length, by the paper's ratios.
 
 Caching assumes a sample id always stands for the same input tensor (no random augmentation, or ids that encode
 the augmentation). The controller is not picklable (it owns threads); its `state_dict()` is, and is what travels.
@@ -106,6 +112,12 @@ class FreezingController:
             directory should be private to this config on this worker.
         prefetch_depth: batches of cached activations read ahead.
         store_factory: builds the `ActivationStore` for a directory (default `MemmapActivationStore`).
+        reading_lag: None (asynchronous readings: a reading is used at the first step after it comes back, and a
+            request or rebuild that meets a busy reference is dropped) or L >= 1 (deterministic readings: requests
+            and rebuilds are queued, never dropped, and done in order; the reading of the batch captured at step s is
+            used exactly at step s + L, the training loop waiting for it then if it is not back). The training
+            thread's waiting counts in `overhead_seconds`. With L = `eval_interval` the reference has the time to
+            answer that it has without a lag before its next request would be dropped.
     """
 
     def __init__(
@@ -121,6 +133,7 @@ class FreezingController:
         cache_dir: str | Path | None = None,
         prefetch_depth: int = 4,
         store_factory: type[ActivationStore] | None = None,
+        reading_lag: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` is {type(model).__name__}, but must be a torch.nn.Module")
@@ -128,6 +141,11 @@ class FreezingController:
         _check_positive_int("reference_refresh", reference_refresh)
         _check_positive_int("reference_threads", reference_threads)
         _check_positive_int("prefetch_depth", prefetch_depth)
+        if reading_lag is not None:
+            if isinstance(reading_lag, bool) or not isinstance(reading_lag, int):
+                raise TypeError(f"`reading_lag` is {reading_lag!r}, but must be an int or None")
+            if reading_lag < 1:
+                raise ValueError(f"`reading_lag` is {reading_lag}, but must be >= 1 (or None)")
         if reference_mode not in QUANTIZE_MODES:
             raise ValueError(f"`reference_mode` is {reference_mode!r}, but must be one of {QUANTIZE_MODES}")
         if policy is not None and not isinstance(policy, FreezingPolicyConfig):
@@ -148,6 +166,7 @@ class FreezingController:
         self.eval_interval = eval_interval
         self.reference_refresh = reference_refresh
         self.reference_mode = reference_mode
+        self.reading_lag = reading_lag
         self.policy = FreezingPolicy(len(modules), policy)
         self.cache_dir = None if cache_dir is None else Path(cache_dir)
         self._store_factory = store_factory or MemmapActivationStore
@@ -162,8 +181,10 @@ class FreezingController:
         self._loss_count = 0
         self._evals_since_refresh = 0
         self.events: list[tuple[int, str, int]] = []  # (step, "bootstrap_end" | "freeze" | "unfreeze", module)
-        self.overhead_seconds = 0.0  # training-thread time spent on reference work (snapshot, capture, submit, poll)
-        self.readings: list[tuple[int, int, float]] = []  # (step submitted, module, plasticity)
+        self.overhead_seconds = 0.0  # training-thread time on reference work (snapshot, capture, submit, poll, waits)
+        self.readings: list[tuple[int, int, float]] = []  # (step submitted, module, plasticity), as applied
+        self._pending: list[tuple[int, int, float]] = []  # readings back from the runner, not applied yet
+        self._awaited: list[int] = []  # steps of the accepted requests whose readings are not back yet, oldest first
 
         self._runner: AsyncReferenceRunner | None = None
         self._reference_threads = reference_threads
@@ -259,16 +280,24 @@ class FreezingController:
         if evaluate and capture:
             start = time.perf_counter()
             active = self.policy.active
-            self._runner.submit(  # type: ignore[union-attr]
-                self.step, active, self.modules[active].members[-1], inputs.detach().cpu().clone(), capture[0].cpu()
-            )
+            if self._runner.submit(  # type: ignore[union-attr]
+                self.step,
+                active,
+                self.modules[active].members[-1],
+                inputs.detach().cpu().clone(),
+                capture[0].cpu(),
+                queue=self.reading_lag is not None,
+            ):
+                self._awaited.append(self.step)
             self.overhead_seconds += time.perf_counter() - start
         return out
 
     def after_step(self, loss: float | torch.Tensor, lr: float) -> list[tuple[int, str, int]]:
         """Record one finished optimizer step; returns the events it triggered as ``(step, kind, module)``.
 
-        Never waits for the reference model: readings that are not back yet are used at a later step.
+        Without a `reading_lag` it never waits for the reference model: readings that are not back yet are used at a
+        later step. With one, the reading of the batch captured at step s is used here when `step` reaches s + L,
+        after waiting for it if it is not back.
         """
         self.step += 1
         self._loss_sum += float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
@@ -289,15 +318,23 @@ class FreezingController:
                     self._refresh_reference()
         if self._runner is not None:
             start = time.perf_counter()
-            readings = self._runner.poll()
+            self._collect_readings()
+            lag = self.reading_lag
+            while lag is not None and self._awaited and self._awaited[0] + lag <= self.step:
+                idle = not self._runner.busy  # read first: an idle runner has put out every reading it will
+                if not idle:
+                    time.sleep(0.0005)  # a reading due now is not back: wait for it
+                self._collect_readings()
+                if idle:
+                    break
             self.overhead_seconds += time.perf_counter() - start
-            if self._runner.error is not None:
-                error, self._runner.error = self._runner.error, None
-                raise RuntimeError("the reference model failed on its background thread") from error
-            for r in readings:
-                self.readings.append((r.step, r.module, r.value))
-                if self.policy.on_plasticity(r.module, r.value, lr):
-                    events.append((self.step, "freeze", r.module))
+        due = [r for r in self._pending if self.reading_lag is None or r[0] + self.reading_lag <= self.step]
+        if due:
+            self._pending = self._pending[len(due) :]  # oldest first, so the due ones lead
+            for step, module, value in due:
+                self.readings.append((step, module, value))
+                if self.policy.on_plasticity(module, value, lr):
+                    events.append((self.step, "freeze", module))
         if events:
             self.events.extend(events)
             self._apply_frozen()
@@ -305,9 +342,18 @@ class FreezingController:
 
     # ------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Plain numbers, strings and lists (no tensors, no threads): what travels with a config between workers."""
+        """Plain numbers, strings and lists (no tensors, no threads): what travels with a config between workers.
+
+        With a `reading_lag`, a reading still in flight is waited for, and the readings not yet due travel in
+        ``pending_readings``.
+        """
         if self._store is not None:
             self._store.flush()
+        if self.reading_lag is not None and self._awaited:
+            start = time.perf_counter()
+            self._runner.wait_idle()  # type: ignore[union-attr]
+            self._collect_readings()
+            self.overhead_seconds += time.perf_counter() - start
         return {
             "version": STATE_VERSION,
             "step": self.step,
@@ -319,6 +365,7 @@ class FreezingController:
             "policy": self.policy.state_dict(),
             "generation": self.policy.generation,
             "events": [list(e) for e in self.events],
+            "pending_readings": [list(r) for r in self._pending],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -341,6 +388,7 @@ class FreezingController:
         self._loss_sum, self._loss_count = float(state["loss_sum"]), int(state["loss_count"])
         self._evals_since_refresh = int(state["evals_since_refresh"])
         self.events = [(int(s), str(k), int(m)) for s, k, m in state["events"]]
+        self._pending = [(int(s), int(m), float(v)) for s, m, v in state.get("pending_readings", [])]
 
     def close(self) -> None:
         """Stop background threads and flush the cache; the controller should not be used afterwards."""
@@ -360,12 +408,27 @@ class FreezingController:
     # ----------------------------------------------------------------------------------------------- internals
     def _is_eval_step(self) -> bool:
         """Capture activations on the last step of each interval, once a reference exists and a module is active."""
-        return (
-            self.step % self.eval_interval == self.eval_interval - 1
-            and self.policy.active is not None
-            and self._runner is not None
-            and self._runner.ready
-        )
+        if (
+            self.step % self.eval_interval != self.eval_interval - 1
+            or self.policy.active is None
+            or self._runner is None
+        ):
+            return False
+        # with a reading lag a build is queued before any request, so whether this batch is read never depends on
+        # how fast the background thread ran
+        return self.reading_lag is not None or self._runner.ready
+
+    def _collect_readings(self) -> None:
+        """Move the readings that are back into `_pending`; raise the background thread's error, if any."""
+        readings = self._runner.poll()  # type: ignore[union-attr]
+        if self._runner.error is not None:  # type: ignore[union-attr]
+            error, self._runner.error = self._runner.error, None  # type: ignore[union-attr]
+            self._awaited = []  # a failed request never answers
+            raise RuntimeError("the reference model failed on its background thread") from error
+        for r in readings:
+            self._pending.append((r.step, r.module, r.value))
+            if self._awaited and self._awaited[0] == r.step:
+                self._awaited.pop(0)
 
     def _refresh_reference(self) -> None:
         if self._last_inputs is None:  # static quantization calibrates on a real batch: wait for the next one
@@ -382,7 +445,7 @@ class FreezingController:
             self._runner = AsyncReferenceRunner(self._reference_threads, build)
         snapshot = copy.deepcopy(self.model)  # on the training thread: consistent weights; quantized in background
         calibration = self._last_inputs.detach().to("cpu", copy=True)
-        if self._runner.refresh(snapshot, calibration):
+        if self._runner.refresh(snapshot, calibration, queue=self.reading_lag is not None):
             self._evals_since_refresh = 0
         self.overhead_seconds += time.perf_counter() - start
 

@@ -25,7 +25,10 @@ is about 3-5x faster than the float32 one (`time_forward`; ``experiments/layer_f
 intra-op threads, compares the activation of one layer module with the training activation of the same mini-batch
 (SP loss), and hands back readings that the training loop polls. Submitting never waits: if the runner is still
 busy, the request is dropped and counted, so results may lag or skip evaluations but training never blocks on it.
-It counts the CPU time of its thread (`cpu_seconds`), which is what the reference costs the machine.
+With ``queue=True`` a request is queued behind the work in hand instead (never dropped), and the thread does the
+work in the order it was asked for, so each reading is taken against the reference of the latest build queued
+before it, however fast the thread runs. It counts the CPU time of its thread (`cpu_seconds`), which is what the
+reference costs the machine.
 """
 
 from __future__ import annotations
@@ -312,7 +315,9 @@ class AsyncReferenceRunner:
         self._build = build or (lambda snapshot, calibration: make_reference(snapshot, calibration=calibration))
         self._inbox: queue.Queue[tuple[str, object] | None] = queue.Queue()
         self._outbox: queue.Queue[PlasticityReading] = queue.Queue()
-        self._busy = threading.Event()
+        self._lock = threading.Lock()
+        self._outstanding = 0  # requests queued or in work
+        self._build_queued = False
         self._reference: nn.Module | None = None
         self.dropped = 0  # requests refused because the runner was busy
         self.busy_seconds = 0.0  # wall time the background thread spent on forward passes and rebuilds
@@ -328,30 +333,49 @@ class AsyncReferenceRunner:
         """True once a reference model has been built (a rebuild keeps the old one usable until it is done)."""
         return self._reference is not None
 
-    def refresh(self, snapshot: nn.Module, calibration: torch.Tensor | None = None) -> bool:
+    @property
+    def busy(self) -> bool:
+        """True while a request is queued or in work."""
+        return self._outstanding > 0
+
+    def refresh(self, snapshot: nn.Module, calibration: torch.Tensor | None = None, *, queue: bool = False) -> bool:
         """Queue a rebuild of the reference from `snapshot` (a copy the caller will not modify); never waits.
 
         `calibration` is one input batch for static quantization. Returns False (and drops the request) while the
-        runner is busy.
+        runner is busy, unless `queue`, which queues it behind the work in hand.
         """
-        if self._busy.is_set():
+        if self.busy and not queue:
             self.dropped += 1
             return False
-        self._busy.set()
-        self._inbox.put(("build", (snapshot, calibration)))
+        self._build_queued = True
+        self._put(("build", (snapshot, calibration)))
         return True
 
-    def submit(self, step: int, module: int, member: str, inputs: torch.Tensor, train_activation: torch.Tensor) -> bool:
-        """Queue one plasticity evaluation; never waits. Returns False (dropped) if busy or no reference yet.
+    def submit(
+        self,
+        step: int,
+        module: int,
+        member: str,
+        inputs: torch.Tensor,
+        train_activation: torch.Tensor,
+        *,
+        queue: bool = False,
+    ) -> bool:
+        """Queue one plasticity evaluation; never waits. Returns False (dropped) if busy or no reference yet; with
+        `queue`, it is queued behind the work in hand and dropped only if no build was ever queued.
 
         `inputs` and `train_activation` must not be modified afterwards (pass detached copies).
         """
-        if self._busy.is_set() or self._reference is None:
+        if (self.busy and not queue) or (self._reference is None and not (queue and self._build_queued)):
             self.dropped += 1
             return False
-        self._busy.set()
-        self._inbox.put(("eval", _Request(step, module, member, inputs, train_activation)))
+        self._put(("eval", _Request(step, module, member, inputs, train_activation)))
         return True
+
+    def _put(self, item: tuple[str, object]) -> None:
+        with self._lock:
+            self._outstanding += 1
+        self._inbox.put(item)
 
     def poll(self) -> list[PlasticityReading]:
         """Every reading finished since the last poll, oldest first; never waits."""
@@ -363,9 +387,9 @@ class AsyncReferenceRunner:
                 return out
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until the background thread is idle (for tests and shutdown only); True if it is."""
+        """Block until every request queued so far is done (its reading, if any, is then in `poll`); True if it is."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._busy.is_set():
+        while self.busy:
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
@@ -403,4 +427,5 @@ class AsyncReferenceRunner:
             finally:
                 self.busy_seconds += time.perf_counter() - start
                 self.cpu_seconds += time.thread_time() - cpu_start
-                self._busy.clear()
+                with self._lock:
+                    self._outstanding -= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import math
 import os
 import platform
 import re
@@ -387,3 +388,61 @@ def test_layer_freezing_refuses_a_table_file_in_a_missing_folder(tmp_path, monke
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"`--table` is '{table}', but must be a file in an existing folder" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_layer_freezing_counts_compute_and_chooses_w_by_it(tmp_path, monkeypatch, capsys):
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    script = _script_module("layer_freezing", monkeypatch)
+    out = tmp_path / "out"
+    argv = ["--quick", "--epochs", "2", "--lr-milestones", "1", "2", "--width", "8", "--windows", "2", "10"]
+    script.main([*argv, "--out", str(out)])
+    curves = pd.read_csv(out / "curves.csv")
+    figures = json.loads((out / "figures.json").read_text())
+
+    # the baseline's compute, counted independently: one whole training step on one batch, per sample, x 1,438
+    # training samples an epoch
+    cfg = script.Config(width=8)
+    x, y, _, _ = script.load_digits_tensors(cfg, 0)
+    model = script.build_model(cfg)
+    with FlopCounterMode(display=False) as forward:
+        loss = F.cross_entropy(model(x[:64]), y[:64])
+    with FlopCounterMode(display=False) as backward:
+        loss.backward()
+    per_epoch = len(x) * (forward.get_total_flops() + backward.get_total_flops()) / 64 / 1e9
+    base = curves[curves.arm == "baseline"]
+    assert len(x) == 1438 and len(base) == 4  # 2 seeds x 2 epochs
+    assert base.train_gflops.tolist() == pytest.approx([per_epoch, 2 * per_epoch] * 2, rel=1e-9)
+
+    # an arm that never froze computed what the baseline did; one that froze, less
+    tuning = pd.read_csv(out / "tuning.csv").set_index("W")
+    seed100 = curves[curves.seed == 100].set_index(["arm", "epoch"])
+    assert tuning.freezes[2] > 0  # W = 2 freezes within the 46 steps (bootstrapping can end at step 4)
+    for w in (2, 10):
+        arm, base100 = seed100.loc[f"egeria_w{w}"], seed100.loc["baseline"]
+        if tuning.freezes[w] == 0:
+            assert arm.train_gflops.tolist() == base100.train_gflops.tolist()
+        else:
+            assert arm.train_gflops.iloc[-1] < base100.train_gflops.iloc[-1] and arm.reference_gflops.iloc[-1] > 0
+
+    # W is chosen by compute to the middle target, among the W that keep the accuracy (one tuning seed: its values)
+    middle = figures["targets"][1]
+
+    def gflops_to(arm: str) -> float:
+        reached = seed100.loc[arm][seed100.loc[arm].val_accuracy >= middle]
+        return float(reached.train_gflops.iloc[0]) if len(reached) else math.inf
+
+    base_to = gflops_to("baseline")
+    assert base_to < math.inf  # the baseline reaches 98% of its own final accuracy
+    speedups = {w: 1 - gflops_to(f"egeria_w{w}") / base_to for w in (2, 10)}
+    kept = [w for w in (2, 10) if tuning.acc_change_pts[w] >= -0.5]
+    by = speedups if kept else dict(tuning.acc_change_pts)  # none kept: the smallest accuracy loss
+    chosen = max(kept or [2, 10], key=lambda w: (by[w], w))
+    assert figures["window_chosen"] == chosen
+    assert figures["choice_key"] == f"compute@{middle:.3f}" and "window_by_wall" in figures
+    assert {f"compute@{middle:.3f}", f"wall@{middle:.3f}"} <= set(tuning.columns)
+    assert all(a["reading_lag"] == a["eval_interval"] == 1 for s in figures["arms"].values() for a in s.values())
+    printed = capsys.readouterr().out
+    assert f"W chosen by median compute@{middle:.3f}: {chosen}" in printed
+    assert f"median speedup to {middle:.3f}: compute" in printed and ", wall " in printed

@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -139,6 +140,60 @@ def test_controller_freezes_modules_in_a_real_training_run(data):
     controller.close()
 
 
+def _train_with_reading_lag(data, lag: int, reference_delay: float = 0.0) -> FreezingController:
+    """80 steps of a seeded MLP with readings every 2 steps used `lag` steps later; the reference's forward passes
+    sleep `reference_delay` seconds each on its background thread (a slow or starved reference)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def slow_reference(_module, _inputs):
+        # hooks are copied into the reference snapshot; only the background thread sleeps
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(reference_delay)
+
+    model[0].register_forward_pre_hook(slow_reference)
+    x, y = data
+    controller = FreezingController(
+        model, eval_interval=2, policy=FreezingPolicyConfig(window=2), reference_refresh=5, reading_lag=lag
+    )
+    _train(controller, model, x, y, steps=80, lr=0.05)
+    controller.close()
+    return controller
+
+
+def test_controller_reading_lag_freezes_at_the_same_steps_beside_a_cpu_hog(data, cpu_hog):
+    quiet = _train_with_reading_lag(data, lag=2)
+    with cpu_hog():  # every core busy with another process, and the reference 5 ms slower per batch
+        loaded = _train_with_reading_lag(data, lag=2, reference_delay=0.005)
+    freezes = [(step, module) for step, kind, module in quiet.events if kind == "freeze"]
+    assert len(freezes) >= 2 and len(quiet.readings) >= 20
+    assert loaded.events == quiet.events and loaded.readings == quiet.readings
+    assert loaded.reference_stats()["dropped"] == quiet.reference_stats()["dropped"] == 0
+    # each freeze happens exactly `lag` steps after the batch of the reading that triggered it
+    submitted = {step: module for step, module, _ in quiet.readings}
+    assert all(submitted.get(step - 2) == module for step, module in freezes)
+
+
+def test_controller_reading_lag_state_carries_a_reading_not_yet_due(cnn, data):
+    x, y = data
+    controller = FreezingController(cnn, eval_interval=2, reference_mode="float", reading_lag=5)
+    controller.freeze(0)  # leaves bootstrapping: the reference is built at step 2, the first batch read at step 3
+    _train(controller, cnn, x, y, steps=4)
+    state = controller.state_dict()  # waits for the reading of step 3, due at step 8
+    assert controller.readings == [] and [s for s, _, _ in state["pending_readings"]] == [3]
+    controller.close()
+
+    other = FreezingController(copy.deepcopy(cnn), eval_interval=2, reference_mode="float", reading_lag=5)
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+    _train(other, other.model, x, y, steps=3)
+    assert other.step == 7 and other.readings == []
+    _train(other, other.model, x, y, steps=1)
+    assert [(s, m) for s, m, _ in other.readings] == [(3, 0)]
+    assert other.readings[0][2] == state["pending_readings"][0][2]
+    other.close()
+
+
 def test_controller_unfreezes_when_lr_drops_tenfold(cnn, data):
     x, y = data
     controller = FreezingController(cnn, eval_interval=4, reference_mode="float")
@@ -196,6 +251,8 @@ def test_controller_load_rejects_state_of_other_modules(cnn):
         ({"reference_refresh": -1}, ValueError, "`reference_refresh` is -1, but must be >= 1"),
         ({"reference_threads": 1.5}, TypeError, "`reference_threads` is 1.5, but must be an int"),
         ({"prefetch_depth": 0}, ValueError, "`prefetch_depth` is 0, but must be >= 1"),
+        ({"reading_lag": 0}, ValueError, r"`reading_lag` is 0, but must be >= 1 \(or None\)"),
+        ({"reading_lag": 2.0}, TypeError, "`reading_lag` is 2.0, but must be an int or None"),
         (
             {"reference_mode": "int4"},
             ValueError,
