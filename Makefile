@@ -94,7 +94,9 @@ fuzz: install
 	MODELHOPPER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/integration/test_run_integrity.py -k fuzz
 
 # the docs site (docs/, Sphinx with MyST Markdown and the PyData theme) into docs/_build/html; offline once the
-# `docs` extra is installed; a warning (a broken link, a docstring Sphinx cannot read) fails the build
+# `docs` extra is installed; a warning (a broken link, a docstring Sphinx cannot read) fails the build. It runs every
+# program in examples/ for the gallery (about 2 minutes in all on 2 cores; MODELHOPPER_DOCS_RUN_EXAMPLES=0 leaves
+# them out) and writes the API's object pages and the gallery into docs/api/generated/ and docs/examples/ (ignored)
 $(VENV)/.docs-installed: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[docs]"
 	touch $@
@@ -121,4 +123,4 @@ lint: install
 	$(BIN)/ruff check framework automl simulators experiments tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) $(VENV_MIN) runs results .pytest_cache .benchmarks docs/_build
+	rm -rf $(VENV) $(VENV_MIN) runs results .pytest_cache .benchmarks docs/_build docs/api/generated docs/examples docs/sg_execution_times.rst

@@ -166,6 +166,14 @@ class Procedure(abc.ABC):
         none. A config a person adds or resumes without saying how long trains this many epochs."""
         return None
 
+    def completes_budget(self, state: ConfigState) -> bool:
+        """Whether `state`'s latest epoch completed the config's budget under this procedure (what it would stop
+        as completed now). The engine asks it when the run's stopper stops a config at an epoch end: one that
+        completed its budget there reads `completed`, not `stopped` (the budget wins). The default: it trained
+        `epochs_per_config()` epochs (never, when the procedure has no per-config budget)."""
+        budget = self.epochs_per_config()
+        return budget is not None and state.epochs >= budget
+
     def extend(self, epochs: int | None = None, samples: int | None = None) -> str:
         """A person grows the budget while the run goes on: `epochs` more epochs per config, `samples` more configs.
         Returns what changed (one line); raises `ValueError` naming what this procedure cannot extend. The new

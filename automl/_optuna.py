@@ -1,22 +1,40 @@
 """The Optuna study behind ASHA, TPE and OptunaSearch: opened lazily, in `<storage_path>/optuna.db` when the run
 has a storage directory (else in memory), named after the procedure class and seed; every epoch reported (single
-objective), every end told (one value per objective)."""
+objective), every end told (one value per objective). Optuna's INFO lines about the study (its creation) are kept out
+of the run's output (`quiet_optuna`)."""
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from automl._base import FAILED, PROCEDURE, ConfigState, Procedure, own_active
+from automl._base import FAILED, PROCEDURE, STOPPED, ConfigState, Procedure, own_active
 from automl._checks import check_int, json_exact
 from automl.space import SearchSpace
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna's INFO lines ("A new study created in memory with name: ...", "Using an existing study ...") kept out
+    of the run's output while the block runs: its verbosity is at least WARNING there and is restored after it (what
+    the user set for their own studies stays theirs; a user who set WARNING or less chatty sees no change)."""
+    verbosity = optuna.logging.get_verbosity()
+    if verbosity >= optuna.logging.WARNING:
+        yield
+        return
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 class OptunaProcedure(Procedure):
@@ -85,14 +103,15 @@ class OptunaProcedure(Procedure):
         if self._study is None:
             if self._storage_url is not None:
                 os.makedirs(self._storage_url.removeprefix("sqlite:///").rsplit(os.sep, 1)[0], exist_ok=True)
-            self._study = optuna.create_study(
-                storage=self._storage_url,
-                sampler=self._sampler,
-                pruner=self.pruner or optuna.pruners.NopPruner(),
-                study_name=self.study_name,
-                directions=["minimize" if mode == "min" else "maximize" for _, mode in self.objectives],
-                load_if_exists=True,
-            )
+            with quiet_optuna():  # (the study is the procedure's bookkeeping: no "A new study created" line)
+                self._study = optuna.create_study(
+                    storage=self._storage_url,
+                    sampler=self._sampler,
+                    pruner=self.pruner or optuna.pruners.NopPruner(),
+                    study_name=self.study_name,
+                    directions=["minimize" if mode == "min" else "maximize" for _, mode in self.objectives],
+                    load_if_exists=True,
+                )
             self._fail_orphans()
         return self._study
 
@@ -195,6 +214,14 @@ class OptunaProcedure(Procedure):
         if self.pruner is None or state.id not in self._trial_ids or not state.epochs:
             return False
         return optuna.Trial(self.study, self._trial_ids[state.id]).should_prune()
+
+    def _tell_completed(self, states: list[ConfigState], budget: int) -> None:
+        """Tell COMPLETE the trials of configs stopped by someone else (the run's stopper, a person) once they had
+        trained their whole `budget`: their result is whole (the engine labels them completed too)."""
+        for s in states:
+            if (s.status == STOPPED and s.owner == PROCEDURE and s.epochs >= budget and s.id in self._trial_numbers
+                    and s.id not in self._told):
+                self._tell(s, pruned=False)
 
     def _tell_failed(self, states: list[ConfigState]) -> None:
         for s in states:

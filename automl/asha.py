@@ -126,6 +126,7 @@ class ASHA(OptunaProcedure):
         check_states(states, self._issued)
         self._report(states)
         self._tell_failed(states)
+        self._tell_completed(states, self.max_epochs)
         stop: list[int] = []
         pruned: list[int] = []
         arrivals: list[tuple[int, ConfigState]] = []

@@ -14,6 +14,7 @@ import optuna
 
 from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, check_states
 from automl._checks import check_fraction, check_int, check_optional_int
+from automl._optuna import quiet_optuna
 from automl.hyperband import HyperBand
 
 
@@ -119,12 +120,8 @@ class BOHB(HyperBand):
                 seed=int(self._rng.integers(1 << 32)), n_startup_trials=0, multivariate=True,
                 n_ei_candidates=self.n_ei_candidates,
             )
-        verbosity = optuna.logging.get_verbosity()
-        optuna.logging.set_verbosity(max(verbosity, optuna.logging.WARNING))
-        try:  # (a study per bracket is a detail: keep Optuna's "A new study created" line out of the run's log)
+        with quiet_optuna():  # (a study per bracket is a detail: keep Optuna's "A new study created" line out)
             study = optuna.create_study(direction="maximize", sampler=sampler)
-        finally:
-            optuna.logging.set_verbosity(verbosity)
         distributions = self.space.to_optuna()
         study.add_trials([
             optuna.trial.create_trial(params=self.space.to_optuna_params(c), distributions=distributions, value=v)

@@ -1,7 +1,8 @@
 """Grid search: every combination of the listed values, each trained for a fixed number of epochs (the baseline of
 Bergstra and Bengio, "Random Search for Hyper-Parameter Optimization", JMLR 2012; Cerebro, VLDB 2020, section 4.2).
 
-The grid is over lists only. GridSearch draws nothing (it has no seed), so a random domain (`uniform`, `quniform`,
+The grid is over lists only (`automl.choice(...)` and Ray Tune's `tune.grid_search([...])` and `tune.choice([...])`
+are lists too). GridSearch draws nothing (it has no seed), so a random domain (`uniform`, `quniform`,
 `randn`, ...) is rejected with an error rather than drawn once per grid point as Ray Tune's grid does; a nested space
 (a dict holding a domain) is rejected too. A `sample_from` value is computed at every grid point from the rest of
 the config."""
@@ -13,7 +14,7 @@ from typing import Any
 
 from automl._base import FixedEpochsProcedure
 from automl._checks import json_exact
-from automl.space import Categorical, Constant, Domain, SampleFrom, _fn_name, _is_nested
+from automl.space import Categorical, Constant, Domain, SampleFrom, _fn_name, _is_nested, convert_tune
 
 
 class GridSearch(FixedEpochsProcedure):
@@ -30,6 +31,8 @@ class GridSearch(FixedEpochsProcedure):
         super().__init__(epochs)
         if not isinstance(space, dict) or not space:
             raise ValueError(f"`space` is {space!r}, but must be a non-empty dict of name -> list of values")
+        # Ray Tune's grids (`{"grid_search": [...]}`) and choices are axes, its ranges our domains (refused below)
+        space = convert_tune("space", space, grid=True)
         for name, values in space.items():
             if isinstance(values, Domain) and not isinstance(values, (Categorical, Constant, SampleFrom)):
                 raise ValueError(f"`space[{name!r}]` is {values!r}, but a grid needs a list of values, not a random "

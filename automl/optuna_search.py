@@ -191,6 +191,7 @@ class OptunaSearch(OptunaProcedure):
         self._enqueue_points()
         self._report(states)
         self._tell_failed(states)
+        self._tell_completed(states, self.epochs)
         stop, pruned = [], []
         for s in self._active(states):
             if s.epochs >= self.epochs:

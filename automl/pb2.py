@@ -18,7 +18,19 @@ import numpy as np
 from automl._base import ConfigState, Decision
 from automl._checks import finite_real, show
 from automl.pbt import PBT
-from automl.space import Constant, Domain, LogUniform, QLogUniform, RandInt, SampleFrom, SearchSpace, Uniform
+from automl.space import (
+    Constant,
+    Domain,
+    LogRandInt,
+    LogUniform,
+    QLogRandInt,
+    QLogUniform,
+    RandInt,
+    SampleFrom,
+    SearchSpace,
+    Uniform,
+    convert_tune,
+)
 
 #: the grid the GP's hyper-parameters are chosen from (inputs lie in [0, 1]^d, targets are standardised)
 LENGTHSCALES = (0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0)
@@ -127,6 +139,10 @@ def select_pb2_point(gp: TimeVaryingGP, t: float, pending: np.ndarray, rng: np.r
     return points[int(np.argmax(mean + ucb_kappa(len(gp.x)) * sd))]
 
 
+def _log_scale(domain: Domain) -> bool:
+    return isinstance(domain, (LogUniform, QLogUniform, LogRandInt, QLogRandInt))
+
+
 def to_unit(domain: Uniform | RandInt, value: Any) -> float:
     """`value` of a numeric domain mapped to [0, 1] (log scale for log-uniform ones; clipped; 0.5 for a value
     that is not a number)."""
@@ -134,7 +150,7 @@ def to_unit(domain: Uniform | RandInt, value: Any) -> float:
             or not math.isfinite(value):
         return 0.5
     lo, hi, v = float(domain.lo), float(domain.hi), float(value)
-    if isinstance(domain, (LogUniform, QLogUniform)):
+    if _log_scale(domain):
         lo, hi, v = math.log(lo), math.log(hi), math.log(max(v, domain.lo))
     if hi <= lo:
         return 0.5
@@ -144,12 +160,13 @@ def to_unit(domain: Uniform | RandInt, value: Any) -> float:
 def from_unit(domain: Uniform | RandInt, u: float) -> Any:
     """The value of the domain at `u` in [0, 1] (the inverse of `to_unit`; ints rounded, quantised values snapped)."""
     lo, hi = float(domain.lo), float(domain.hi)
-    if isinstance(domain, (LogUniform, QLogUniform)):
+    if _log_scale(domain):
         return domain.clip(math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))))
     return domain.clip(lo + u * (hi - lo))
 
 
-def _bounds(value: Any, space: SearchSpace) -> dict[str, Uniform | RandInt]:
+def _bounds(value: Any, space: SearchSpace) -> tuple[dict[str, Uniform | RandInt], dict[str, tuple[str, ...]]]:
+    """The explored hyper-parameters: flat name -> numeric domain, and flat name -> key path."""
     numeric = (Uniform, RandInt)  # their quantised and log forms included
     if value is None:
         found = {n: d for n, d in space.searched.items() if isinstance(d, numeric)}
@@ -157,16 +174,15 @@ def _bounds(value: Any, space: SearchSpace) -> dict[str, Uniform | RandInt]:
             raise ValueError(f"`hyperparam_bounds` is None, but `space` ({space.raw!r}) has no numeric hyper-parameter "
                              "(uniform, loguniform, randint or a quantised one) for PB2 to explore: pass "
                              "hyperparam_bounds")
-        return found
+        return found, {n: space.paths[n] for n in found}
     if not isinstance(value, dict) or not value:
         raise ValueError(f"`hyperparam_bounds` is {value!r}, but must be None or a non-empty dict of name -> [lo, hi] "
                          "or a numeric domain (automl.uniform, loguniform, randint, ...)")
+    value = convert_tune("hyperparam_bounds", value)  # Ray Tune's domains become ours
     out: dict[str, Uniform | RandInt] = {}
-    for name, b in value.items():
+    paths: dict[str, tuple[str, ...]] = {}
+    for name, (path, b) in space.named("hyperparam_bounds", value).items():
         where = f"`hyperparam_bounds[{name!r}]`"
-        if not isinstance(name, str) or ("/" in name and name not in space.domains):
-            raise ValueError(f"`hyperparam_bounds` has the key {name!r}, but every key must be a top-level name (or "
-                             "the 'outer/inner' name of a parameter of a nested space)")
         if isinstance(b, (list, tuple)) and len(b) == 2 and all(finite_real(v) is not None for v in b):
             if not b[0] < b[1]:
                 raise ValueError(f"{where} is {show(b)}, but `lo` must be < `hi`")
@@ -179,14 +195,14 @@ def _bounds(value: Any, space: SearchSpace) -> dict[str, Uniform | RandInt]:
             domain = b
         else:
             raise ValueError(f"{where} is {show(b)}, but must be a [lo, hi] pair of finite numbers or a uniform, "
-                             "loguniform, randint, quniform, qloguniform or qrandint domain: PB2 explores it "
-                             "continuously")
+                             "loguniform, randint, lograndint, quniform, qloguniform or qrandint domain: PB2 explores "
+                             "it continuously")
         own = space.domains.get(name)
         if own is not None and not isinstance(own, (*numeric, Constant)):
             raise ValueError(f"{where} is {b!r}, but `space[{name!r}]` is {own!r}: PB2 explores numbers only (a "
                              "computed or categorical value cannot take its bounds)")
-        out[name] = domain
-    return out
+        out[name], paths[name] = domain, path
+    return out, paths
 
 
 class PB2(PBT):
@@ -202,8 +218,11 @@ class PB2(PBT):
     measure), a clone's explored values are drawn uniformly within their bounds.
 
     `hyperparam_bounds` (Ray Tune's): name -> `[lo, hi]` (floats: uniform, two ints: randint) or a numeric domain
-    (`uniform`, `loguniform`, which is explored in log scale, `randint`, or a quantised one, whose multiples are
-    kept). A name `space` lacks starts from a draw of its bounds; one the space holds is explored within the bounds.
+    (`uniform`, `loguniform` or `lograndint`, which are explored in log scale, `randint`, or a quantised one, whose
+    multiples are kept; Ray Tune's `tune.uniform(...)`, ... too). A nested hyper-parameter is named as Tune names it,
+    `{"arch": {"momentum": [0.8, 0.99]}}`, or `"arch/momentum"`. Every name must be one `space` holds (a domain or a
+    constant, also a key inside a constant dict), and is explored within the bounds: a name the space lacks is
+    refused, naming it and the names the space has (the first population takes its value from the space).
     None (the default): every numeric searched hyper-parameter of `space` (nested ones too) within its domain.
     Categorical and normal hyper-parameters are not explored: a clone keeps its donor's.
 
@@ -224,7 +243,7 @@ class PB2(PBT):
         hyperparam_bounds: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(space, population, epochs, perturbation_interval, quantile_fraction, seed)
-        self.bounds = _bounds(hyperparam_bounds, self.space)
+        self.bounds, self._paths = _bounds(hyperparam_bounds, self.space)
         if any(isinstance(d, SampleFrom) for d in self.space.domains.values()):
             self._needs_assemble = True
         #: PB2's observations, oldest first: [time, x_1, ..., x_d, change of score] (floats, JSON-able)
@@ -235,15 +254,17 @@ class PB2(PBT):
 
     _needs_assemble = False
 
-    def _extra_domains(self) -> dict[str, Domain]:
-        return {n: d for n, d in self.bounds.items() if n not in self.space.domains}
+    def _path(self, name: str) -> tuple[str, ...]:
+        """The key path of the explored hyper-parameter `name` (a PB2 pickled before paths were kept: the space's)."""
+        paths = vars(self).get("_paths") or {}
+        return paths.get(name) or self.space.paths.get(name, (name,))
 
     def unit(self, config: dict[str, Any]) -> list[float]:
         """The explored hyper-parameters of `config` mapped to [0, 1], in `bounds` order."""
         values = []
         for name, domain in self.bounds.items():
             value: Any = config
-            for key in self.space.paths.get(name, (name,)):
+            for key in self._path(name):
                 value = value.get(key) if isinstance(value, dict) else None
             values.append(to_unit(domain, value))
         return values
@@ -280,7 +301,7 @@ class PB2(PBT):
         self._pending.append([float(v) for v in u])
         config = copy.deepcopy(donor.config)
         for (name, domain), v in zip(self.bounds.items(), u):
-            path = self.space.paths.get(name, (name,))
+            path = self._path(name)
             target = config
             for key in path[:-1]:
                 target = target.setdefault(key, {})

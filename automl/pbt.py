@@ -4,14 +4,28 @@ Cerebro's epoch-level template (Cerebro, VLDB 2020, section 4.2)."""
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from automl._base import ACTIVE, PROCEDURE, ConfigState, Decision, Procedure, check_states
-from automl._checks import check_fraction, check_int, check_seed, finite_real, show
-from automl.space import Categorical, Constant, Domain, Normal, RandInt, SampleFrom, SearchSpace, Uniform
+from automl._checks import check_fraction, check_int, check_seed, finite_real, json_exact, show
+from automl.space import (
+    Categorical,
+    Constant,
+    Domain,
+    Normal,
+    RandInt,
+    SampleFrom,
+    SearchSpace,
+    Uniform,
+    convert_tune,
+)
 
 
 def perturb(space: SearchSpace, config: dict[str, Any], rng: np.random.Generator, resample_probability: float) -> dict:
@@ -42,41 +56,109 @@ def perturb(space: SearchSpace, config: dict[str, Any], rng: np.random.Generator
     return space.assemble(out)
 
 
+@dataclass(frozen=True)
+class CallableMutation(Domain):
+    """A mutation given as a function of no argument (Ray Tune's `hyperparam_mutations={"lr": lambda: ...}`): a
+    resample is `fn()`; otherwise a number is multiplied by a perturbation factor (an int stays an int, as in Tune),
+    and a value that is not a number is resampled. `fn` draws from a generator of its own, which the procedure's
+    seed does not repeat: a domain (`automl.uniform(...)`) does. It must pickle (the procedure is saved with the
+    run)."""
+
+    fn: Callable[[], Any]
+
+    def __post_init__(self) -> None:
+        try:
+            pickle.dumps(self.fn)
+        except Exception as e:  # noqa: BLE001 (what pickle raises varies)
+            raise TypeError(f"its function {self.fn!r} must pickle (a module-level function, not a lambda or a nested "
+                            f"function): procedures are saved with the run ({type(e).__name__}); or write a domain "
+                            "(automl.uniform, loguniform, randint, ...), which the seed repeats") from None
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        return json_exact(f"what {getattr(self.fn, '__qualname__', self.fn)!s}() returned", self.fn())
+
+    def contains(self, value: Any) -> bool:
+        return finite_real(value) is not None
+
+    def clip(self, value: Any) -> Any:
+        return value
+
+
+def _get(config: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
+
+
+def _set(config: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        config = config.setdefault(key, {})
+    config[path[-1]] = value
+
+
 def mutate(mutations: SearchSpace, config: dict[str, Any], rng: np.random.Generator, resample_probability: float,
            factors: tuple[float, ...]) -> dict:
     """PBT's explore step with Ray Tune's `hyperparam_mutations`: only the hyper-parameters named in `mutations`
-    change. Each is redrawn from its domain with probability `resample_probability` (or when the config's value is not
-    in it); else a number is multiplied by one of `factors` (drawn uniformly) and kept inside its domain (clipped,
-    ints rounded, quantised values snapped), and a list's value moves to a neighbouring entry (clipped at the ends).
-    The other keys of `config` are copied. Draws happen in `mutations`' key order."""
-    out = dict(config)
+    change (nested ones at their key path). Each is redrawn from its domain with probability `resample_probability`
+    (or when the config's value is not in it); else a number is multiplied by one of `factors` (drawn uniformly) and
+    kept inside its domain (clipped, ints rounded, quantised values snapped), and a list's value moves to a
+    neighbouring entry (clipped at the ends). The rest of `config` is copied. Draws happen in `mutations`' key
+    order."""
+    out = copy.deepcopy(config)
     for name, domain in mutations.domains.items():
-        value = config.get(name)
+        path = mutations.paths[name]
+        value = _get(config, path)
         if rng.random() < resample_probability or not domain.contains(value):
-            out[name] = domain.sample(rng)
+            new = domain.sample(rng)
         elif isinstance(domain, Categorical):
             i = domain.index(value) + (-1 if rng.random() < 0.5 else 1)
-            out[name] = domain.choices[min(max(i, 0), len(domain.choices) - 1)]
+            new = domain.choices[min(max(i, 0), len(domain.choices) - 1)]
         else:
-            out[name] = domain.clip(value * factors[int(rng.integers(len(factors)))])
+            new = domain.clip(value * factors[int(rng.integers(len(factors)))])
+            if isinstance(domain, CallableMutation) and isinstance(value, int) and not isinstance(value, bool):
+                new = int(new)
+        _set(out, path, new)
     return out
 
 
-def _mutations(value: Any) -> SearchSpace | None:
+_MUTABLE = (Uniform, RandInt, Normal, Categorical, CallableMutation)
+
+
+def _mutations(value: Any, space: SearchSpace) -> SearchSpace | None:
+    """Ray Tune's `hyperparam_mutations` as a space of the named hyper-parameters (nested as `space`)."""
     if value is None:
         return None
     if not isinstance(value, dict) or not value:
         raise ValueError(f"`hyperparam_mutations` is {value!r}, but must be None or a non-empty dict of name -> "
-                         "list or domain (automl.uniform, ...)")
-    space = SearchSpace(value)
-    for name, domain in space.domains.items():
-        if name not in value:
-            raise ValueError(f"`hyperparam_mutations` holds the nested space {name.split('/')[0]!r}, but PBT mutates "
-                             "top-level hyper-parameters only")
-        if not isinstance(domain, (Uniform, RandInt, Normal, Categorical)):
-            raise ValueError(f"`hyperparam_mutations[{name!r}]` is {value.get(name, domain)!r}, but must be a list or a "
-                             "random domain (automl.uniform, loguniform, randint, ...): PBT mutates it")
-    return space
+                         "list, domain (automl.uniform, ...) or function")
+    value = convert_tune("hyperparam_mutations", value)  # Tune's domains become ours (tune.choice a Categorical)
+    nested: dict[str, Any] = {}
+    for name, (path, entry) in space.named("hyperparam_mutations", value).items():
+        where = f"`hyperparam_mutations[{name!r}]`"
+        if isinstance(entry, (list, tuple)):
+            if not entry:
+                raise ValueError(f"{where} is {show(entry)}, but a list of values must hold at least one")
+            try:
+                domain: Domain | None = Categorical(tuple(entry))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{where} is {show(entry)}: {e}") from None
+        elif isinstance(entry, Domain):
+            domain = entry
+        elif callable(entry):
+            try:
+                domain = CallableMutation(entry)
+            except TypeError as e:
+                raise TypeError(f"{where} is {show(entry)}, but {e}") from None
+        else:
+            domain = None
+        if not isinstance(domain, _MUTABLE):
+            raise ValueError(f"{where} is {show(entry)}, but must be a list, a random domain (automl.uniform, "
+                             "loguniform, randint, ...) or a function of no argument: PBT mutates it")
+        if isinstance(space.domains.get(name), SampleFrom):
+            raise ValueError(f"{where} is {show(entry)}, but `space[{name!r}]` is computed by sample_from: PBT "
+                             "computes it again from the config, it does not mutate it")
+        _set(nested, path, domain)
+    return SearchSpace(nested)
 
 
 def _factors(value: Any) -> tuple[float, ...]:
@@ -109,10 +191,15 @@ class PBT(Procedure):
     next perturbation, like a failed one; a member a person resumes leaves the population. The budget cannot be
     extended.
 
-    `hyperparam_mutations` (as Ray Tune's): a dict of name -> list or domain. Only those hyper-parameters change at an
-    exploit (`mutate`: redrawn with probability `resample_probability`, else multiplied by one of
-    `perturbation_factors` or moved to a neighbouring list entry); a name `space` lacks starts from a draw of its
-    mutation. Without it, every searched hyper-parameter of `space` is perturbed (`perturb`).
+    `hyperparam_mutations` (as Ray Tune's): a dict of name -> a list of values, a domain (ours, or Ray Tune's
+    `tune.uniform(...)`, `tune.choice([...])`, ..., converted as in a space) or a function of no argument (Tune's
+    `lambda: ...`; it must pickle, so a module-level one). A nested hyper-parameter is named as Tune names it,
+    `{"arch": {"momentum": [0.8, 0.9, 0.99]}}`, or `"arch/momentum"`. Only those hyper-parameters change at an exploit
+    (`mutate`: redrawn with probability `resample_probability`, else multiplied by one of `perturbation_factors` or
+    moved to a neighbouring list entry). Every name must be one `space` holds (a domain or a constant, also a key
+    inside a constant dict): a name it lacks is refused, naming it and the names it has (put the hyper-parameter in
+    the space, as a constant or a domain, to give the first population its value). Without it, every searched
+    hyper-parameter of `space` is perturbed (`perturb`).
     """
 
     #: Probability that a hyper-parameter is redrawn instead of moved (as Ray Tune; without `hyperparam_mutations`,
@@ -137,7 +224,7 @@ class PBT(Procedure):
         perturbation_factors: tuple[float, ...] = (1.2, 0.8),
     ) -> None:
         self.space = SearchSpace(space)
-        self.mutations = _mutations(hyperparam_mutations)
+        self.mutations = _mutations(hyperparam_mutations, self.space)
         self.resample_probability = check_fraction("resample_probability", resample_probability)
         self.perturbation_factors = _factors(perturbation_factors)
         self.population = check_int("population", population, 2)
@@ -157,14 +244,13 @@ class PBT(Procedure):
     def epochs_per_config(self) -> int:
         return self.epochs
 
+    def completes_budget(self, state: ConfigState) -> bool:
+        """A member's lineage trained `epochs` epochs (a clone counts its donor's)."""
+        return state.id in self.offsets and self.progress(state) >= self.epochs
+
     def planned_epochs(self) -> int:
         """Every lineage trains `epochs` epochs (a clone continues its donor's count)."""
         return self.population * self.epochs
-
-    def _extra_domains(self) -> dict[str, Domain]:
-        """Explored hyper-parameters that may be missing from `space` (the first population draws them): the
-        mutations' domains."""
-        return {} if self.mutations is None else dict(self.mutations.domains)
 
     def _observe(self, states: list[ConfigState], alive: list[ConfigState], bottom: list[int], t: int) -> None:
         """Called at every perturbation, before the clones' configs are chosen: `alive` are the members training,
@@ -180,12 +266,6 @@ class PBT(Procedure):
     def step(self, states: list[ConfigState]) -> Decision:
         if self._issued == 0:
             add = [self.space.sample(self._rng) for _ in range(self.population)]
-            extra = self._extra_domains()
-            if extra:  # an explored key the space leaves out starts from a draw of its domain
-                for config in add:
-                    for name, domain in extra.items():
-                        if name not in config:
-                            config[name] = domain.sample(self._rng)
             self.members = list(range(self.population))
             self.offsets = dict.fromkeys(self.members, 0)
             self._issued = self.population

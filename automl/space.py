@@ -4,9 +4,11 @@ A space is a dict of name -> domain:
 
 * a `list` is a categorical choice among its entries (values a config can hold: see below);
 * `uniform(lo, hi)`, `loguniform(lo, hi)` are floats in `[lo, hi]` (log-uniform needs `0 < lo`);
-* `randint(lo, hi)` is an int in `[lo, hi]`, **both ends inclusive** (as Optuna's `IntDistribution`);
-* `quniform(lo, hi, q)`, `qloguniform(lo, hi, q)` are floats and `qrandint(lo, hi, q)` ints: the multiples of `q`
-  in `[lo, hi]` (both ends inclusive; at least one multiple must lie there);
+* `choice(options)` is the same categorical choice as the list `options` (Ray Tune's `tune.choice`);
+* `randint(lo, hi)` is an int in `[lo, hi]`, **both ends inclusive** (as Optuna's `IntDistribution`), and
+  `lograndint(lo, hi)` one whose logarithm is about uniform (`0 < lo`);
+* `quniform(lo, hi, q)`, `qloguniform(lo, hi, q)` are floats and `qrandint(lo, hi, q)`, `qlograndint(lo, hi, q)`
+  ints: the multiples of `q` in `[lo, hi]` (both ends inclusive; at least one multiple must lie there);
 * `randn(mean, sd)` is a normally distributed float, `qrandn(mean, sd, q)` one rounded to a multiple of `q`; they are
   unbounded (any finite real, resp. any finite multiple of `q`, lies in them);
 * `sample_from(fn)` is a value computed from the rest of the config, `fn(config)`, after every other parameter was
@@ -29,10 +31,12 @@ a range whose width overflows), ints in int64's range (`randint(0, 2**70)`), and
 of `q` are distinct floats (`quniform(0, 1, 1e-300)` is refused: at most `MAX_MULTIPLE` multiples on either side of
 0).
 
-The names are Ray Tune's (`tune.quniform`, `tune.qloguniform`, `tune.qrandint`, `tune.randn`, `tune.qrandn`,
-`tune.sample_from`); unlike Tune, a plain list is a choice here (Tune's `tune.choice`), and `quniform` draws each
-multiple of `q` with the same probability (Optuna's `step`), where Tune rounds a uniform draw (the two end multiples
-then come half as often).
+The names are Ray Tune's (`tune.quniform`, `tune.qloguniform`, `tune.qrandint`, `tune.lograndint`, `tune.randn`,
+`tune.qrandn`, `tune.choice`, `tune.sample_from`); unlike Tune, a plain list is a choice here (Tune's `tune.choice`),
+`randint`'s and `lograndint`'s `hi` is inclusive, and `quniform` draws each multiple of `q` with the same probability
+(Optuna's `step`), where Tune rounds a uniform draw (the two end multiples then come half as often). Ray Tune's own
+objects (`tune.loguniform(1e-4, 1e-1)`, `{"grid_search": [...]}`, ...) written in a space are converted to these
+when the space is built, or refused in one line naming the key (`automl._tune` has the table).
 
 `SearchSpace(space)` validates the dict once and then samples configs with a `numpy.random.Generator`, converts
 to Optuna distributions (and back), checks membership, and clips values into the space (PBT's perturbations).
@@ -54,6 +58,7 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
+from automl import _tune
 from automl._checks import MAX_INT, MIN_INT, finite_real, json_exact, show
 
 # Optuna stores only these as categorical choices; other choices are encoded by their index.
@@ -138,9 +143,9 @@ def _power(k: int) -> str:
 
 
 class Domain:
-    """A range of values for one hyper-parameter (the base of `Uniform`, `LogUniform`, `RandInt`, `Categorical`,
-    `Constant`, the quantised `QUniform`, `QLogUniform`, `QRandInt`, the normal `Normal`, `QNormal`, and
-    `SampleFrom`)."""
+    """A range of values for one hyper-parameter (the base of `Uniform`, `LogUniform`, `RandInt`, `LogRandInt`,
+    `Categorical`, `Constant`, the quantised `QUniform`, `QLogUniform`, `QRandInt`, `QLogRandInt`, the normal
+    `Normal`, `QNormal`, and `SampleFrom`)."""
 
     def _check_fields(self, check: Callable[[str, Any], Any], *names: str) -> None:
         """Each field of `names` checked by `check(name, value)` (at construction) and held as what it returns
@@ -448,6 +453,52 @@ class QRandInt(RandInt):
         return IntDistribution(kmin * int(self.q), kmax * int(self.q), step=int(self.q))
 
 
+def _log_floor(rng: np.random.Generator, lo: int, hi: int) -> int:
+    """The floor of a log-uniform draw from `[lo, hi + 1)`, kept in `[lo, hi]` (`0 < lo <= hi`): each int `k` with
+    probability log((k + 1) / k) / log((hi + 1) / lo), Ray Tune's `lograndint(lo, hi + 1)`."""
+    return min(max(math.floor(_log_uniform(rng, lo, hi + 1)), lo), hi)
+
+
+@dataclass(frozen=True)
+class LogRandInt(RandInt):
+    """An int in `[lo, hi]`, both ends inclusive (`0 < lo`), whose logarithm is about uniform: the floor of a
+    log-uniform draw from `[lo, hi + 1)` (Ray Tune's `tune.lograndint(lo, hi + 1)`, whose `hi` is exclusive).
+    Optuna searches it as `IntDistribution(lo, hi, log=True)`."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_log_lo(self.lo)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return _log_floor(rng, int(self.lo), int(self.hi))
+
+    def to_optuna(self) -> IntDistribution:
+        return IntDistribution(int(self.lo), int(self.hi), log=True)
+
+
+@dataclass(frozen=True)
+class QLogRandInt(QRandInt):
+    """An int multiple `k * q` of `q` in `[lo, hi]`, both ends inclusive (`0 < lo`), whose `k` is drawn as
+    `LogRandInt` draws (Ray Tune's `tune.qlograndint(lo, hi, q)` for `q > 1`). Optuna, which cannot combine
+    `log=True` with a step, searches it as a categorical of its multiples (at most `MAX_OPTUNA_CHOICES`)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_log_lo(self.lo)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        kmin, kmax = self.ks
+        return _log_floor(rng, kmin, kmax) * int(self.q)
+
+    def to_optuna(self) -> CategoricalDistribution:
+        kmin, kmax = self.ks
+        if kmax - kmin + 1 > MAX_OPTUNA_CHOICES:
+            raise ValueError(f"it has {kmax - kmin + 1} multiples of `q` ({self.q!r}) and Optuna, which cannot "
+                             "combine log=True with a step, searches a qlograndint as a categorical of at most "
+                             f"{MAX_OPTUNA_CHOICES} multiples: use a larger `q`, or lograndint")
+        return CategoricalDistribution(tuple(k * int(self.q) for k in range(kmin, kmax + 1)))
+
+
 #: how far from its mean (in standard deviations) a normal draw is taken to land at most (beyond 10: p < 1e-23)
 _SDS = 10
 
@@ -554,6 +605,24 @@ def randint(lo: int, hi: int) -> RandInt:
     return RandInt(lo, hi)
 
 
+def lograndint(lo: int, hi: int) -> LogRandInt:
+    """An int in `[lo, hi]` (`0 < lo`; **`hi` is inclusive**) whose logarithm is about uniform, e.g. a width or a
+    number of trees (Ray Tune's `tune.lograndint`, whose `hi` is exclusive: `tune.lograndint(1, 1000)` is
+    `lograndint(1, 999)`)."""
+    return LogRandInt(lo, hi)
+
+
+def choice(options: Any) -> Categorical:
+    """One of `options` (a non-empty list or tuple of values a config can hold), each with the same probability:
+    the same as writing the list itself in a space (Ray Tune's `tune.choice`). In `GridSearch` it is an axis of the
+    grid, as a list is."""
+    if isinstance(options, (str, bytes, dict)) or not isinstance(options, (list, tuple)):
+        raise TypeError(f"`options` is {show(options)}, but must be a list of values (choice(['sgd', 'adam']))")
+    if not options:
+        raise ValueError("`options` is [], but must hold at least one value")
+    return Categorical(tuple(json_exact(f"options[{i}]", v) for i, v in enumerate(options)))
+
+
 def quniform(lo: float, hi: float, q: float) -> QUniform:
     """A float multiple of `q > 0` in `[lo, hi]` (both ends inclusive), each equally likely (Ray Tune's
     `tune.quniform`; Optuna's `FloatDistribution(step=q)`). At least one multiple must lie in the range."""
@@ -573,6 +642,13 @@ def qrandint(lo: int, hi: int, q: int = 1) -> QRandInt:
     return QRandInt(lo, hi, q)
 
 
+def qlograndint(lo: int, hi: int, q: int) -> QLogRandInt:
+    """An int multiple of `q >= 1` in `[lo, hi]` (`0 < lo`; **`hi` is inclusive**), drawn log-uniformly among the
+    multiples (Ray Tune's `tune.qlograndint` for `q > 1`; Tune's `hi` is exclusive for `q == 1`). Optuna searches it
+    as a categorical of its multiples (at most `MAX_OPTUNA_CHOICES`)."""
+    return QLogRandInt(lo, hi, q)
+
+
 def randn(mean: float = 0.0, sd: float = 1.0) -> Normal:
     """A float drawn from the normal distribution (`sd > 0`; Ray Tune's `tune.randn`). Not for Optuna-based
     procedures (Optuna has no normal distribution)."""
@@ -590,6 +666,22 @@ def sample_from(fn: Callable[[dict[str, Any]], Any]) -> SampleFrom:
     `tune.sample_from`, whose `fn` gets `spec` where this one gets the config dict). `fn` must be a module-level
     function (procedures are pickled with the run) and should be deterministic (a value to draw is a domain)."""
     return SampleFrom(fn)
+
+
+#: what `convert_tune` builds each of Ray Tune's domains with
+_MAKE: dict[str, Callable[..., Domain]] = {
+    "uniform": uniform, "quniform": quniform, "loguniform": loguniform, "qloguniform": qloguniform, "randn": randn,
+    "qrandn": qrandn, "randint": randint, "qrandint": qrandint, "lograndint": lograndint, "qlograndint": qlograndint,
+    "choice": choice, "sample_from": sample_from,
+}
+
+
+def convert_tune(label: str, value: Any, grid: bool = False) -> Any:
+    """`value` (a space, or what names its hyper-parameters, at `label`) with each of Ray Tune's domains, at any
+    depth of its dicts, replaced by ours of the same meaning, or a one-line error naming the key and what to write
+    instead (`automl._tune` has the table). `grid`: a `GridSearch` space, whose top-level `tune.grid_search([...])`
+    become lists. Imports nothing of Ray: a Tune object is known by its class's module."""
+    return _tune.convert(label, value, _MAKE, grid)
 
 
 def _label(path: tuple[str, ...]) -> str:
@@ -629,6 +721,7 @@ class SearchSpace:
             space = space.raw
         if not isinstance(space, dict) or not space:
             raise ValueError(f"`space` is {space!r}, but must be a non-empty dict of name -> domain")
+        space = convert_tune("space", space)  # Ray Tune's domains become ours (or are refused, naming the key)
         self.raw = dict(space)
         self.domains: dict[str, Domain] = {}
         self.paths: dict[str, tuple[str, ...]] = {}
@@ -657,6 +750,54 @@ class SearchSpace:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SearchSpace) and self._tree == other._tree
+
+    def holds(self, path: tuple[str, ...]) -> bool:
+        """Whether the key path `path` (`("optimizer", "lr")`) is a parameter of the space, or a key inside a
+        constant dict of it (`{"arch": {"momentum": 0.9}}` holds `("arch", "momentum")`): what every config has."""
+        path = tuple(path)
+        if self.paths.get("/".join(path)) == path:
+            return True
+        for i in range(len(path) - 1, 0, -1):
+            name = "/".join(path[:i])
+            domain = self.domains.get(name)
+            if self.paths.get(name) == path[:i] and isinstance(domain, Constant):
+                value = domain.value
+                for key in path[i:]:
+                    if not isinstance(value, dict) or key not in value:
+                        return False
+                    value = value[key]
+                return True
+        return False
+
+    def named(self, what: str, value: dict[str, Any]) -> dict[str, tuple[tuple[str, ...], Any]]:
+        """The entries of `value`, a dict that names hyper-parameters of the space (PBT's `hyperparam_mutations`,
+        PB2's `hyperparam_bounds`, as Ray Tune writes them): flat name -> (key path, entry). A nested dict names
+        nested keys (Tune's `{"arch": {"momentum": ...}}`), as does an "outer/inner" key; every other value is an
+        entry. Each name must be one the space holds (`holds`): else a `ValueError` naming it (`what[...]`) and the
+        names the space has."""
+        out: dict[str, tuple[tuple[str, ...], Any]] = {}
+
+        def walk(entries: dict[str, Any], prefix: tuple[str, ...], label: str) -> None:
+            if not entries:
+                raise ValueError(f"`{label}` is {{}}, but must name at least one hyper-parameter")
+            for key, entry in entries.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"`{label}` has the key {key!r}, but every key must be a str")
+                path = self.paths[key] if not prefix and key in self.paths else (*prefix, *key.split("/"))
+                if isinstance(entry, dict):
+                    walk(entry, path, f"{label}[{key!r}]")
+                    continue
+                name = "/".join(path)
+                if name in out:
+                    raise ValueError(f"`{what}` names {name!r} twice (nested and as 'outer/inner'): name it once")
+                if not self.holds(path):
+                    raise ValueError(f"`{what}[{name!r}]` names {name!r}, but `space` has no such hyper-parameter: it "
+                                     f"has {list(self.domains)}; add it to the space (a constant or a domain) or "
+                                     "name one it has (a nested one as {'outer': {'inner': ...}} or 'outer/inner')")
+                out[name] = (path, entry)
+
+        walk(value, (), what)
+        return out
 
     @property
     def searched(self) -> dict[str, Domain]:

@@ -80,12 +80,18 @@ def main():
     counts = status.status.value_counts().to_dict()
     print(f"statuses: {counts}; config-epochs trained: {int(status.epochs.sum())} (a grid would train "
           f"{len(configs) * procedure.max_epochs})")
-    survivor = status.index[status.status == "completed"].tolist()
-    print(f"the survivor of every halving: config {survivor}")
-    # `get_best_result` ranks every config at its own last epoch, so a config pruned late may still rank first
+    accuracy = board["valid_accuracy"]
+    for cid in status.index[status.status == "completed"]:  # (one: the last config left)
+        print(f"config {cid} survived every halving and trained all {status.epochs[cid]} epochs: valid_accuracy "
+              f"{accuracy[cid]:.4f} after its last epoch")
+    # `get_best_result` ranks every config at its own last epoch, so a config pruned early may still rank first
     best = result.get_best_result()
-    print(f"best at its last epoch: config {best.config_id} {best.config}, "
-          f"valid_accuracy {best.metrics['valid_accuracy']:.4f}")
+    if best.status == "completed":
+        print(f"the best config by valid_accuracy after its last epoch is the survivor, config {best.config_id}")
+    else:
+        print(f"the best config by valid_accuracy after its own last epoch is config {best.config_id} ({best.status} "
+              f"after {best.epochs} epochs, valid_accuracy {best.metrics['valid_accuracy']:.4f}): get_best_result "
+              "ranks every config at its own last epoch, so a config pruned early can rank above the survivor")
     print(f"run directory: {result.storage_path}")
 
 

@@ -1,5 +1,6 @@
 """Command line: `python -m framework COMMAND --help` (the console script `modelhopper`): demo, show, replay, list,
-status, watch, compare, export, resume, workers, pause, unpause, stop, resume-config, add, clone, extend, dashboard.
+status, watch, compare, export, resume, workers, pause, unpause, stop, resume-config, add, clone, extend, dashboard,
+up, down (the warm local service, `framework.engine.service`).
 The commands about runs are thin glue over `framework.runs` (reading them), `framework.runs.steering` (steering a running
 one) and `framework.dashboard` (a web page of one)."""
 
@@ -10,6 +11,7 @@ import contextlib
 import math
 import os
 import sys
+import time
 import warnings
 
 from framework.cli import OneLineParser, printable
@@ -52,7 +54,17 @@ def _demo(args: argparse.Namespace) -> int:
     _say(f"\nBest config {result.best_config_id}: {result.best_config}")
     _say(f"Results written to {result.storage_path} (metrics.csv, schedule.csv, leaderboard.csv, checkpoints/, "
          f"run.db, learning_curves.png)")
-    return 0
+    return _ran(result, args)
+
+
+def _ran(result, args: argparse.Namespace) -> int:
+    """The exit code of a command that ran a selection (demo, resume, replay): 0, or 1 when every config of the run
+    failed, said at the end on stderr (the tracebacks are in `show RUN`)."""
+    if not result.all_failed:
+        return 0
+    print(printable(f"{args.prog} {args.command}: every config failed ({len(result.configs)} configs): see their "
+                    f"errors with `{args.prog} show {result.storage_path}`"), file=sys.stderr, flush=True)
+    return 1
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -136,7 +148,7 @@ def _replay(args: argparse.Namespace) -> int:
                               trust_unverified=args.trust_unverified, accept_changed_data=args.accept_changed_data)
     _say(f"Replayed into {result.storage_path}")
     _say(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
-    return 0
+    return _ran(result, args)
 
 
 def _cleanup(args: argparse.Namespace) -> int:
@@ -154,6 +166,47 @@ def _cleanup(args: argparse.Namespace) -> int:
         _say(f"{len(pids)} Ray processes left by killed drivers (--dry-run: none stopped)")
     else:
         _say(f"stopped {len(orphans.reap())} Ray processes left by killed drivers")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    import json
+
+    from framework.engine import service
+
+    if args.status:
+        s = service.status()
+    else:
+        from framework.engine import pool  # (torch: the pool's workers are of the class runs use)
+
+        s = pool.up(num_cpus=args.num_cpus, pool=args.pool,
+                       say=(lambda line: _say(line, file=sys.stderr)) if args.json else _say)
+    if args.json:
+        _say(json.dumps(s, indent=1))
+    elif args.status:
+        _say(_service_text(s))
+    return 0
+
+
+def _service_text(s: dict) -> str:
+    """`up --status`: the service, its pool and the runs attached to it, as lines."""
+    if not s["up"]:
+        return "service:  not up (`modelhopper up` starts it)" + (f"; {s['note']}" if s.get("note") else "")
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["start_time"]))
+    lines = [f"service:  up at {s['address']} since {since} ({s['num_cpus']} CPUs; Ray's temp dir {s['temp_dir']})"]
+    if "error" in s:
+        return "\n".join([*lines, f"pool:     {s['error']}"])
+    lines.append(f"pool:     {s['idle']} idle (pids {s['idle_pids']}), {s['leased']} leased, {s['warming']} warming "
+                 f"up; size {s['size']}, {s['reclaimed']} reclaimed from crashed runs" + (
+                     ", stopping" if s["state"] != "up" else ""))
+    runs = ", ".join(f"driver pid {pid} (Ray job {job})" for job, pid in sorted(s["runs"].items()))
+    return "\n".join([*lines, f"attached: {runs or 'none'}"])
+
+
+def _down(args: argparse.Namespace) -> int:
+    from framework.engine import service
+
+    service.down(timeout_s=args.timeout, say=_say)
     return 0
 
 
@@ -395,7 +448,7 @@ def _resume(args: argparse.Namespace) -> int:
                         progress=not args.quiet, accept_changed_data=args.accept_changed_data, **overrides)
     _say(f"Resumed {args.run}: it finished")
     _say(result.leaderboard().drop(columns=["round"], errors="ignore").to_string(index=False))
-    return 0
+    return _ran(result, args)
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -646,6 +699,24 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                         "driver of yours recorded (same pid and start time, this host) are stopped.")
     cl.add_argument("--dry-run", action="store_true", help="list the processes that would be stopped; stop none")
     cl.set_defaults(func=_cleanup)
+    up = sub.add_parser("up", help="start the warm local service your runs attach to (a Ray of yours and a pool of "
+                        "warm workers), or say it is up", formatter_class=fmt, description="Starts, once per user and "
+                        "machine, a local Ray head as a daemon (127.0.0.1, token authentication, no dashboard) and a "
+                        "pool of warm worker processes. A run told of no cluster (no address, no $RAY_ADDRESS) "
+                        "attaches to it and starts its workers on the pool in seconds; `down` stops it.")
+    up.add_argument("--num-cpus", type=_positive_int, default=None, help="the head's CPUs (None: this machine's)")
+    up.add_argument("--pool", type=_count, default=None, help="warm workers kept (None: one per CPU)")
+    up.add_argument("--status", action="store_true",
+                    help="start nothing: say whether the service is up, its address, its pool (idle, leased) and the "
+                         "runs attached")
+    up.add_argument("--json", action="store_true", help="print the service's status as JSON (what `up` says goes to "
+                                                          "stderr then)")
+    up.set_defaults(func=_up)
+    dn = sub.add_parser("down", help="stop the local service: attached runs end their sessions cleanly (resume "
+                        "them later), then its processes stop", formatter_class=fmt)
+    dn.add_argument("--timeout", type=_wait_seconds, default=60.0,
+                    help="seconds attached runs get to end before the service stops under them (0: none)")
+    dn.set_defaults(func=_down)
     ls = sub.add_parser("list", help="list the runs under a storage root, newest first (reads only)",
                         formatter_class=fmt, description=_STATUS_RULE)
     ls.add_argument("root", nargs="?", default=None,

@@ -380,6 +380,12 @@ class Result:
         return None if cid is None else self.configs[cid]
 
     @property
+    def all_failed(self) -> bool:
+        """Whether every config of the run failed (a run with configs, none of which trained to a result): its
+        summary line says so, and the command line exits with 1 (`failures` holds the tracebacks)."""
+        return bool(len(self.status)) and bool((self.status.status == "failed").all())
+
+    @property
     def failures(self) -> pd.DataFrame:
         """Failed configs with their tracebacks."""
         return self.status[self.status.status == "failed"][["config_id", "error"]].reset_index(drop=True)

@@ -179,8 +179,9 @@ class WandbCallback(Callback):
         group: the runs' group (default: the selection run's name, `RunInfo.name`).
         tags: tags of every run.
         **init_kwargs: more keywords of `wandb.init` (`entity`, `notes`, `job_type`, `settings`, ...). `settings`
-            default to `{"console": "off", "quiet": True}`: the driver's output is not copied into every config's
-            run. Online, `wandb.init` waits up to `settings.init_timeout` (90 s) and a finish until the config's data
+            default to `{"console": "off", "silent": True}`: the driver's output is not copied into every config's
+            run, and W&B prints nothing (its "syncing is set to offline" and "Run data is saved locally" lines would
+            come once per config); pass `settings={"silent": False}` to see them. Online, `wandb.init` waits up to `settings.init_timeout` (90 s) and a finish until the config's data
             is uploaded (`settings.finish_timeout` bounds it).
 
     A W&B error switches the tracker off for the rest of the run (a warning and a `callback_failed` event, as for
@@ -243,7 +244,7 @@ class WandbCallback(Callback):
             kwargs = dict(self.init_kwargs)
             settings = kwargs.pop("settings", None)
             if settings is None or isinstance(settings, dict):
-                settings = {"console": "off", "quiet": True, **(settings or {})}
+                settings = {"console": "off", "silent": True, **(settings or {})}
             os.makedirs(self.dir, exist_ok=True)
             self.runs[config_id] = self._wandb.init(
                 project=self.project, mode=self.mode, dir=self.dir, group=self.group, tags=self.tags,

@@ -6,10 +6,13 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# the tests' runs never attach to a local service the developer started (`modelhopper up`): an empty record folder
+os.environ["MODELHOPPER_SERVICE_DIR"] = tempfile.mkdtemp(prefix="modelhopper-test-service-")
 
 
 @pytest.fixture(scope="session")

@@ -213,6 +213,7 @@ class Driver:
             for command in self.commands.poll():  # commands act before the next dispatch
                 commands.apply(run, command)
             stopping.check_budget(run)
+            stopping.check_asked(run)
             if run.ending is not None and not run.dispatch.flights and not run.workers.loading:
                 stopping.checkpoint_latest(run)  # the time budget is spent and what was in flight has finished
                 return self._end()

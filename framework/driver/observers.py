@@ -216,7 +216,14 @@ class RunClock(Callback):
 
 
 def print_summary(storage: RunStorage, result: Result, metric: str) -> None:
-    """The run's closing line: where its results are, how many configs, the best one and its metric."""
+    """The run's closing line: where its results are, how many configs, the best one and its metric; or, when every
+    config failed, that every config failed (`Result.all_failed`) and where their errors are."""
+    if result.all_failed:
+        first = str(result.failures.error.iloc[0] or "").strip().splitlines()
+        print(f"Results: {storage.describe()} ({len(result.configs)} configs, every config failed"
+              + (f"; the first: {first[-1][:200]}" if first else "")
+              + "; tracebacks: result.failures, or modelhopper show RUN)", file=sys.stderr, flush=True)
+        return
     try:
         best = f"{result.get_best_result().metrics.get(result.metric, float('nan')):.4g}"
     except LookupError:

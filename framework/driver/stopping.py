@@ -2,7 +2,8 @@
 
 At every decision (`commit.decide`), before the procedure is asked, the run's stopper (`framework.stoppers`) sees
 each config whose epoch ended, in id order: a config it stops is STOPPED with the outcome "stopped" (an epoch is
-never cut short: it stops at the epoch end it was shown). Then its `stop_all` may end the run: every active config
+never cut short: it stops at the epoch end it was shown), or "completed" when that epoch completed the config's budget
+under the procedure (`Procedure.completes_budget`: the budget wins, as if the procedure had stopped it). Then its `stop_all` may end the run: every active config
 stops the same way (those in the middle of an epoch when that epoch ends) and the procedure is not asked again, so
 the run finishes. The stops commit with the decision; their reasons are logged right after it (`config_stopped`,
 `run_stopped` events).
@@ -31,7 +32,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from automl import ACTIVE, ConfigState
+from automl import ACTIVE, PROCEDURE, ConfigState
 from automl._checks import show
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
@@ -41,6 +42,8 @@ from framework.stoppers import Stopper, StopperError, event_detail, failed_spec
 MAX_ERROR = 300
 #: the outcome of a config a stopper stopped (the same word as a person's stop: it stopped before its procedure said)
 BY_STOPPER = "stopped"
+#: ... unless the epoch it stopped at completed its budget: then it is what the procedure's stop would have said
+BUDGET_DONE = "completed"
 
 
 class RunStopping:
@@ -111,7 +114,7 @@ def stop_ended(run: RunState, ended: list[ConfigRecord]) -> list[tuple[ConfigRec
     for c in sorted(ended, key=lambda c: c.id):  # every committed epoch is shown (a resume shows them all again)
         reason = stopping.ask(lambda s: s.on_epoch(c.view()))  # noqa: B023 (called at once)
         if reason and c.status == ACTIVE:  # (one that stops at this epoch end already, e.g. a person's stop, stays so)
-            c.stop(BY_STOPPER)
+            c.stop(_outcome(run, c))
             stopped.append((c, f"{type(stopper).__name__}: {reason}"))
     if stopping.stopped_all is None:
         reason = stopping.ask(lambda s: s.stop_all())
@@ -119,8 +122,21 @@ def stop_ended(run: RunState, ended: list[ConfigRecord]) -> list[tuple[ConfigRec
             stopping.end_run(f"{type(stopper).__name__}: {reason}")
     if stopping.stopped_all is not None:
         for c in run.configs.active():
-            c.stop(BY_STOPPER)
+            c.stop(_outcome(run, c))
     return stopped
+
+
+def _outcome(run: RunState, c: ConfigRecord) -> str:
+    """The outcome of the stopper's stop of `c`: "completed" when the epoch that just ended completed its budget
+    under the procedure (`Procedure.completes_budget`: the procedure would stop it as completed now; the budget
+    wins), else "stopped". A config in the middle of an epoch (a run-wide stop) has not completed it."""
+    if c.open or c.owner != PROCEDURE:  # (a person's config stops as completed at its budget by itself)
+        return BY_STOPPER
+    try:
+        done = run.procedure.completes_budget(c.view())
+    except Exception:  # noqa: BLE001 (a user's procedure: its label is not worth failing the run)
+        done = False
+    return BUDGET_DONE if done else BY_STOPPER
 
 
 def run_stopped(run: RunState) -> bool:
@@ -132,7 +148,11 @@ def log_stops(run: RunState, stopped: list[tuple[ConfigRecord, str]], first: boo
     """The reasons of the stops a decision committed (`first`: the run-wide stop happened at this decision)."""
     for c, reason in stopped:
         run.event("config_stopped", config_id=c.id, epochs=len(c.history), reason=reason)
-        run.write(f"config {c.id} stopped after {len(c.history)} epochs: {reason}")
+        if c.outcome == BUDGET_DONE:
+            run.write(f"config {c.id} completed its budget of {len(c.history)} epochs (the stopper stopped it at the "
+                      f"same epoch: {reason})")
+        else:
+            run.write(f"config {c.id} stopped after {len(c.history)} epochs: {reason}")
     if first:
         _log_run_stopped(run)
 
@@ -171,6 +191,21 @@ def check_budget(run: RunState) -> None:
                   running=len(run.dispatch.flights))
         run.write(f"the time budget ({stopping.by}={stopping.budget_s:g} s) is spent: {len(run.dispatch.flights)} "
                   "unit(s) in flight finish, nothing new starts; resume the run with a larger budget to go on")
+
+
+def check_asked(run: RunState) -> None:
+    """The backend asks the session to end (`Backend.stop_asked`: the local service the run is attached to is going
+    down): it ends as when the time budget is spent, and the run resumes where it stopped (`service_stopping`
+    event). Like the budget, not before the run's first decision has committed."""
+    if run.ending is not None or run.round == 0:
+        return
+    reason = run.backend.stop_asked()
+    if reason is None:
+        return
+    run.end_session(reason)
+    run.event("service_stopping", reason=reason, running=len(run.dispatch.flights))
+    run.write(f"{reason}: {len(run.dispatch.flights)} unit(s) in flight finish, nothing new starts; resume the run "
+              "to go on")
 
 
 def checkpoint_latest(run: RunState) -> None:

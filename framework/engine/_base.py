@@ -145,6 +145,12 @@ class Backend(abc.ABC):
         """Resources free for one more worker (elastic scale-out); empty when the backend cannot grow."""
         return {}
 
+    def stop_asked(self) -> str | None:
+        """Why the run's session should end now, as when its time budget is spent (what runs finishes, nothing new
+        starts, the run resumes later): e.g. the local service the run is attached to is going down. None: go on.
+        Asked at every turn of the driver loop: it must not wait."""
+        return None
+
     # ---- units --------------------------------------------------------------------------------------------------
     @abc.abstractmethod
     def submit(self, workers: Sequence[int], task: UnitTask, states: Sequence[Any]) -> int:

@@ -4,23 +4,32 @@ This is the module of the engine that imports Ray (with `framework.engine.ray_st
 uses: `ensure_ray`, re-exported here). It implements `framework.engine._base.Backend`: the driver
 starts workers and submits units; `poll` turns finished Ray calls into events (a load that finished is a
 `WorkerJoined`, a unit whose actor died a `WorkerLost`, a unit that could not fetch its state a `StateLost`).
+A run attached to the local service (`modelhopper up`, `framework.engine.service`) starts its workers on the
+service's warm pool first and gives them back, reset, when it ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import importlib
 import itertools
 import logging
 import os
 import signal
+import site
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import psutil
 import ray
 import torch
 
+from framework.engine import service
 from framework.engine._base import (
     Backend,
     Event,
@@ -48,6 +57,14 @@ CLOSE_TIMEOUT_S = 5.0
 LEDGER_TIMEOUT_S = 10.0
 #: how long a gang's members may take to join its group
 GANG_SETUP_TIMEOUT_S = 60.0
+#: how long a worker of the service's pool may take to become a run's, or to forget it (one still warming up imports
+#: torch first: tens of seconds on a busy machine)
+POOL_TIMEOUT_S = 120.0
+#: how often (seconds) a run attached to the service asks whether it is going down (`RayBackend.stop_asked`)
+ASK_EVERY_S = 1.0
+#: the packages whose modules a worker of the pool keeps when it forgets a run (`_user_modules`): ours and the
+#: libraries'; every other module a run's functions brought in is dropped, so the next run imports its own
+OWN_PACKAGES = ("framework", "automl", "simulators")
 
 
 @ray.remote(num_cpus=0)
@@ -55,15 +72,16 @@ class _StartLedger:
     """The unit each worker actor started last. An actor tells it as a unit begins and waits until it knows
     (`_RayWorker.enqueue`), so it still knows once the actor's process is gone, whatever replies died with it: the
     backend then names the units the dead worker was running or had finished, and those it never started
-    (`WorkerLost.started`), instead of guessing from the replies that arrived."""
+    (`WorkerLost.started`), instead of guessing from the replies that arrived. A run's own, or (attached to the local
+    service) the service's, which every run shares: an actor's key is (its run's Ray job, a number)."""
 
     def __init__(self) -> None:
-        self._last: dict[int, int] = {}  # actor key -> sequence number of the unit it started last
+        self._last: dict[Any, int] = {}  # actor key -> sequence number of the unit it started last
 
-    def started(self, key: int, seq: int) -> None:
+    def started(self, key: Any, seq: int) -> None:
         self._last[key] = seq
 
-    def last(self, key: int) -> int:
+    def last(self, key: Any) -> int:
         """The sequence number of the unit actor `key` started last (-1: none); asked once, when it is gone."""
         return self._last.pop(key, -1)
 
@@ -99,9 +117,18 @@ class _RayWorker(Worker):
 
     LOST_STATE_ERRORS = _LOST_OBJECT_ERRORS
 
+    #: what a worker keeps when it forgets a run (`reset`): how its process started
+    _KEEP = ("_threads_at_start", "_torch_defaults", "_modules_at_start", "_path_at_start")
+
     def __init__(self, *args: Any, ledger: tuple[Any, int] | None = None, **kwargs: Any) -> None:
-        if not hasattr(self, "_threads_at_start"):  # (a spare's next run starts from it: `rebind`)
+        if not hasattr(self, "_threads_at_start"):  # (a spare's next run starts from it: `rebind`, `reset`)
             self._threads_at_start = torch.get_num_threads()
+            self._torch_defaults = (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
+            self._path_at_start = list(sys.path)
+        if not args and not kwargs:  # a blank worker of the service's pool: `rebind` makes it a run's
+            importlib.import_module("torch._dynamo")  # what `Worker.__init__` imports, paid before a run takes it
+            self._modules_at_start = set(sys.modules)
+            return
         super().__init__(*args, **kwargs)
         self._ledger = ledger  # (the backend's `_StartLedger`, this actor's key in it)
         self._turn = 0  # sequence number of the unit whose turn it is
@@ -109,11 +136,47 @@ class _RayWorker(Worker):
         self._streams = threading.local()  # a CUDA side stream per fetching thread
 
     def rebind(self, *args: Any, **kwargs: Any) -> bool:
-        """Become a worker of another run (a spare it took, see `_Spares`): every field as a new actor's (the
-        arguments are `__init__`'s), torch's thread count as the process started unless the run sets one."""
+        """Become a worker of another run (a spare it took, see `_Spares`, or a worker of the service's pool): every
+        field as a new actor's (the arguments are `__init__`'s), torch's thread count as the process started unless
+        the run sets one."""
         torch.set_num_threads(self._threads_at_start)
         self.__init__(*args, **kwargs)
         return True
+
+    def add_code_paths(self, paths: Sequence[str]) -> None:
+        """Import the next run's functions as its own workers would (a worker of the pool belongs to the service's
+        Ray job, whose code paths are not the run's): the driver's script folder and working directory first on
+        `sys.path`. Called before `rebind`, whose arguments are the run's functions."""
+        sys.path[:0] = [p for p in paths if p not in sys.path]
+
+    def reset(self) -> None:
+        """Forget the run (a worker given back to the service's pool): every field but how the process started
+        (data, states, frozen weights, the run's functions and ledger), the activation caches, the modules the run's
+        functions came from (`_user_modules`) and the code paths it added; torch's threads, default dtype and
+        determinism as the process started. `holds` says what is left."""
+        if getattr(self, "_cache_removal", None) is not None:
+            self.close()
+        for name in [n for n in vars(self) if n not in self._KEEP]:
+            delattr(self, name)
+        for name in _user_modules(self._modules_at_start):
+            del sys.modules[name]
+        sys.path[:] = self._path_at_start
+        torch.set_num_threads(self._threads_at_start)
+        torch.set_default_dtype(self._torch_defaults[0])
+        torch.use_deterministic_algorithms(self._torch_defaults[1])
+        gc.collect()
+
+    def holds(self) -> dict[str, Any]:
+        """What this worker's process holds now: its fields, the torch tensors alive in it (count and bytes), the
+        files it has open, torch's threads (and how many it started with), and the modules of a run's functions
+        still imported (`_user_modules`)."""
+        gc.collect()
+        tensors = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
+        return {"pid": os.getpid(), "fields": sorted(vars(self)), "tensors": len(tensors),
+                "tensor_bytes": sum(t.nelement() * t.element_size() for t in tensors),
+                "open_files": sorted(f.path for f in psutil.Process().open_files()),
+                "threads": torch.get_num_threads(), "threads_at_start": self._threads_at_start,
+                "user_modules": _user_modules(getattr(self, "_modules_at_start", set(sys.modules)))}
 
     def _fetch(self, boxed: list) -> Any:
         if boxed[0] is None:
@@ -208,6 +271,20 @@ def _gang_reports(task: UnitTask, replies: list[UnitReport]) -> tuple[UnitReport
     return tuple(out)
 
 
+def _user_modules(at_start: set[str]) -> list[str]:
+    """The modules imported since the process started (`at_start`) that are neither the standard library's, an
+    installed library's, nor ours (`OWN_PACKAGES`): those a run's functions came from (its project's files)."""
+    paths = sysconfig.get_paths()
+    libraries = tuple({paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")} | set(site.getsitepackages()))
+    found = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if (name not in at_start and isinstance(file, str) and not file.startswith(libraries)
+                and name.split(".")[0] not in OWN_PACKAGES):
+            found.append(name)
+    return sorted(found)
+
+
 def check_resources(resources: Mapping[str, float]) -> None:
     """Fail before any work when no worker could ever be placed: the cluster's total of a resource one worker asks
     for is smaller than the request (e.g. `{"GPU": 1}` on a cluster without GPUs, which Ray would wait on forever)."""
@@ -228,6 +305,30 @@ def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     if custom:
         opts["resources"] = custom
     return opts
+
+
+def worker_class(queue_depth: int) -> Any:
+    """The actor class of a run's workers: a thread for every unit it may hold and one spare, one for checkpoints;
+    never restarted by Ray (the driver handles failures)."""
+    groups = {"units": queue_depth + 1, "save": 1}
+    return ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups=groups)(_RayWorker)
+
+
+def worker_key(resources: Mapping[str, float], queue_depth: int) -> tuple[str, int]:
+    """What a worker actor is made with (its resources and thread groups): a spare or a worker of the pool serves
+    a run whose workers have the same key."""
+    return repr(sorted(actor_options(resources).items())), queue_depth
+
+
+def code_paths() -> list[str]:
+    """Where this driver's workers import the run's functions from (what Ray gives its job's workers): the
+    script's folder and the working directory."""
+    return list(dict.fromkeys([os.path.abspath(sys.path[0] or os.curdir), os.path.abspath(os.curdir)]))
+
+
+def _job_id() -> str:
+    """This driver's Ray job (the pool's keeper leases workers to it, and reclaims them when it dies)."""
+    return ray.get_runtime_context().get_job_id()
 
 
 def materialize(state: Any) -> dict | None:
@@ -294,6 +395,9 @@ class _Spares:
 
 
 SPARES = _Spares()
+#: the numbers of worker actors' keys in a start ledger: unique in the process (the service's ledger is shared by
+#: every run attached to it, several of one process among them)
+_LEDGER_KEYS = itertools.count()
 
 
 def release_spare_workers() -> int:
@@ -313,8 +417,9 @@ class RayBackend(Backend):
         entries: partition -> (train entries, valid entries): data, paths or URIs a worker's `input_fn` loads.
         put_entries: put every entry into the object store once (in-memory data shared by reference).
         queue_depth: units the driver may hold on one worker at once (the actor keeps a thread for each).
-        reuse_workers: start workers on the actors an earlier run of this process left (`_Spares`), and leave
-            this run's to the next when it ends; False: new actors, killed at the end.
+        reuse_workers: start workers on the warm pool of the local service this process is attached to
+            (`framework.engine.service`) and give them back when the run ends, or on the actors an earlier run of
+            this process left (`_Spares`), leaving this run's to the next; False: new actors, killed at the end.
     """
 
     def __init__(
@@ -330,7 +435,12 @@ class RayBackend(Backend):
         super().__init__()
         self.fns, self.resources, self.num_threads = dict(fns), dict(resources), num_threads
         self.queue_depth, self.reuse_workers = queue_depth, reuse_workers
-        self._spare_key = (repr(sorted(actor_options(self.resources).items())), queue_depth)
+        self._spare_key = worker_key(self.resources, queue_depth)
+        self._pool = service.attached_pool()  # the keeper of the local service's pool (None: not attached)
+        self._leased: set[int] = set()  # workers whose actor came from the pool (given back at the end)
+        self._pool_state: Any = None  # the pool's answer to "are you going down?" while it is on its way
+        self._next_ask, self._going_down = 0.0, False
+        self._shared_ledger: Any = None  # the service's start ledger (`_service_ledger`)
         self._spares_left = reuse_workers  # the spares this run did not take are killed at its first poll
         self._ganged: set[int] = set()  # workers that joined a gang (never kept as spares)
         if put_entries:
@@ -342,9 +452,8 @@ class RayBackend(Backend):
         self._loads: dict[Any, tuple[int, frozenset[int]]] = {}  # load ref -> (worker, partitions)
         self._units: dict[Any, _Pending] = {}  # report ref -> its unit
         self._tickets = itertools.count()
-        self._ledger: Any = None  # the `_StartLedger`, made with the first worker
-        self._keys: dict[int, int] = {}  # worker -> its actor's key in the ledger
-        self._next_key = itertools.count()
+        self._ledger: Any = None  # the `_StartLedger`: the service's, or made with the first worker
+        self._keys: dict[int, tuple[str, int]] = {}  # worker -> its actor's key in the ledger
         self._gangs: set[tuple[int, ...]] = set()  # gangs whose group is up (kept while all their workers live)
         self._gang_runs: dict[int, _GangRun] = {}  # ticket -> a gang's unit in flight
         self.gang_setups: list[float] = []  # seconds each gang's group took to set up
@@ -355,16 +464,19 @@ class RayBackend(Backend):
         parts = frozenset(partitions)
         if worker not in self._actors:
             device = "cuda" if self.resources.get("GPU", 0) > 0 else "cpu"
-            groups = {"units": self.queue_depth + 1, "save": 1}  # a thread for every unit it may hold, and one spare
-            cls = ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups=groups)(_RayWorker)
             self._seqs.pop(worker, None)  # a new actor counts its units from 0
-            if self._ledger is None:
-                self._ledger = _StartLedger.remote()
-            key = self._keys[worker] = next(self._next_key)
+            if self._ledger is None:  # (a new actor takes a second to start: the service keeps one warm)
+                self._ledger = self._service_ledger() or _StartLedger.remote()
+            key = self._keys[worker] = (_job_id(), next(_LEDGER_KEYS))
             kwargs = dict(device=device, num_threads=self.num_threads, ledger=(self._ledger, key),
                           device_fraction=min(1.0, self.resources.get("GPU", 0)) or 1.0, **self.fns)
-            actor = self._spare(worker, kwargs) if self.reuse_workers else None
-            self._actors[worker] = actor or cls.options(**actor_options(self.resources)).remote(worker, **kwargs)
+            actor = None  # a worker of the service's pool first, else a spare of this process, else a new actor
+            if self.reuse_workers and self._pool is not None:
+                actor = self._from_pool(worker, kwargs)
+            if self.reuse_workers and actor is None:
+                actor = self._spare(worker, kwargs)
+            self._actors[worker] = actor or worker_class(self.queue_depth).options(
+                **actor_options(self.resources)).remote(worker, **kwargs)
         ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
         self._loads[ref] = (worker, parts)
 
@@ -383,6 +495,64 @@ class RayBackend(Backend):
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
         return None
+
+    def _from_pool(self, worker: int, kwargs: dict[str, Any]) -> Any:
+        """A worker of the service's pool of this run's key, made `worker` of this run (None: the pool has none, or
+        the one it gave failed; the pool's keeper takes that one back dead when the run ends)."""
+        try:
+            actor = ray.get(self._pool.take.remote(self._spare_key, _job_id()), timeout=LEDGER_TIMEOUT_S)
+        except ray.exceptions.RayError:  # the keeper is gone (the service is going down)
+            return None
+        if actor is None:
+            return None
+        try:
+            ray.get(actor.add_code_paths.remote(code_paths()), timeout=POOL_TIMEOUT_S)
+            ray.get(actor.rebind.remote(worker, **kwargs), timeout=POOL_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - it died, or hangs: a new actor of the run's own
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            return None
+        self._leased.add(worker)
+        return actor
+
+    def _service_ledger(self) -> Any:
+        """The start ledger of the service this run is attached to (None: not attached, or the service is gone)."""
+        if self._pool is not None and self._shared_ledger is None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                self._shared_ledger = ray.get(self._pool.ledger.remote(), timeout=LEDGER_TIMEOUT_S)
+        return self._shared_ledger
+
+    def _give_back(self, actors: list[Any]) -> None:
+        """Reset `actors` (workers of the pool this run may give back, `_can_spare`) and give them back to the
+        pool's keeper; the pool's workers this run does not give back (lost, stopped, or not clean) it kills."""
+        clean = []
+        for actor, ref in [(a, a.reset.remote()) for a in actors]:
+            try:
+                ray.get(ref, timeout=POOL_TIMEOUT_S)
+                clean.append(actor)
+            except Exception:  # noqa: BLE001 - dead or stuck: never back in the pool
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+        try:
+            ray.get(self._pool.give_back.remote(_job_id(), clean), timeout=LEDGER_TIMEOUT_S)
+        except ray.exceptions.RayError:  # the keeper is gone: the service is going down, and its workers with it
+            for actor in clean:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+
+    def stop_asked(self) -> str | None:
+        """Why the session should end: the local service this run is attached to is going down (`modelhopper
+        down`); asked of the pool's keeper at most every `ASK_EVERY_S`, without waiting for its answer."""
+        if self._pool is not None and not self._going_down:
+            if self._pool_state is None and time.monotonic() >= self._next_ask:
+                self._pool_state, self._next_ask = self._pool.state.remote(), time.monotonic() + ASK_EVERY_S
+            if self._pool_state is not None and ray.wait([self._pool_state], timeout=0)[0]:
+                ref, self._pool_state = self._pool_state, None
+                try:
+                    self._going_down = ray.get(ref) != service.UP
+                except ray.exceptions.RayError:  # the keeper is gone: so is the service, soon
+                    self._going_down = True
+        return "the local service is going down (`modelhopper down`)" if self._going_down else None
 
     def _can_spare(self, worker: int) -> bool:
         """Whether `worker`'s actor may serve the next run: it never joined a gang, keeps no activation cache, and
@@ -419,6 +589,7 @@ class RayBackend(Backend):
         for ref, u in list(self._units.items()):
             if u.worker == worker:
                 del self._units[ref]
+        self._leased.discard(worker)
         key = self._keys.pop(worker, None)
         if key is not None:
             self._ledger.last.remote(key)  # its entry goes
@@ -635,12 +806,19 @@ class RayBackend(Backend):
         return time.time()
 
     def shutdown(self) -> None:
+        back = []  # workers of the service's pool it gives back
         for w in list(self._actors):
             if self._can_spare(w):
-                SPARES.put(self._spare_key, self._actors.pop(w))
+                actor = self._actors.pop(w)
+                if w in self._leased:
+                    back.append(actor)
+                else:
+                    SPARES.put(self._spare_key, actor)
                 self._forget(w)
             else:
                 self.stop_worker(w)
-        if self._ledger is not None:
+        if self._pool is not None:
+            self._give_back(back)
+        if self._ledger is not None and self._ledger is not self._shared_ledger:
             ray.kill(self._ledger)
-            self._ledger = None
+        self._ledger = None

@@ -11,11 +11,12 @@ the one module of the engine that imports Ray; it imports nothing of the engine'
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import ray
 
@@ -33,14 +34,17 @@ def ensure_ray(min_cpus: float = 1.0, address: str | None = None) -> bool:
     """Attach to the cluster this process was told of, or start a local Ray of its own.
 
     Told of a cluster means `address` (e.g. "10.0.0.5:6379", or "auto" to take the one `ray start` last started
-    here) or `$RAY_ADDRESS` (which `ray job submit` sets). Otherwise the run starts its own embedded Ray
+    here) or `$RAY_ADDRESS` (which `ray job submit` sets). Otherwise it attaches to the local service this user
+    started with `modelhopper up` when that is up (`framework.engine.service.attach`: one line on stderr says so),
+    or the run starts its own embedded Ray
     (`address="local"`), never a cluster another process or user started on this machine, which Ray's plain
     `ray.init()` would attach to. Before that, the Ray processes of an earlier driver of this user that was killed
     are stopped (`framework.engine.orphans`); after it, those this start brought up are recorded for
     `modelhopper cleanup`. Ray's dashboard is never started. Returns True when this call started or attached to
     Ray. A local instance gets at least `min_cpus` logical CPUs so the workers a run asks for can be placed even on
-    a small machine (they then share the cores). Where Ray logs its token-authentication warning (a local start
-    with `RAY_AUTH_MODE` unset), a line of ours follows on stderr saying what it means here (`token_auth_notice`).
+    a small machine (they then share the cores). Where Ray would log its token-authentication warning (a local start
+    with `RAY_AUTH_MODE` unset), that warning is left out and one short line of ours on stderr says what it means
+    here (`token_auth_notice`).
 
     Ray already initialised in this process is taken as it is when this function made it, when this process
     started it (the program's own `ray.init(address="local")`, a test session's), or when it is a cluster the
@@ -60,12 +64,20 @@ def ensure_ray(min_cpus: float = 1.0, address: str | None = None) -> bool:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
         _made = _connection()[0]
         return True
+    if named is None:  # the local service this user started (`modelhopper up`), when it is up and fits the run
+        from framework.engine import service
+
+        with _without_token_warning():
+            _made = service.attach(min_cpus)
+        if _made is not None:
+            return True
     orphans.reap()
     since = time.time()
     atexit.register(orphans.forget)  # before ray.init: runs after Ray's own shutdown (atexit is last-in, first-out)
     auth_mode = os.environ.get("RAY_AUTH_MODE")  # (a local ray.init sets it to "token" when it is unset)
-    ray.init(address="local", num_cpus=max(int(min_cpus + 0.999), os.cpu_count() or 1), include_dashboard=False,
-             log_to_driver=True)
+    with _without_token_warning():  # Ray's note on token authentication; ours, shorter, follows where it applies
+        ray.init(address="local", num_cpus=max(int(min_cpus + 0.999), os.cpu_count() or 1), include_dashboard=False,
+                 log_to_driver=True)
     _made = _connection()[0]
     if (notice := token_auth_notice(auth_mode)) is not None:
         print(notice, file=sys.stderr, flush=True)
@@ -124,25 +136,48 @@ def _check_connection(address: str | None) -> None:
                            f"run's own, or set RAY_ADDRESS={gcs} to run there")
 
 
+#: the logger of Ray's token-authentication warnings, and the start of the one a local `ray.init` logs when
+#: `RAY_AUTH_MODE` is unset (`ray._private.authentication.authentication_token_setup`)
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+_RAY_AUTH_WARNING = "Token authentication is enabled for this Ray cluster"
+
+
+class _DropTokenWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_RAY_AUTH_WARNING)
+
+
+@contextlib.contextmanager
+def _without_token_warning() -> Iterator[None]:
+    """Ray's "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out. ..."
+    warning left out while the block runs (a filter on its logger, removed after; Ray's other messages pass):
+    `token_auth_notice` says what it means for the run in one line of ours."""
+    logger_ = logging.getLogger(_RAY_AUTH_LOGGER)
+    drop = _DropTokenWarning()
+    logger_.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger_.removeFilter(drop)
+
+
 def token_auth_notice(auth_mode: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """Our line beside Ray's "Token authentication is enabled for this Ray cluster" warning, which a local
-    `ray.init` logs when `RAY_AUTH_MODE` is unset (`auth_mode`: its value before the call; Ray then sets it to
-    "token" in this process, so a later start in it logs nothing): what it means for the run's own Ray and how to
-    quiet it. None when the mode was set (Ray logs nothing then). The token is Ray's: `$RAY_AUTH_TOKEN`, else the
-    file `$RAY_AUTH_TOKEN_PATH` names, else `~/.ray/auth_token` (which Ray writes on first use, with the process's
-    umask, and every later local Ray of this user reuses)."""
+    """Our one short line in place of Ray's "Token authentication is enabled for this Ray cluster" warning, which a
+    local `ray.init` logs when `RAY_AUTH_MODE` is unset (`auth_mode`: its value before the call; Ray then sets it to
+    "token" in this process, so a later start in it says nothing) and `ensure_ray` leaves out: the run's own Ray
+    takes only processes that hold Ray's token, where that token is, and (when it is so) that others can read its
+    file. None when the mode was set (Ray says nothing then, and neither do we). The token is Ray's:
+    `$RAY_AUTH_TOKEN`, else the file `$RAY_AUTH_TOKEN_PATH` names, else `~/.ray/auth_token` (which Ray writes on
+    first use, with the process's umask, and every later local Ray of this user reuses)."""
     if auth_mode is not None:
         return None
     default = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
     path = None if environ.get("RAY_AUTH_TOKEN") else environ.get("RAY_AUTH_TOKEN_PATH") or default
     where = "$RAY_AUTH_TOKEN" if path is None else path
-    made = " (Ray made it on first use; later runs reuse it)" if path == default else ""
     shared = path is not None and _readable_by_others(path)
-    return (f"modelhopper: Ray's token-authentication warning is about this run's own local Ray: it accepts only "
-            f"processes that hold the token in {where}{made}, so other users of this machine cannot attach to it "
-            "or run code on it"
-            + (f" (but {path} is readable by others: chmod 600 it)" if shared else "")
-            + "; set RAY_AUTH_MODE=token to keep it on without the warning (RAY_AUTH_MODE=disabled turns it off)")
+    return (f"modelhopper: this run's Ray takes only processes holding the token in {where}, so other users of this "
+            "machine cannot attach" + (f" (but {path} is readable by others: chmod 600 it)" if shared else "")
+            + "; set RAY_AUTH_MODE=token to keep it on without the warning")
 
 
 def _readable_by_others(path: str) -> bool:

@@ -339,9 +339,11 @@ SPACE = {"lr": automl.uniform(0, 1)}
      ValueError, r"^`quantile_fraction` is nan, but must be in \(0, 0.5\]"),
     (lambda: automl.PBT(SPACE, population=4, epochs=2, perturbation_interval=1, resample_probability=10**400),
      ValueError, r"^`resample_probability` is 1.00000e\+400 \(an int\), but must be in \[0, 1\]"),
-    (lambda: automl.PB2(SPACE, population=4, epochs=2, perturbation_interval=1, hyperparam_bounds={"wd": [0, 10**400]}),
+    (lambda: automl.PB2({**SPACE, "wd": 0.0}, population=4, epochs=2, perturbation_interval=1,
+                        hyperparam_bounds={"wd": [0, 10**400]}),
      ValueError, r"^`hyperparam_bounds\['wd'\]` is \[0, 1000.*, but must be a \[lo, hi\] pair of finite numbers"),
-    (lambda: automl.PB2(SPACE, population=4, epochs=2, perturbation_interval=1, hyperparam_bounds={"n": [0, 2**70]}),
+    (lambda: automl.PB2({**SPACE, "n": 1}, population=4, epochs=2, perturbation_interval=1,
+                        hyperparam_bounds={"n": [0, 2**70]}),
      ValueError, r"^`hyperparam_bounds\['n'\]` is \[0, 1180591620717411303424\], but `hi` is 1.18059e\+21 \(an int\), "
                  r"but must be an int in"),
 ])

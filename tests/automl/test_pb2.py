@@ -87,7 +87,7 @@ def test_from_unit_keeps_ints_and_multiples():
 # ---- the procedure ------------------------------------------------------------------------------------------------
 def test_clones_stay_inside_their_bounds_and_keep_the_donors_other_values():
     space = {"lr": automl.loguniform(1e-3, 1.0), "act": ["relu", "tanh"], "noise": automl.randn(0, 1),
-             "double": automl.sample_from(lambda_free_double)}
+             "double": automl.sample_from(lambda_free_double), "width": 64, "mom": 0.9}
     bounds = {"lr": automl.loguniform(1e-3, 0.1), "width": automl.qrandint(16, 128, 16), "mom": [0.5, 0.99]}
     pb2 = automl.PB2(space, population=6, epochs=8, perturbation_interval=2, seed=0, hyperparam_bounds=bounds)
     run = simulators.run_procedure_offline(pb2, _objective, num_workers=3)
@@ -182,7 +182,10 @@ def test_load_procedure_finds_pb2_by_its_short_name():
     ({"lr": [0.1, 0.01]}, r"`hyperparam_bounds\['lr'\]` is \[0.1, 0.01\], but `lo` must be < `hi`"),
     ({"lr": ["a", "b"]}, r"`hyperparam_bounds\['lr'\]` is \['a', 'b'\], but must be a \[lo, hi\] pair"),
     ({"act": [0.0, 1.0]}, r"`hyperparam_bounds\['act'\]` is .*, but `space\['act'\]` is Categorical"),
-    ({"x/y": [0.0, 1.0]}, r"`hyperparam_bounds` has the key 'x/y', but every key must be a top-level name"),
+    ({"x/y": [0.0, 1.0]}, r"`hyperparam_bounds\['x/y'\]` names 'x/y', but `space` has no such hyper-parameter: it "
+                          r"has \['lr', 'act'\]; add it to the space"),
+    ({"momentum": [0.8, 0.99]}, r"`hyperparam_bounds\['momentum'\]` names 'momentum', but `space` has no such"),
+    ({"x": {"y": [0.0, 1.0]}}, r"`hyperparam_bounds\['x/y'\]` names 'x/y', but `space` has no such"),
 ])
 def test_bad_bounds_name_the_parameter(bounds, message):
     with pytest.raises(ValueError, match=message):

@@ -34,7 +34,8 @@ def _run(procedure, data, path):
 def test_pb2_explores_with_its_gp_on_the_engine(ray_cluster, small_digits, tmp_path, assert_complete):
     # PB2 clones weights, so the architecture stays a constant; three lineage epochs give two perturbations, the
     # second with observations for the GP
-    pb2 = automl.PB2({"hidden": 32, "lr": automl.loguniform(0.01, 0.3), "batch_size": 64}, population=3, epochs=3,
+    pb2 = automl.PB2({"hidden": 32, "lr": automl.loguniform(0.01, 0.3), "weight_decay": 0.0, "batch_size": 64},
+                     population=3, epochs=3,
                      perturbation_interval=1, seed=0, hyperparam_bounds={"lr": automl.loguniform(0.01, 0.3),
                                                                          "weight_decay": [0.0, 0.01]})
     result = _run(pb2, small_digits, tmp_path / "pb2")
@@ -66,14 +67,15 @@ def test_bohb_fills_its_brackets_and_proposes_from_its_model_on_the_engine(ray_c
 def test_pbt_hyperparam_mutations_change_only_the_named_values_on_the_engine(ray_cluster, small_digits, tmp_path,
                                                                             assert_complete):
     lr = automl.uniform(0.01, 0.3)
-    pbt = automl.PBT({"hidden": 32, "lr": lr, "weight_decay": automl.uniform(0.0, 0.01), "batch_size": 64},
+    pbt = automl.PBT({"hidden": 32, "lr": lr, "weight_decay": automl.uniform(0.0, 0.01), "momentum": 0.9,
+                      "batch_size": 64},
                      population=3, epochs=2, perturbation_interval=1, seed=0,
                      hyperparam_mutations={"lr": lr, "momentum": [0.8, 0.9]}, resample_probability=0.0,
                      perturbation_factors=(2.0, 0.5))
     result = _run(pbt, small_digits, tmp_path / "pbt")
     clones = result.status.dropna(subset=["parent"])
     assert len(clones) >= 1
-    assert all(c["momentum"] in (0.8, 0.9) for c in result.configs.values())  # not in the space: drawn at the start
+    assert all(c["momentum"] in (0.8, 0.9) for c in result.configs.values())  # from the space, then mutated
     for cid, parent in zip(clones.config_id, clones.parent):
         clone, donor = result.configs[int(cid)], result.configs[int(parent)]
         assert clone["weight_decay"] == donor["weight_decay"] and clone["hidden"] == 32  # not mutated: copied
