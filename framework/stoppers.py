@@ -467,15 +467,18 @@ def event_detail(text: Any) -> dict[str, Any]:
 
 def ended_by(events: Sequence[tuple[str, str]]) -> str | None:
     """Why a run's last session ended before the run finished: its time budget (e.g. `"time_budget_s=60"`), from a
-    `time_budget_spent` event no `resumed` event follows; else None. `events`: (kind, detail JSON) in log order."""
+    `time_budget_spent` event, or the local service it was attached to going down (`"service_stopping"`, from that
+    event), that no `resumed` event follows; else None. `events`: (kind, detail JSON) in log order."""
     last = None
     for kind, detail in events:
-        if kind == "time_budget_spent":
+        if kind == "service_stopping":
+            last = "service_stopping"
+        elif kind == "time_budget_spent":
             last = detail
         elif kind == "resumed":
             last = None
-    if last is None:
-        return None
+    if last is None or last == "service_stopping":
+        return last
     d = event_detail(last)
     budget, by = d.get("budget_s"), str(d.get("by", "time_budget_s"))
     return f"{by}={budget:g}" if _is_number(budget) else by

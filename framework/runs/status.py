@@ -17,7 +17,8 @@ and the run is
   pid was reused);
 - `running` when it ran on this host and its pid is alive;
 - `budget_spent` when it would be `crashed`, but its last session ended because its time budget was spent
-  (`framework.stoppers.ended_by`): it ended cleanly, and resumes with a larger budget;
+  (`framework.stoppers.ended_by`): it ended cleanly, and resumes with a larger budget; `service_stopped` when the
+  local service it was attached to went down (`modelhopper down`): it ended cleanly, and resumes where it stopped;
 - `running?` when the driver cannot be checked from here (another host, or a run from before drivers were recorded,
   or a replay) and the run changed within the last `RECENT_S` seconds, `unknown` when it has not.
 
@@ -62,7 +63,7 @@ __all__ = ["RECENT_S", "STATUSES", "DriverInfo", "classify", "driver_of", "open_
            "run_status", "wait_for_run"]
 
 
-STATUSES = ("finished", "running", "crashed", "running?", "unknown", "unreadable", "budget_spent")
+STATUSES = ("finished", "running", "crashed", "running?", "unknown", "unreadable", "budget_spent", "service_stopped")
 
 
 #: a run whose driver cannot be checked counts as maybe running (`running?`) while it changed this recently (seconds)
@@ -250,8 +251,9 @@ def _status_dict(r: _Reading, now: float) -> dict[str, Any]:
     status = classify(finished, driver, float(end_time) if end_time is not None else None,
                       r.last_activity, host=socket.gethostname(), alive=pid_alive, now=now,
                       locked=locked)
-    if status == "crashed" and ended_by([(kind, detail) for _, kind, detail in r.events]) is not None:
-        status = "budget_spent"
+    ended = ended_by([(kind, detail) for _, kind, detail in r.events]) if status == "crashed" else None
+    if ended is not None:
+        status = "service_stopped" if ended == "service_stopping" else "budget_spent"
     counts = Counter(r.statuses)
     order = [*OUTCOMES, *sorted(set(counts) - set(OUTCOMES))]
     kinds = Counter(kind for _, kind, _ in r.events)

@@ -275,6 +275,9 @@ def test_ended_by_and_stop_reasons_read_the_events():
     assert ended_by([("round_committed", "{}"), ("time_budget_spent", spent)]) == "time_budget_s=2.5"
     assert ended_by([("time_budget_spent", spent), ("resumed", "{}")]) is None  # a later session goes on
     assert ended_by([]) is None
+    # a session the local service's `down` ended (the run resumes where it stopped), unless a session followed
+    assert ended_by([("service_stopping", '{"reason": "down"}')]) == "service_stopping"
+    assert ended_by([("service_stopping", "{}"), ("resumed", "{}")]) is None
     rows = stop_reasons([("config_stopped", json.dumps({"config_id": 2, "epochs": 3, "reason": "r"})),
                          ("run_stopped", json.dumps({"reason": "all"}))])
     assert rows == [{"config_id": 2, "epochs": 3, "reason": "r"}, {"config_id": None, "epochs": None,
