@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import tempfile
+from collections.abc import Iterable
 
 import psutil
 
@@ -108,22 +109,33 @@ def reap(dry_run: bool = False) -> list[int]:
             proc = _alive(identity)
             if proc is None:
                 continue
-            with contextlib.suppress(psutil.Error):
-                for child in proc.children(recursive=True):  # Ray's workers, started after the record was made
-                    victims.setdefault(child.pid, child)
-            victims.setdefault(proc.pid, proc)
+            add_tree(victims, proc)  # with Ray's workers, started after the record was made
         if not dry_run:
             with contextlib.suppress(OSError):
                 os.remove(path)
     victims.pop(os.getpid(), None)
     if dry_run:
         return sorted(victims)
-    for proc in victims.values():
+    terminate(victims.values())
+    return sorted(victims)
+
+
+def add_tree(victims: dict[int, psutil.Process], proc: psutil.Process) -> None:
+    """Add `proc` and its children (recursively) to `victims` (pid -> process)."""
+    with contextlib.suppress(psutil.Error):
+        for child in proc.children(recursive=True):
+            victims.setdefault(child.pid, child)
+    victims.setdefault(proc.pid, proc)
+
+
+def terminate(procs: Iterable[psutil.Process], grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM each of `procs`, then SIGKILL those still running after `grace_s`; waits for them."""
+    procs = list(procs)
+    for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)
-    _, left = psutil.wait_procs(list(victims.values()), timeout=TERM_GRACE_S)
+    _, left = psutil.wait_procs(procs, timeout=grace_s)
     for proc in left:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(left, timeout=TERM_GRACE_S)
-    return sorted(victims)
+    psutil.wait_procs(left, timeout=grace_s)

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from typing import Any
 
 import psutil
 import ray
+
+from framework.engine import orphans
 
 __all__ = ["attach", "attached_pool", "down", "live_record", "pool_holds", "service_dir", "status"]
 
@@ -181,19 +182,9 @@ def _stop_head() -> int:
     temp_dir = _temp_dir()  # (the record's: `_read_record`)
     victims: dict[int, psutil.Process] = {}
     for proc in _head_processes(temp_dir):
-        with contextlib.suppress(psutil.Error):
-            for child in proc.children(recursive=True):
-                victims.setdefault(child.pid, child)
-        victims.setdefault(proc.pid, proc)
+        orphans.add_tree(victims, proc)
     victims.pop(os.getpid(), None)
-    for proc in victims.values():
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(signal.SIGTERM)
-    _, left = psutil.wait_procs(list(victims.values()), timeout=TERM_GRACE_S)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(left, timeout=TERM_GRACE_S)
+    orphans.terminate(victims.values(), TERM_GRACE_S)
     with contextlib.suppress(OSError):
         os.remove(_record_path())
     shutil.rmtree(temp_dir, ignore_errors=True)
