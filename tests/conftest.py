@@ -86,3 +86,32 @@ def _seeded_torch(request):
         seed = 0
     seed = seed if isinstance(seed, int) else 0
     torch.manual_seed((seed + zlib.crc32(request.node.nodeid.encode())) % 2**32)
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def _headless_chrome(width: int, height: int):
+    """A headless Debian Chromium driven by Selenium, its window `width` x `height`, or a skip that says what is
+    missing (the dashboard's and the docs site's browser tests)."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed: apt-get install chromium chromium-driver (.ci/run does)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium is not installed: pip install -e '.[dev]'")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                f"--window-size={width},{height}", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@pytest.fixture(scope="session")
+def headless_chrome():
+    """`headless_chrome(width, height)`: a new headless Chromium (the caller quits it), or a skip naming what is
+    missing."""
+    return _headless_chrome

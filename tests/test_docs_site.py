@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 WIDTH, HEIGHT = 1280, 1000
 CODE_COLUMNS = 120
 
@@ -119,22 +118,9 @@ def site(tmp_path_factory) -> Path:
     return out / "html"
 
 
-def _chrome():
-    """A headless Debian Chromium driven by Selenium, its viewport WIDTH x HEIGHT, or a skip that says what is missing."""
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
-    if missing:
-        pytest.skip(f"{' and '.join(missing)} not installed: apt-get install chromium chromium-driver (.ci/run does)")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed: pip install -e '.[dev]'")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                f"--window-size={WIDTH},{HEIGHT}", "--disable-extensions", "--no-first-run"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+def _chrome(headless_chrome):
+    """A headless Chromium whose viewport is exactly WIDTH x HEIGHT, each page a first visit."""
+    driver = headless_chrome(WIDTH, HEIGHT)
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                            {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
     # every page as a first visit: the theme keeps the sidebar's scroll from page to page in sessionStorage
@@ -144,8 +130,8 @@ def _chrome():
 
 
 @pytest.fixture(scope="module")
-def browser():
-    driver = _chrome()
+def browser(headless_chrome):
+    driver = _chrome(headless_chrome)
     yield driver
     driver.quit()
 

@@ -32,7 +32,6 @@ from tests.integration.ft_functions import classifier_eval_fn, classifier_train_
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS = 10  # more than the rounds the tests let through: the run is still running when the last test ends it
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 def _wait(what, timeout: float = 60.0, why: str = "the condition") -> None:
@@ -338,24 +337,6 @@ def test_the_cli_serves_until_interrupted(run, tmp_path):
         assert proc.returncode == 0 and "Traceback" not in err.read(), err.name
 
 
-def _chrome():
-    """A headless Debian Chromium driven by Selenium, or a skip that says what is missing."""
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
-    if missing:
-        pytest.skip(f"{' and '.join(missing)} not installed: apt-get install chromium chromium-driver (.ci/run does)")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed: pip install -e '.[dev]'")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1100", "--disable-extensions", "--no-first-run"):
-        options.add_argument(arg)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-
-
 def _screenshot(driver) -> Path:
     folder = Path(os.environ.get("MODELHOPPER_SCREENSHOT_DIR") or ROOT / "build")
     folder.mkdir(parents=True, exist_ok=True)
@@ -365,8 +346,8 @@ def _screenshot(driver) -> Path:
     return path
 
 
-def test_the_page_in_a_real_browser_stops_a_config(run):
-    driver = _chrome()
+def test_the_page_in_a_real_browser_stops_a_config(run, headless_chrome):
+    driver = headless_chrome(1400, 1100)
     from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
