@@ -48,7 +48,8 @@ class _Member(GangMember):
 
 
 @pytest.mark.parametrize("counts", [(3, 3), (5, 2)])
-def test_a_gang_of_two_takes_the_steps_of_one_worker_on_the_global_batches(ray_cluster, counts):
+def test_a_gang_of_two_takes_the_steps_of_one_worker_on_the_global_batches(ray_actors, counts):
+    ray_cluster = ray_actors
     member = ray_cluster.remote(num_cpus=1)(_Member)
     a, b = member.remote(), member.remote()
     port = ray_cluster.get(a.host_gang.remote())

@@ -92,7 +92,8 @@ def _one_worker_on_the_global_batches(data, seed: int, cid: int, epochs: int) ->
     return model.state_dict()
 
 
-def test_a_gang_of_step_loops_takes_the_steps_of_one_worker_on_the_global_batches(ray_cluster, digits):
+def test_a_gang_of_step_loops_takes_the_steps_of_one_worker_on_the_global_batches(ray_actors, digits):
+    ray_cluster = ray_actors
     x, y = (torch.from_numpy(a) for a in digits)
     train, valid = (x[:200], y[:200]), (x[200:240], y[200:240])  # partition 0: shares of 100 rows, 7 steps a pass
     actor = ray_cluster.remote(num_cpus=1)(_StepWorker)
