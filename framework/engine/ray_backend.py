@@ -72,11 +72,12 @@ class _StartLedger:
     """The unit each worker actor started last. An actor tells it as a unit begins and waits until it knows
     (`_RayWorker.enqueue`), so it still knows once the actor's process is gone, whatever replies died with it: the
     backend then names the units the dead worker was running or had finished, and those it never started
-    (`WorkerLost.started`), instead of guessing from the replies that arrived. A run's own, or (attached to the local
-    service) the service's, which every run shares: an actor's key is (its run's Ray job, a number)."""
+    (`WorkerLost.started`), instead of guessing from the replies that arrived. This process's (`PROCESS_LEDGER`,
+    which its runs share), or (attached to the local service) the service's, which every attached run shares: an
+    actor's key is (its run's Ray job, a number)."""
 
     def __init__(self) -> None:
-        self._last: dict[Any, int] = {}  # actor key -> sequence number of the unit it started last
+        self._last: dict[Any, int] = {}  # actor key -> sequence number of the unit it started last (popped by `last`)
 
     def started(self, key: Any, seq: int) -> None:
         self._last[key] = seq
@@ -307,17 +308,27 @@ def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     return opts
 
 
+#: the unit threads a worker actor has at least (one more than the units it may hold): a run of any `queue_depth` up
+#: to this one takes the same spares and pool workers (idle threads cost nothing; units run in submission order
+#: whatever the threads)
+UNIT_THREADS = 4
+
+
+def _threads(queue_depth: int) -> int:
+    return max(queue_depth, UNIT_THREADS)
+
+
 def worker_class(queue_depth: int) -> Any:
-    """The actor class of a run's workers: a thread for every unit it may hold and one spare, one for checkpoints;
-    never restarted by Ray (the driver handles failures)."""
-    groups = {"units": queue_depth + 1, "save": 1}
+    """The actor class of a run's workers: a thread for every unit it may hold (at least `UNIT_THREADS`) and one
+    spare, one for checkpoints; never restarted by Ray (the driver handles failures)."""
+    groups = {"units": _threads(queue_depth) + 1, "save": 1}
     return ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups=groups)(_RayWorker)
 
 
 def worker_key(resources: Mapping[str, float], queue_depth: int) -> tuple[str, int]:
     """What a worker actor is made with (its resources and thread groups): a spare or a worker of the pool serves
-    a run whose workers have the same key."""
-    return repr(sorted(actor_options(resources).items())), queue_depth
+    a run whose workers have the same key (every `queue_depth` up to `UNIT_THREADS` has one)."""
+    return repr(sorted(actor_options(resources).items())), _threads(queue_depth)
 
 
 def code_paths() -> list[str]:
@@ -395,6 +406,32 @@ class _Spares:
 
 
 SPARES = _Spares()
+
+
+class _ProcessLedger:
+    """The start ledger of this process's runs (those not attached to the service, which keeps its own): made by
+    the first run of a Ray job and shared by the next ones (keys are unique in the process), instead of a new actor
+    process per run. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._job: str | None = None
+        self._ledger: Any = None
+
+    def get(self) -> Any:
+        with self._lock:
+            job = ray.get_runtime_context().get_job_id()
+            if self._ledger is not None and job == self._job:
+                try:  # (it may have died with a node; then a new one)
+                    ray.get(self._ledger.last.remote(None), timeout=LEDGER_TIMEOUT_S)
+                    return self._ledger
+                except ray.exceptions.RayError:
+                    pass
+            self._job, self._ledger = job, _StartLedger.remote()
+            return self._ledger
+
+
+PROCESS_LEDGER = _ProcessLedger()
 #: the numbers of worker actors' keys in a start ledger: unique in the process (the service's ledger is shared by
 #: every run attached to it, several of one process among them)
 _LEDGER_KEYS = itertools.count()
@@ -452,7 +489,7 @@ class RayBackend(Backend):
         self._loads: dict[Any, tuple[int, frozenset[int]]] = {}  # load ref -> (worker, partitions)
         self._units: dict[Any, _Pending] = {}  # report ref -> its unit
         self._tickets = itertools.count()
-        self._ledger: Any = None  # the `_StartLedger`: the service's, or made with the first worker
+        self._ledger: Any = None  # the `_StartLedger`: the service's, or this process's (`PROCESS_LEDGER`)
         self._keys: dict[int, tuple[str, int]] = {}  # worker -> its actor's key in the ledger
         self._gangs: set[tuple[int, ...]] = set()  # gangs whose group is up (kept while all their workers live)
         self._gang_runs: dict[int, _GangRun] = {}  # ticket -> a gang's unit in flight
@@ -466,7 +503,7 @@ class RayBackend(Backend):
             device = "cuda" if self.resources.get("GPU", 0) > 0 else "cpu"
             self._seqs.pop(worker, None)  # a new actor counts its units from 0
             if self._ledger is None:  # (a new actor takes a second to start: the service keeps one warm)
-                self._ledger = self._service_ledger() or _StartLedger.remote()
+                self._ledger = self._service_ledger() or PROCESS_LEDGER.get()
             key = self._keys[worker] = (_job_id(), next(_LEDGER_KEYS))
             kwargs = dict(device=device, num_threads=self.num_threads, ledger=(self._ledger, key),
                           device_fraction=min(1.0, self.resources.get("GPU", 0)) or 1.0, **self.fns)
@@ -819,6 +856,4 @@ class RayBackend(Backend):
                 self.stop_worker(w)
         if self._pool is not None:
             self._give_back(back)
-        if self._ledger is not None and self._ledger is not self._shared_ledger:
-            ray.kill(self._ledger)
-        self._ledger = None
+        self._ledger = None  # (the service's or the process's: it serves the next runs)

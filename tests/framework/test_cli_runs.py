@@ -386,8 +386,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _started(argv: list[str]) -> subprocess.Popen:
     """`python -m framework ARGV` in a process of its own, once it has said on stderr that it waits for the run."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "framework", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+                            stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stderr.readline()  # (blocks until the line comes; the process waits up to --wait after it)
     assert "waiting up to 120 s for a run to start in" in line, (line, proc.stderr.read() if proc.poll() else "")
     return proc
@@ -435,7 +436,11 @@ def test_dashboard_waits_for_a_run_that_appears_and_serves_it(runs, tmp_path):
             status = json.loads(r.read().decode())
         assert (status["status"], status["num_configs"]) == ("finished", 2)
         board.send_signal(signal.SIGINT)  # Ctrl-C
-        out, err = board.communicate(timeout=60)
+        try:
+            out, err = board.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # (PYTHONFAULTHANDLER: SIGABRT prints where each of its threads is)
+            board.send_signal(signal.SIGABRT)
+            raise AssertionError(f"the dashboard did not stop within 60 s of Ctrl-C:\n{board.communicate()[1]}") from None
     finally:
         board.kill()
     assert board.returncode == 0 and "Traceback" not in err, err

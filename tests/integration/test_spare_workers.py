@@ -40,12 +40,12 @@ def test_the_next_run_starts_on_the_last_runs_actors_and_trains_as_on_new_ones(r
     release_spare_workers()  # whatever earlier tests of this process left: the first run starts new actors
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
     first = _run(ds, tmp_path / "first")
-    second = _run(ds, tmp_path / "second")
+    second = _run(ds, tmp_path / "second", queue_depth=1)  # (any depth up to UNIT_THREADS: the same thread groups)
     assert len(_pids(first)) == 2 and _pids(second) == _pids(first)  # the same processes
     pd.testing.assert_frame_equal(_metrics(second), _metrics(first))
     second.assert_complete()
-    # another key (the actors' thread groups follow queue_depth): new actors; the spares it did not take are killed
-    other = _run(ds, tmp_path / "other", queue_depth=1)
+    # another key (the actors' resources): new actors; the spares it did not take are killed
+    other = _run(ds, tmp_path / "other", worker_resources={"CPU": 0.5})
     assert not _pids(other) & _pids(first)
     assert release_spare_workers() == 2  # the other run's two: the first two were killed when it started
 
