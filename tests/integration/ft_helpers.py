@@ -89,8 +89,13 @@ def _crash_driver(tmp_path, crash, checkpoint="unit"):
 
 
 def ray_cluster_address():
+    """The address of the session's Ray, for a driver in a subprocess to attach to. This process's spare worker
+    actors are killed first: they would hold the CPUs the subprocess's workers need (it cannot take them)."""
     import ray
 
+    from framework.engine.ray_backend import release_spare_workers
+
+    release_spare_workers()
     return ray.get_runtime_context().gcs_address
 
 

@@ -16,7 +16,7 @@ import pytest
 from framework.driver.observers import STATUS_EVERY_S, TIME_PARTS
 from framework.result import Result
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a process of its own that starts its own Ray: make test-slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = """

@@ -35,6 +35,7 @@ print("statuses", sorted(result.status.status))
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a process of its own that starts its own Ray: make test-slow
 def test_a_quiet_run_prints_no_optuna_line_no_ray_token_warning_and_our_one_short_line(tmp_path):
     pytest.importorskip("ray.tune")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}  # a run of its own Ray
