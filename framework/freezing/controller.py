@@ -323,7 +323,7 @@ class FreezingController:
             while lag is not None and self._awaited and self._awaited[0] + lag <= self.step:
                 idle = not self._runner.busy  # read first: an idle runner has put out every reading it will
                 if not idle:
-                    time.sleep(0.0005)  # a reading due now is not back: wait for it
+                    self._runner.wait_one(0.01)  # a reading due now is not back: wait for it
                 self._collect_readings()
                 if idle:
                     break

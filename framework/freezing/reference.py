@@ -316,6 +316,7 @@ class AsyncReferenceRunner:
         self._inbox: queue.Queue[tuple[str, object] | None] = queue.Queue()
         self._outbox: queue.Queue[PlasticityReading] = queue.Queue()
         self._lock = threading.Lock()
+        self._finished = threading.Condition(self._lock)  # notified as each request is done
         self._outstanding = 0  # requests queued or in work
         self._build_queued = False
         self._reference: nn.Module | None = None
@@ -388,12 +389,14 @@ class AsyncReferenceRunner:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every request queued so far is done (its reading, if any, is then in `poll`); True if it is."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.busy:
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(0.001)
-        return True
+        with self._finished:
+            return self._finished.wait_for(lambda: self._outstanding == 0, timeout)
+
+    def wait_one(self, timeout: float) -> None:
+        """Block until the next request in work is done, at most `timeout` seconds (at once when none is)."""
+        with self._finished:
+            if self._outstanding:
+                self._finished.wait(timeout)
 
     def close(self) -> None:
         """Stop the background thread after the work in hand."""
@@ -429,3 +432,4 @@ class AsyncReferenceRunner:
                 self.cpu_seconds += time.thread_time() - cpu_start
                 with self._lock:
                     self._outstanding -= 1
+                    self._finished.notify_all()
