@@ -87,12 +87,24 @@ def test_experiment_script_reports_a_bad_flag_in_one_line(script, monkeypatch, c
     assert not storage.exists()
 
 
-def test_experiment_script_run_in_a_fresh_folder_writes_only_under_the_storage_root(tmp_path, storage):
-    cwd = tmp_path / "cwd"  # what `ray job submit --working-dir .` runs in: a copy that Ray deletes
+QUICK_COMPARISON = ["--quick", "--kinds", "homogeneous", "--schedulers", "randomized", "--seeds", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def quick_comparison(tmp_path_factory):
+    """`python experiments/scheduler_comparison.py QUICK_COMPARISON` run as `ray job submit --working-dir .` runs it:
+    in a fresh folder (a copy that Ray deletes), its storage root a temporary folder. (storage, cwd, the process.)"""
+    base = tmp_path_factory.mktemp("comparison")
+    storage, cwd = base / "storage", base / "cwd"
     cwd.mkdir()
-    argv = ["--quick", "--kinds", "homogeneous", "--schedulers", "randomized", "--seeds", "1", "--quiet"]
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "scheduler_comparison.py"), *argv],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "scheduler_comparison.py"),
+                           *QUICK_COMPARISON], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MODELHOPPER_STORAGE": str(storage)})
+    return storage, cwd, done
+
+
+def test_experiment_script_run_in_a_fresh_folder_writes_only_under_the_storage_root(quick_comparison):
+    storage, cwd, done = quick_comparison
     assert done.returncode == 0, done.stderr
     assert list(cwd.iterdir()) == []
     runs = list((storage / "experiments" / "scheduler_comparison").iterdir())
@@ -136,7 +148,7 @@ def test_automl_on_mop_runs_a_users_procedure_with_its_arguments(ray_cluster, tm
     script = _script_module("automl_on_mop", monkeypatch)
     out = tmp_path / "out"
     df = script.main(["--procedure", PROCEDURE, "--procedure-args", '{"lrs": [0.05, 0.2], "epochs": 2}',
-                      "--executors", "mop", "--rows", "400", "--workers", "2", "--out", str(out)])
+                      "--executors", "mop", "--rows", "400", "--workers", "1", "--out", str(out)])
     assert df.procedure.tolist() == [PROCEDURE] and df.configs_explored.tolist() == [2]
     assert df.epochs_trained.tolist() == [4]
     assert all(str(out) in p for p in df.storage_path)  # the runs too go where the results go
@@ -365,17 +377,17 @@ def test_experiment_script_prints_the_provenance_of_its_table(script):
     assert called & imported & {"provenance", "record_run"}, f"{script} prints no provenance with its table"
 
 
-def test_a_quick_scripts_table_comes_with_its_provenance(monkeypatch, capsys, storage):
-    argv = ["--quick", "--kinds", "homogeneous", "--schedulers", "randomized", "--seeds", "1", "--quiet"]
-    assert _run_script("scheduler_comparison.py", argv, monkeypatch).code == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+def test_a_quick_scripts_table_comes_with_its_provenance(quick_comparison):
+    storage, _, done = quick_comparison
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
     (run,) = (storage / "experiments" / "scheduler_comparison").iterdir()
     assert lines[-1] == f"Results in {run}" and lines[-7] == ""
     shown = lines[-6:-1]  # under the table and its summary line, before where the results are
     assert [line.split(" ")[1] for line in shown] == ["revision", "machine", "software", "date", "command"]
     assert shown[0].startswith(f"# revision {_git('rev-parse', '--short', 'HEAD')}")
     assert shown[4] == "# command python " + shlex.join([os.path.join(ROOT, "experiments", "scheduler_comparison.py"),
-                                                        *argv])
+                                                        *QUICK_COMPARISON])
     kept = json.loads((run / "run.json").read_text())["provenance"]
     assert [f"# {k} {v}" for k, v in kept.items()] == shown
 

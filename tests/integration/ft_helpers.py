@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -86,6 +87,34 @@ def _crash_driver(tmp_path, crash, checkpoint="unit"):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, f"the driver was not killed by its fault ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return storage
+
+
+def _start_crash_driver(tmp_path, crash, checkpoint="unit"):
+    """`_crash_driver` started, not waited for (several crash at once, sharing the CPUs' idle moments); `wait()` on
+    what it returns waits for the crash as `_crash_driver` does and returns the storage."""
+    storage = str(tmp_path / f"crashed-{crash}")
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster_address(),
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    err = open(str(tmp_path / f"crashed-{crash}.stderr"), "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.resume_job", storage, crash, checkpoint],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+    deadline = time.monotonic() + 300
+
+    def wait():
+        try:
+            returncode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            err.seek(0)
+            stderr = err.read()
+            err.close()
+        assert returncode == -9, f"the driver was not killed by its fault ({returncode}):\n{stderr[-3000:]}"
+        return storage
+
+    return wait
 
 
 def ray_cluster_address():

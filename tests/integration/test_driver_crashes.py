@@ -16,20 +16,44 @@ from tests.integration.ft_functions import classifier_eval_fn, classifier_train_
 from tests.integration.ft_helpers import (
     _assert_nothing_lost_or_counted_twice,
     _checkpoint_paths,
-    _crash_driver,
     _events,
     _resume,
+    _start_crash_driver,
     _units_log,
 )
 
 pytestmark = pytest.mark.ray
 
+#: each test's crashed driver: (crash point, checkpoint policy) of tests/integration/resume_job.py
+CRASHES = {
+    "test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk": ("unit", "unit"),
+    "test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch": ("unit", "epoch"),
+    "test_resume_after_a_commit_reruns_nothing_that_was_committed": ("commit", "unit"),
+}
+
+
+@pytest.fixture(scope="module")
+def crashed_drivers(ray_cluster, request, tmp_path_factory):
+    """The crashed drivers of this module's tests that will run, started together before any test resumes one:
+    the spare workers a resume leaves serve the next resume (a subprocess driver frees them as it starts), and the
+    drivers' start-ups overlap. Each test's `crashed_drivers[name]()` waits for its driver's crash and returns its
+    storage."""
+    names = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
+    return {name: _start_crash_driver(tmp_path_factory.mktemp("crash"), crash, checkpoint)
+            for name, (crash, checkpoint) in CRASHES.items() if name in names}
+
+
+@pytest.fixture
+def crashed(crashed_drivers, request):
+    """This test's crashed driver's storage (`CRASHES`)."""
+    return crashed_drivers[request.node.originalname]()
+
 
 # ---- driver crashes and resume ----------------------------------------------------------------------------------
-def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(ray_cluster, tmp_path, assert_complete):
+def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(crashed, tmp_path, assert_complete):
     from tests.integration.resume_job import selection
 
-    storage = _crash_driver(tmp_path, "unit")
+    storage = crashed  # crashed right after config 1's first unit of epoch 1 was logged, before its checkpoint
     catalog = SQLiteCatalog(os.path.join(storage, "run.db"))
     try:
         log = catalog.units(status="done")
@@ -62,8 +86,8 @@ def test_resume_reruns_a_unit_logged_before_its_checkpoint_reached_disk(ray_clus
     assert same >= 1
 
 
-def test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch(ray_cluster, tmp_path, assert_complete):
-    storage = _crash_driver(tmp_path, "unit", checkpoint="epoch")
+def test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch(crashed, assert_complete):
+    storage = crashed  # as above, with checkpoints at epoch ends only
     catalog = SQLiteCatalog(os.path.join(storage, "run.db"))
     try:
         done = catalog.units(status="done")
@@ -82,8 +106,8 @@ def test_resume_with_epoch_checkpoints_reruns_the_unfinished_epoch(ray_cluster, 
     _assert_nothing_lost_or_counted_twice(resumed, [0, 1], 3)
 
 
-def test_resume_after_a_commit_reruns_nothing_that_was_committed(ray_cluster, tmp_path):
-    storage = _crash_driver(tmp_path, "commit")
+def test_resume_after_a_commit_reruns_nothing_that_was_committed(crashed, tmp_path):
+    storage = crashed  # crashed right after round 0 committed
     catalog = SQLiteCatalog(os.path.join(storage, "run.db"))
     try:
         assert catalog.last_round()[0] == 0

@@ -46,11 +46,18 @@ def test_configs_train_as_gangs_of_workers_that_keep_their_partitions(ray_cluste
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, availability=sel.placement)
 
 
-def test_a_replicated_gangs_rows_add_up_to_the_examples_of_its_partitions(ray_cluster, digits, tmp_path):
-    # 3 partitions on both workers: a gang trains partitions 0 and 1, then both workers share partition 2's pass
+@pytest.fixture(scope="module")
+def replicated_gang_run(ray_cluster, digits, tmp_path_factory):
+    """One data-parallel gang run that two tests only read: (its dataset, its `Result`). 3 partitions on both
+    workers: a gang trains partitions 0 and 1, then both workers share partition 2's pass."""
     ds = _dataset(digits, rows=305, partitions=3, replicas=2)  # train 82, 81, 81 rows; valid 21, 20, 20
-    result = _select(ds, tmp_path / "run", None, space={**SPACE, "lr": [0.1]}, epochs=1, num_workers=2,
-                     scheduler="data_parallel").run()
+    result = _select(ds, tmp_path_factory.mktemp("replicated") / "run", None, space={**SPACE, "lr": [0.1]}, epochs=1,
+                     num_workers=2, scheduler="data_parallel").run()
+    return ds, result
+
+
+def test_a_replicated_gangs_rows_add_up_to_the_examples_of_its_partitions(replicated_gang_run):
+    ds, result = replicated_gang_run
     assert (result.status.status == "completed").all()
     rows = result.schedule
     assert rows.group.notna().all()
@@ -79,11 +86,11 @@ def test_a_killed_gang_member_fails_the_step_which_reruns_from_the_last_state(ra
     _assert_nothing_lost_or_counted_twice(result, [0, 1], 2, availability=sel.placement)
 
 
-def test_a_gang_run_is_refused_with_freezing_and_by_replay(ray_cluster, digits, tmp_path):
+def test_a_gang_run_is_refused_with_freezing_and_by_replay(ray_cluster, digits, tmp_path, replicated_gang_run):
     ds = _dataset(digits, rows=200, partitions=2)
     with pytest.raises(ValueError, match="`scheduler` is 'planner', which forms data-parallel gangs, and `freezing`"):
         _select(ds, tmp_path / "frozen", None, space=SPACE, scheduler="planner", freezing={})
-    result = _select(ds, tmp_path / "run", None, space={**SPACE, "lr": [0.1]}, epochs=1,
-                     scheduler="data_parallel").run()
+    _, result = replicated_gang_run  # a finished run that trained in gangs of both workers
+    assert (result.schedule.groupby("group").worker.nunique() > 1).any()
     with pytest.raises(ValueError, match="trained configs in data-parallel gangs"):
         framework.replay(result.storage_path)
