@@ -37,8 +37,7 @@ def _metrics(result) -> pd.DataFrame:
 
 
 def test_the_next_run_starts_on_the_last_runs_actors_and_trains_as_on_new_ones(ray_cluster, digits, tmp_path):
-    release_spare_workers()  # whatever earlier tests of this process left: the first run starts new actors
-    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)  # (on earlier tests' spares)
     first = _run(ds, tmp_path / "first")
     second = _run(ds, tmp_path / "second", queue_depth=1)  # (any depth up to UNIT_THREADS: the same thread groups)
     assert len(_pids(first)) == 2 and _pids(second) == _pids(first)  # the same processes
@@ -51,9 +50,8 @@ def test_the_next_run_starts_on_the_last_runs_actors_and_trains_as_on_new_ones(r
 
 
 def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_path, monkeypatch):
-    release_spare_workers()
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
-    _run(ds, tmp_path / "run")  # (at the default TTL: a loaded machine may take seconds to reach the next line)
+    _run(ds, tmp_path / "run")  # (its first poll killed the spares it did not take: only its own two are left)
     [key] = SPARES._by_key
     assert len(SPARES._by_key[key]) == 2
     monkeypatch.setattr(ray_backend, "SPARE_TTL_S", 0.5)
