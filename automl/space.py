@@ -242,6 +242,18 @@ def _check_log_lo(lo: float) -> None:
         raise ValueError(f"`lo` is {lo!r}, but must be > 0 for a log-uniform domain")
 
 
+def _log_step_choices(ks: tuple[int, int], q: Any, name: str, value: Callable[[int], Any]) -> CategoricalDistribution:
+    """Optuna's form of a log domain with a step (`name`: qloguniform or qlograndint), whose multiples of `q` are
+    k * q for k in `ks`: a categorical of them (Optuna cannot combine log=True with a step), at most
+    `MAX_OPTUNA_CHOICES`."""
+    kmin, kmax = ks
+    if kmax - kmin + 1 > MAX_OPTUNA_CHOICES:
+        raise ValueError(f"it has {kmax - kmin + 1} multiples of `q` ({q!r}) and Optuna, which cannot combine "
+                         f"log=True with a step, searches a {name} as a categorical of at most {MAX_OPTUNA_CHOICES} "
+                         f"multiples: use a larger `q`, or {name[1:]}")
+    return CategoricalDistribution(tuple(value(k) for k in range(kmin, kmax + 1)))
+
+
 def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
     """A draw whose logarithm is uniform in `[log lo, log hi]` (the caller clips: exp(log) may round outside)."""
     return math.exp(rng.uniform(math.log(lo), math.log(hi)))
@@ -413,12 +425,7 @@ class QLogUniform(QUniform):
         return self.clip(_log_uniform(rng, self.lo, self.hi))
 
     def to_optuna(self) -> CategoricalDistribution:
-        kmin, kmax = self.ks
-        if kmax - kmin + 1 > MAX_OPTUNA_CHOICES:
-            raise ValueError(f"it has {kmax - kmin + 1} multiples of `q` ({self.q!r}) and Optuna, which cannot "
-                             "combine log=True with a step, searches a qloguniform as a categorical of at most "
-                             f"{MAX_OPTUNA_CHOICES} multiples: use a larger `q`, or loguniform")
-        return CategoricalDistribution(tuple(_multiple(k, self.q) for k in range(kmin, kmax + 1)))
+        return _log_step_choices(self.ks, self.q, "qloguniform", lambda k: _multiple(k, self.q))
 
 
 @dataclass(frozen=True)
@@ -491,12 +498,7 @@ class QLogRandInt(QRandInt):
         return _log_floor(rng, kmin, kmax) * int(self.q)
 
     def to_optuna(self) -> CategoricalDistribution:
-        kmin, kmax = self.ks
-        if kmax - kmin + 1 > MAX_OPTUNA_CHOICES:
-            raise ValueError(f"it has {kmax - kmin + 1} multiples of `q` ({self.q!r}) and Optuna, which cannot "
-                             "combine log=True with a step, searches a qlograndint as a categorical of at most "
-                             f"{MAX_OPTUNA_CHOICES} multiples: use a larger `q`, or lograndint")
-        return CategoricalDistribution(tuple(k * int(self.q) for k in range(kmin, kmax + 1)))
+        return _log_step_choices(self.ks, self.q, "qlograndint", lambda k: k * int(self.q))
 
 
 #: how far from its mean (in standard deviations) a normal draw is taken to land at most (beyond 10: p < 1e-23)
