@@ -8,7 +8,6 @@ import json
 import pickle
 
 import pytest
-import torch
 
 import automl
 from automl import ACTIVE, STOPPED, ConfigState
@@ -36,6 +35,7 @@ from framework.stoppers import (
     stopper_spec,
 )
 from simulators import validate_schedule
+from tests.framework.driver.test_driver import _entries as driver_entries
 
 
 def _state(values, metric="valid_loss", cid=0, **more) -> ConfigState:
@@ -305,12 +305,7 @@ SPACE = {"lr": [0.01, 0.05, 0.1], "in_features": [8], "hidden": [8], "classes": 
 
 
 def _entries() -> dict:
-    g = torch.Generator().manual_seed(0)
-    out = {}
-    for p in range(P):
-        x, xv = torch.randn(32, 8, generator=g), torch.randn(16, 8, generator=g)
-        out[p] = ([(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())], [(xv, (xv[:, 0] > 0).long())])
-    return out
+    return driver_entries(P, rows=32)
 
 
 def _driver(procedure, log, queue_depth=1, **options) -> Driver:

@@ -5,7 +5,6 @@ the stopper stopped earlier reads "stopped". On the driver loop (`LocalBackend`'
 from __future__ import annotations
 
 import optuna
-import torch
 
 import automl
 from automl import STOPPED
@@ -15,6 +14,7 @@ from framework.engine.local import LocalBackend
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.options import RunOptions
 from framework.stoppers import MaximumIterationStopper
+from tests.framework.driver.test_driver import _entries as driver_entries
 
 P = 2
 FNS = {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}
@@ -31,12 +31,7 @@ class _Notices(Callback):
 
 
 def _entries() -> dict:
-    g = torch.Generator().manual_seed(0)
-    out = {}
-    for p in range(P):
-        x, xv = torch.randn(32, 8, generator=g), torch.randn(16, 8, generator=g)
-        out[p] = ([(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())], [(xv, (xv[:, 0] > 0).long())])
-    return out
+    return driver_entries(P, rows=32)
 
 
 def _run(procedure, stop) -> tuple[Driver, _Notices]:

@@ -31,11 +31,13 @@ FNS = {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": cla
 SPACE = {"lr": [0.01, 0.05, 0.1], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
 
 
-def _entries(partitions: int = P) -> dict:
+def _entries(partitions: int = P, rows: int = 48) -> dict:
+    """Seeded toy data for `LocalBackend`: per partition, one training batch of `rows` rows and one of 16 to
+    validate on (other test files build theirs with it too)."""
     g = torch.Generator().manual_seed(0)
     out = {}
     for p in range(partitions):
-        x, xv = torch.randn(48, 8, generator=g), torch.randn(16, 8, generator=g)
+        x, xv = torch.randn(rows, 8, generator=g), torch.randn(16, 8, generator=g)
         out[p] = ([(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())], [(xv, (xv[:, 0] > 0).long())])
     return out
 
