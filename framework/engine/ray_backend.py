@@ -369,7 +369,7 @@ class _Spares:
         self._timer: threading.Timer | None = None
 
     def _current(self) -> None:
-        job = ray.get_runtime_context().get_job_id()
+        job = _job_id()
         if job != self._job:
             self._by_key, self._job = {}, job
 
@@ -420,7 +420,7 @@ class _ProcessLedger:
 
     def get(self) -> Any:
         with self._lock:
-            job = ray.get_runtime_context().get_job_id()
+            job = _job_id()
             if self._ledger is not None and job == self._job:
                 try:  # (it may have died with a node; then a new one)
                     ray.get(self._ledger.last.remote(None), timeout=LEDGER_TIMEOUT_S)

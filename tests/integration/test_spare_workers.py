@@ -12,7 +12,7 @@ import pytest
 import automl
 import framework
 from framework.engine import ray_backend
-from framework.engine.ray_backend import SPARES, release_spare_workers
+from framework.engine.ray_backend import PROCESS_LEDGER, SPARES, release_spare_workers
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray
@@ -60,3 +60,15 @@ def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_
     while sum(map(len, SPARES._by_key.values())) and time.time() < deadline:
         time.sleep(0.1)
     assert release_spare_workers() == 0  # the timer killed them
+
+
+def test_the_runs_of_a_process_share_one_start_ledger_and_a_dead_one_is_replaced(ray_cluster, digits, tmp_path):
+    import ray
+
+    ledger = PROCESS_LEDGER.get()
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    _run(ds, tmp_path / "run")
+    assert PROCESS_LEDGER.get()._actor_id == ledger._actor_id  # the run used it and left it alive
+    ray.kill(ledger, no_restart=True)
+    fresh = PROCESS_LEDGER.get()
+    assert fresh._actor_id != ledger._actor_id and ray.get(fresh.last.remote(None)) == -1
