@@ -357,9 +357,10 @@ class _Spares:
     """Worker actors of this process's runs that ended cleanly, kept for its next run: a new actor spends seconds
     on a process that imports torch, which the next run in a notebook or a test session then skips (Ray Tune's
     `reuse_actors`, across runs). A spare is keyed by what its actor was made with (resources and thread groups);
-    a run takes those of its key as it starts its workers (`_RayWorker.rebind`: every field as a new actor's) and
-    kills the others at its first poll, so they free their resources for its new actors; a spare no run takes
-    within `SPARE_TTL_S` is killed. Actors that joined a gang, kept an activation cache, or had a unit or a load
+    a run takes those of its key as it starts a worker (`_RayWorker.rebind`: every field as a new actor's), or a
+    replacement, or a worker a person added; when none is left and it must make a new actor, it kills the others
+    first, so they free the resources that actor needs. Spares a run leaves alone stay for the next (a run of one
+    worker after one of three keeps two); a spare no run takes within `SPARE_TTL_S` is killed. Actors that joined a gang, kept an activation cache, or had a unit or a load
     in flight are never kept. Thread-safe (the TTL's timer kills from a thread of its own)."""
 
     def __init__(self) -> None:
@@ -478,7 +479,6 @@ class RayBackend(Backend):
         self._pool_state: Any = None  # the pool's answer to "are you going down?" while it is on its way
         self._next_ask, self._going_down = 0.0, False
         self._shared_ledger: Any = None  # the service's start ledger (`_service_ledger`)
-        self._spares_left = reuse_workers  # the spares this run did not take are killed at its first poll
         self._ganged: set[int] = set()  # workers that joined a gang (never kept as spares)
         if put_entries:
             entries = {p: ([ray.put(e) for e in tr], [ray.put(e) for e in va]) for p, (tr, va) in entries.items()}
@@ -512,6 +512,8 @@ class RayBackend(Backend):
                 actor = self._from_pool(worker, kwargs)
             if self.reuse_workers and actor is None:
                 actor = self._spare(worker, kwargs)
+            if actor is None:  # (none of this run's key is left) the other spares would hold what a new actor needs
+                SPARES.release()
             self._actors[worker] = actor or worker_class(self.queue_depth).options(
                 **actor_options(self.resources)).remote(worker, **kwargs)
         ref = self._actors[worker].load.remote({p: self.entries[p] for p in parts}, fault)
@@ -748,9 +750,6 @@ class RayBackend(Backend):
                 ray.get(ref)  # (an error nobody reads would be logged as unhandled)
 
     def poll(self, timeout: float | None) -> list[Event]:
-        if self._spares_left:  # every worker of the start has its actor: the other spares make room for new ones
-            self._spares_left = False
-            SPARES.release()
         if self._orphans:
             self._read_orphans()
         deadline = None if timeout is None else time.time() + timeout

@@ -43,15 +43,25 @@ def test_the_next_run_starts_on_the_last_runs_actors_and_trains_as_on_new_ones(r
     assert len(_pids(first)) == 2 and _pids(second) == _pids(first)  # the same processes
     pd.testing.assert_frame_equal(_metrics(second), _metrics(first))
     second.assert_complete()
-    # another key (the actors' resources): new actors; the spares it did not take are killed
+    # another key (the actors' resources): new actors, before which the spares of the other key are killed
     other = _run(ds, tmp_path / "other", worker_resources={"CPU": 0.5})
     assert not _pids(other) & _pids(first)
     assert release_spare_workers() == 2  # the other run's two: the first two were killed when it started
 
 
+def test_a_run_that_needs_fewer_workers_leaves_the_other_spares_to_the_next(ray_cluster, digits, tmp_path):
+    ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
+    first = _run(ds, tmp_path / "first")  # two workers (on earlier tests' spares, or new)
+    one = _run(ds, tmp_path / "one", num_workers=1)  # takes one; needs no new actor, so the other spare lives on
+    again = _run(ds, tmp_path / "again")
+    assert len(_pids(one)) == 1 and _pids(one) < _pids(first)
+    assert _pids(again) == _pids(first)  # no new actor: both spares were there
+
+
 def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_path, monkeypatch):
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
-    _run(ds, tmp_path / "run")  # (its first poll killed the spares it did not take: only its own two are left)
+    release_spare_workers()
+    _run(ds, tmp_path / "run")  # its two workers are the only spares now
     [key] = SPARES._by_key
     assert len(SPARES._by_key[key]) == 2
     monkeypatch.setattr(ray_backend, "SPARE_TTL_S", 0.5)

@@ -1,4 +1,5 @@
-"""`unit_seed`: one seed per (run seed, config, epoch, partition, kind), the same in every process."""
+"""`unit_seed`: one seed per (run seed, config, epoch, partition, kind), the same in every process; `seed_everything`,
+what a unit seeds with it."""
 
 from __future__ import annotations
 
@@ -39,3 +40,23 @@ def test_unit_seed_is_the_same_in_a_fresh_process():
 def test_unit_seed_tells_a_shorter_tuple_from_one_padded_with_zeros():
     assert unit_seed(0, 1) != unit_seed(0, 1, 0)
     assert unit_seed(0, 0) != unit_seed(0)
+
+
+def test_seed_everything_gives_the_draws_torch_manual_seed_gives_and_seeds_random_and_numpy():
+    import random
+
+    import numpy as np
+    import torch
+
+    from framework.engine.runner import seed_everything
+
+    for seed in (0, 7, 2**40 + 3):
+        torch.manual_seed(seed)
+        want = torch.randn(5), torch.rand(3)
+        seed_everything(seed)
+        got = torch.randn(5), torch.rand(3)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        seed_everything(seed)
+        a = random.random(), np.random.rand()
+        seed_everything(seed)
+        assert (random.random(), np.random.rand()) == a
