@@ -366,6 +366,7 @@ class _Spares:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_key: dict[Any, list[Any]] = {}
+        self._resources: dict[Any, dict[str, float]] = {}  # key -> the Ray resources one of its actors holds
         self._job: str | None = None  # the Ray job the handles belong to (a new `ray.init` makes them stale)
         self._timer: threading.Timer | None = None
 
@@ -374,10 +375,11 @@ class _Spares:
         if job != self._job:
             self._by_key, self._job = {}, job
 
-    def put(self, key: Any, actor: Any) -> None:
+    def put(self, key: Any, actor: Any, resources: Mapping[str, float]) -> None:
         with self._lock:
             self._current()
             self._by_key.setdefault(key, []).append(actor)
+            self._resources[key] = {k: float(v) for k, v in resources.items() if v}
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = threading.Timer(SPARE_TTL_S, self.release)
@@ -390,6 +392,17 @@ class _Spares:
             self._current()
             actors = self._by_key.get(key)
             return actors.pop() if actors else None
+
+    def held(self) -> dict[str, float]:
+        """The Ray resources the spares hold: a run has them for its new workers (`RayBackend.start_worker` takes a
+        spare of its key, else kills the others before it makes an actor)."""
+        with self._lock:
+            self._current()
+            out: dict[str, float] = {}
+            for key, actors in self._by_key.items():
+                for name, amount in self._resources.get(key, {}).items():
+                    out[name] = out.get(name, 0.0) + amount * len(actors)
+            return out
 
     def release(self) -> int:
         """Kill every spare now (their resources free again). Returns how many there were."""
@@ -619,7 +632,12 @@ class RayBackend(Backend):
             pass  # already gone: its units report it
 
     def free_resources(self) -> dict[str, float]:
-        return dict(ray.available_resources())
+        """What the cluster has free, counting what this process's spares hold as free: a new worker takes one of
+        its key, or kills them first (`start_worker`)."""
+        free = dict(ray.available_resources())
+        for name, amount in SPARES.held().items():
+            free[name] = free.get(name, 0.0) + amount
+        return free
 
     def _forget(self, worker: int) -> None:
         for ref, (w, _) in list(self._loads.items()):
@@ -849,7 +867,7 @@ class RayBackend(Backend):
                 if w in self._leased:
                     back.append(actor)
                 else:
-                    SPARES.put(self._spare_key, actor)
+                    SPARES.put(self._spare_key, actor, self.resources)
                 self._forget(w)
             else:
                 self.stop_worker(w)

@@ -56,6 +56,8 @@ def test_a_run_that_needs_fewer_workers_leaves_the_other_spares_to_the_next(ray_
     again = _run(ds, tmp_path / "again")
     assert len(_pids(one)) == 1 and _pids(one) < _pids(first)
     assert _pids(again) == _pids(first)  # no new actor: both spares were there
+    # what spares hold counts as free for a worker a run adds (it takes one, or kills them first)
+    assert SPARES.held().get("CPU", 0) >= 2
 
 
 def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_path, monkeypatch):
@@ -65,7 +67,7 @@ def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_
     [key] = SPARES._by_key
     assert len(SPARES._by_key[key]) == 2
     monkeypatch.setattr(ray_backend, "SPARE_TTL_S", 0.5)
-    SPARES.put(key, SPARES.take(key))  # the timer starts again, at 0.5 s
+    SPARES.put(key, SPARES.take(key), {"CPU": 1})  # the timer starts again, at 0.5 s
     deadline = time.time() + 30
     while sum(map(len, SPARES._by_key.values())) and time.time() < deadline:
         time.sleep(0.1)
