@@ -13,6 +13,9 @@ falls on all of them alike (run it twice to see the spread):
                                  never the user's service), after `up` has warmed the pool
     demo: 2nd run in a process   the demo's selection run twice in one process without the service: the second run's
                                  line (Ray up, its workers the first run's spares)
+    ASHA on Parquet: cold        a Ray Tune user's search ported: ASHA over 8 sampled configs (up to 4 epochs, eta 2)
+                                 on digits written as Parquet files that the workers read; no service
+    ASHA on Parquet: attached    the same search while `modelhopper up` runs
 
 For each demo row: `startup_s` is what the run spends before its first unit runs, the time line's Ray + set-up +
 workers (the driver's own imports, `before run()`, are the same in every row and left out: `imports_s`); `first_unit_s`
@@ -47,6 +50,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BARE_RAY = ("import sys, time, ray\nt = time.perf_counter()\n"
              "ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False, **({'num_cpus': "
              "int(sys.argv[2])} if sys.argv[1] == 'local' else {}))\nray.shutdown()\nprint(time.perf_counter() - t)")
+#: ASHA over 8 configs on Parquet files (argv: the data folder, the workers), as a user's script would run it
+_ASHA = ("import sys\nimport automl, framework\nfrom framework.examples import classifier_step_fn, mlp_model_fn\n"
+         "data, workers = sys.argv[1], int(sys.argv[2])\n"
+         "ds = framework.PartitionedDataset.from_parquet(f'{data}/train', f'{data}/valid', num_partitions=workers)\n"
+         "space = {'hidden': automl.choice([16, 32, 64]), 'lr': automl.loguniform(0.01, 0.3), 'batch_size': 64}\n"
+         "framework.ModelSelection(mlp_model_fn, step_fn=classifier_step_fn, dataset=ds, procedure=automl.ASHA(\n"
+         "    space, max_epochs=4, eta=2, max_configs=8, seed=0), num_workers=workers, seed=0, progress=False).run()")
 _TWICE = ("import sys\nfrom framework.__main__ import main\n"
           "for _ in range(2):\n    main(sys.argv[1:])")
 
@@ -99,6 +109,26 @@ def _demo_row(name: str, line: dict[str, float], process_s: float, floor: str, f
             "floor_s": floor_s, "x_floor": startup / floor_s if floor_s == floor_s and floor_s > 0 else float("nan")}
 
 
+def _write_parquet(folder: str, workers: int) -> str:
+    """digits as Parquet under folder/train and folder/valid (a file per worker each; one column per pixel and
+    `label`), written before anything is timed."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from framework.examples import digits_arrays
+
+    x, y = digits_arrays()
+    cut = int(len(x) * 0.8)
+    for split, rows in (("train", np.arange(cut)), ("valid", np.arange(cut, len(x)))):
+        os.makedirs(os.path.join(folder, split), exist_ok=True)
+        for i, chunk in enumerate(np.array_split(rows, workers)):
+            table = pa.table({**{f"f{k}": x[chunk, k].astype(np.float32) for k in range(x.shape[1])},
+                              "label": y[chunk].astype(np.int64)})
+            pq.write_table(table, os.path.join(folder, split, f"part-{i}.parquet"))
+    return folder
+
+
 def _measure(cfg: Defaults, out: str) -> dict[str, list]:
     """One measurement of every row: {row: value} (seconds, or a demo's time line and process wall)."""
     py = sys.executable
@@ -108,6 +138,7 @@ def _measure(cfg: Defaults, out: str) -> dict[str, list]:
     service_dir = tempfile.mkdtemp(prefix="mh-startup-")
     warm = {**base, "MODELHOPPER_SERVICE_DIR": service_dir}
     demo = ["-m", "framework", "demo", "--epochs", str(cfg.epochs), "--workers", str(cfg.workers)]
+    asha = ["-c", _ASHA, _write_parquet(os.path.join(out, "parquet"), cfg.workers), str(cfg.workers)]
     got: dict[str, list] = {}
     got["ray"] = [float(_run([py, "-c", _BARE_RAY, "local", str(cfg.workers)], cold)[0].stdout.split()[-1])]
     t0 = time.perf_counter()
@@ -119,6 +150,8 @@ def _measure(cfg: Defaults, out: str) -> dict[str, list]:
     got["cold"] = [parse_time_line(done.stderr)[-1], wall]
     done, wall = _run([py, "-c", _TWICE, *demo[2:]], cold)
     got["second"] = [parse_time_line(done.stderr)[-1], wall]
+    done, wall = _run([py, *asha], cold)
+    got["asha_cold"] = [parse_time_line(done.stderr)[-1], wall]
     up, wall = _run([py, "-m", "framework", "up", "--num-cpus", str(max(cfg.workers, os.cpu_count() or 1)), "--json"],
                     warm)
     got["up"] = [wall]
@@ -130,6 +163,8 @@ def _measure(cfg: Defaults, out: str) -> dict[str, list]:
         if "attached to the local service" not in done.stderr:
             raise RuntimeError(f"the demo did not attach to the service:\n{done.stderr[-3000:]}")
         got["attached"] = [parse_time_line(done.stderr)[-1], wall]
+        done, wall = _run([py, *asha], warm)
+        got["asha_attached"] = [parse_time_line(done.stderr)[-1], wall]
     finally:
         _run([py, "-m", "framework", "down", "--timeout", "60"], warm)
         shutil.rmtree(service_dir, ignore_errors=True)
@@ -156,6 +191,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         _demo_row("demo: cold", line("cold"), med("cold", 1), "Ray + torch imports", ray_s + torch_s),
         _demo_row("demo: attached to `up`", line("attached"), med("attached", 1), "connect", connect_s),
         _demo_row("demo: 2nd run in a process", line("second"), med("second", 1), "none", float("nan")),
+        _demo_row("ASHA on Parquet: cold", line("asha_cold"), med("asha_cold", 1), "Ray + torch imports",
+                  ray_s + torch_s),
+        _demo_row("ASHA on Parquet: attached to `up`", line("asha_attached"), med("asha_attached", 1), "connect",
+                  connect_s),
     ]
     table = pd.DataFrame(rows, columns=["row", "startup_s", "first_unit_s", "imports_s", "process_s", "floor",
                                         "floor_s", "x_floor"])
