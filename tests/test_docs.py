@@ -261,3 +261,37 @@ def test_runnable_blocks_run(ray_cluster, tmp_path, monkeypatch, capsys):
         run_page(page, {} if page == "README.md" else first)
     assert os.listdir(tmp_path / "work") == [], "a docs example wrote into the working directory"
     assert os.listdir(tmp_path / "runs"), "the docs' runs went nowhere under $MODELHOPPER_STORAGE"
+
+
+def _tree_section(lines: list[str], path: str) -> list[str]:
+    """The lines of the layout page's tree under the entry for folder `path` ("framework/scheduling"): its own
+    line and every following line indented deeper."""
+    at = 0
+    for part in path.split("/"):
+        indent = None
+        for i in range(at, len(lines)):
+            m = re.match(rf"^( *){re.escape(part)}/ ", lines[i])
+            if m and (indent is None or len(m.group(1)) >= indent):
+                indent, at = len(m.group(1)), i
+                break
+        else:
+            raise AssertionError(f"docs/contributing/layout.md's tree has no entry for {path}/")
+    indent = len(lines[at]) - len(lines[at].lstrip())
+    end = next((j for j in range(at + 1, len(lines)) if len(lines[j]) - len(lines[j].lstrip()) <= indent), len(lines))
+    return lines[at:end]
+
+
+def test_the_layout_page_names_every_module_in_its_folder():
+    with open(os.path.join(ROOT, "docs", "contributing", "layout.md")) as f:
+        text = f.read()
+    tree = text[text.index("```\nframework/") + 4:]
+    lines = tree[:tree.index("```")].splitlines()
+    missing = []
+    for package in ("framework", "automl", "simulators"):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, package)):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+            rel = os.path.relpath(folder, ROOT)
+            section = "\n".join(_tree_section(lines, rel))
+            missing += [f"{rel}/{f}" for f in sorted(files) if f.endswith(".py") and f != "__init__.py"
+                        and not re.search(rf"(?<![\w.]){re.escape(f)}", section)]
+    assert not missing, f"docs/contributing/layout.md does not name {missing} under their folders"
