@@ -369,8 +369,10 @@ class PartitionedDataset:
         if valid is None:
             _check_valid_fraction(valid_fraction)
         from framework.engine.ray_start import ensure_ray
+        from framework.engine.spares import release_spare_workers
 
         ensure_ray()  # the engine's Ray check before Ray Data runs anything (its plain ray.init() is refused)
+        release_spare_workers()  # (earlier runs' idle worker actors would hold the CPUs Ray Data's tasks wait for)
         if valid is None:
             dataset, valid = dataset.train_test_split(test_size=valid_fraction)
         from framework.sources import RayDataSource, check_columns

@@ -43,6 +43,8 @@ from framework.engine.checkpoint import write_later
 from framework.engine.faults import Fault
 from framework.engine.gang import gang_id
 from framework.engine.ray_start import ensure_ray as ensure_ray  # (re-exported: callers start Ray here)
+from framework.engine.spares import SPARES, _job_id
+from framework.engine.spares import release_spare_workers as release_spare_workers  # (re-exported)
 from framework.engine.state import self_contained, unpack_state
 from framework.engine.worker import Worker
 from framework.options import RunOptions
@@ -337,89 +339,12 @@ def code_paths() -> list[str]:
     return list(dict.fromkeys([os.path.abspath(sys.path[0] or os.curdir), os.path.abspath(os.curdir)]))
 
 
-def _job_id() -> str:
-    """This driver's Ray job (the pool's keeper leases workers to it, and reclaims them when it dies)."""
-    return ray.get_runtime_context().get_job_id()
-
-
 def materialize(state: Any) -> dict | None:
     """A self-contained copy of a config state (unpacked, frozen weights fetched back in): what a checkpoint
     stores."""
     return self_contained(unpack_state(state), lambda h: ray.get(h) if isinstance(h, ray.ObjectRef) else h)
 
 
-#: how long a worker actor of a run that ended waits for the next run of this process to take it (`_Spares`); then it
-#: is killed and its resources are free again
-SPARE_TTL_S = 60.0
-
-
-class _Spares:
-    """Worker actors of this process's runs that ended cleanly, kept for its next run: a new actor spends seconds
-    on a process that imports torch, which the next run in a notebook or a test session then skips (Ray Tune's
-    `reuse_actors`, across runs). A spare is keyed by what its actor was made with (resources and thread groups);
-    a run takes those of its key as it starts a worker (`_RayWorker.rebind`: every field as a new actor's), or a
-    replacement, or a worker a person added; when none is left and it must make a new actor, it kills the others
-    first, so they free the resources that actor needs. Spares a run leaves alone stay for the next (a run of one
-    worker after one of three keeps two); a spare no run takes within `SPARE_TTL_S` is killed. Actors that joined a gang, kept an activation cache, or had a unit or a load
-    in flight are never kept. Thread-safe (the TTL's timer kills from a thread of its own)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_key: dict[Any, list[Any]] = {}
-        self._resources: dict[Any, dict[str, float]] = {}  # key -> the Ray resources one of its actors holds
-        self._job: str | None = None  # the Ray job the handles belong to (a new `ray.init` makes them stale)
-        self._timer: threading.Timer | None = None
-
-    def _current(self) -> None:
-        job = _job_id()
-        if job != self._job:
-            self._by_key, self._job = {}, job
-
-    def put(self, key: Any, actor: Any, resources: Mapping[str, float]) -> None:
-        with self._lock:
-            self._current()
-            self._by_key.setdefault(key, []).append(actor)
-            self._resources[key] = {k: float(v) for k, v in resources.items() if v}
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = threading.Timer(SPARE_TTL_S, self.release)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def take(self, key: Any) -> Any:
-        """A spare made with `key` (None: there is none)."""
-        with self._lock:
-            self._current()
-            actors = self._by_key.get(key)
-            return actors.pop() if actors else None
-
-    def held(self) -> dict[str, float]:
-        """The Ray resources the spares hold: a run has them for its new workers (`RayBackend.start_worker` takes a
-        spare of its key, else kills the others before it makes an actor)."""
-        with self._lock:
-            self._current()
-            out: dict[str, float] = {}
-            for key, actors in self._by_key.items():
-                for name, amount in self._resources.get(key, {}).items():
-                    out[name] = out.get(name, 0.0) + amount * len(actors)
-            return out
-
-    def release(self) -> int:
-        """Kill every spare now (their resources free again). Returns how many there were."""
-        with self._lock:
-            actors = [a for kept in self._by_key.values() for a in kept]
-            self._by_key = {}
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-        if actors and ray.is_initialized():
-            for actor in actors:
-                with contextlib.suppress(Exception):  # gone already
-                    ray.kill(actor, no_restart=True)
-        return len(actors)
-
-
-SPARES = _Spares()
 
 
 class _ProcessLedger:
@@ -451,10 +376,6 @@ PROCESS_LEDGER = _ProcessLedger()
 _LEDGER_KEYS = itertools.count()
 
 
-def release_spare_workers() -> int:
-    """Kill the worker actors this process keeps from runs that ended (`RayBackend(reuse_workers=True)`, the
-    default), freeing their CPUs and GPUs now rather than `SPARE_TTL_S` after the last run. Returns how many."""
-    return SPARES.release()
 
 
 class RayBackend(Backend):

@@ -1,4 +1,4 @@
-"""Worker actors kept between runs of one process (`framework.engine.ray_backend._Spares`): the next run's workers
+"""Worker actors kept between runs of one process (`framework.engine.spares`): the next run's workers
 start on them, train exactly as new actors would, and a spare no run takes is killed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 import automl
 import framework
-from framework.engine import ray_backend
+from framework.engine import spares
 from framework.engine.ray_backend import PROCESS_LEDGER, SPARES, release_spare_workers
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 
@@ -66,7 +66,7 @@ def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_
     _run(ds, tmp_path / "run")  # its two workers are the only spares now
     [key] = SPARES._by_key
     assert len(SPARES._by_key[key]) == 2
-    monkeypatch.setattr(ray_backend, "SPARE_TTL_S", 0.5)
+    monkeypatch.setattr(spares, "SPARE_TTL_S", 0.5)
     SPARES.put(key, SPARES.take(key), {"CPU": 1})  # the timer starts again, at 0.5 s
     deadline = time.time() + 30
     while sum(map(len, SPARES._by_key.values())) and time.time() < deadline:
