@@ -345,8 +345,6 @@ def materialize(state: Any) -> dict | None:
     return self_contained(unpack_state(state), lambda h: ray.get(h) if isinstance(h, ray.ObjectRef) else h)
 
 
-
-
 class _ProcessLedger:
     """The start ledger of this process's runs (those not attached to the service, which keeps its own): made by
     the first run of a Ray job and shared by the next ones (keys are unique in the process), instead of a new actor
@@ -374,8 +372,6 @@ PROCESS_LEDGER = _ProcessLedger()
 #: the numbers of worker actors' keys in a start ledger: unique in the process (the service's ledger is shared by
 #: every run attached to it, several of one process among them)
 _LEDGER_KEYS = itertools.count()
-
-
 
 
 class RayBackend(Backend):

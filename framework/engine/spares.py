@@ -32,8 +32,9 @@ class _Spares:
     a run takes those of its key as it starts a worker (`_RayWorker.rebind`: every field as a new actor's), or a
     replacement, or a worker a person added; when none is left and it must make a new actor, it kills the others
     first, so they free the resources that actor needs. Spares a run leaves alone stay for the next (a run of one
-    worker after one of three keeps two); a spare no run takes within `SPARE_TTL_S` is killed. Actors that joined a gang, kept an activation cache, or had a unit or a load
-    in flight are never kept. Thread-safe (the TTL's timer kills from a thread of its own)."""
+    worker after one of three keeps two); a spare no run takes within `SPARE_TTL_S` is killed. Actors that joined a
+    gang, kept an activation cache, or had a unit or a load in flight are never kept. Thread-safe (the TTL's timer
+    kills from a thread of its own)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
