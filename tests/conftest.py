@@ -26,7 +26,7 @@ def ray_cluster():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     # the worker actors a run leaves (spares) wait for the next run of this process however many other tests come
     # between (files run in random order): a new actor costs seconds of CPU, an idle one none; tests that make
-    # actors of their own free them first (`ray_actors`), and a run of another key kills them as it starts
+    # actors of their own free them first (`ray_actors`), and a run that must make a new actor kills them first
     spares.SPARE_TTL_S = 3600.0
     yield ray
     ray.shutdown()
