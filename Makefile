@@ -45,7 +45,8 @@ VENV_MIN ?= .venv-min
 TORCH_MIN_SPEC ?= $(TORCH_SPEC)
 MIN_CONSTRAINTS := tools/constraints-min.txt
 MIN_TESTS ?= tests/test_dependencies.py tests/test_imports.py \
-	tests/automl tests/framework/scheduling tests/framework/planner tests/framework/engine tests/framework/freezing \
+	tests/automl tests/framework/scheduling tests/framework/planner tests/framework/engine tests/framework/store \
+	tests/framework/cluster tests/framework/freezing \
 	tests/framework/test_trainable.py tests/framework/test_result_ranking.py tests/framework/test_result_pareto.py \
 	tests/framework/test_storage.py tests/simulators/test_simulators.py \
 	tests/integration/test_security.py tests/integration/test_optuna_search_on_engine.py \

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from framework.engine.catalog import SQLiteCatalog
+from framework.store.catalog import SQLiteCatalog
 
 ROWS = 2000
 os.environ.setdefault("MODELHOPPER_SECRET", "bench-" * 8)

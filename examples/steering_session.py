@@ -33,7 +33,7 @@ import automl
 import framework
 from framework.engine.ray_backend import ensure_ray
 from framework.examples import classifier_step_fn, digits_arrays, mlp_model_fn
-from framework.runs.steering import NotRunningError
+from framework.steering.connect import NotRunningError
 
 
 def start_in_background(selection):

@@ -2,7 +2,7 @@
 variant, where the results go, and a record of what ran (config, seed, git revision) next to them.
 
 Results go to `<storage root>/experiments/<script>/<timestamp or --tag>` (the root is `$MODELHOPPER_STORAGE`, else
-`~/modelhopper_runs`: `framework.engine.storage.default_root`), or to `--out`; never to the working directory, which under
+`~/modelhopper_runs`: `framework.store.storage.default_root`), or to `--out`; never to the working directory, which under
 `ray job submit --working-dir .` is Ray's temporary copy of the code.
 
 Every results table is printed with its provenance (`provenance`: the code's revision, the machine, the versions, the
@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from framework.cli import OneLineParser
-from framework.engine.storage import check_folder_name, default_root, enclosing_run, git_revision, unusable_dir
 from framework.result import CATALOG_FILE
+from framework.store.storage import check_folder_name, default_root, enclosing_run, git_revision, unusable_dir
 
 T = TypeVar("T")
 

@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pandas as pd  # noqa: E402
 
 from experiments._common import markdown, parse_config, record_run  # noqa: E402
-from framework.engine.catalog import SQLiteCatalog  # noqa: E402
 from framework.result import CATALOG_FILE  # noqa: E402
+from framework.store.catalog import SQLiteCatalog  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the modules a command's `imports` column looks for (the slow ones to import)

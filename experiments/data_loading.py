@@ -204,9 +204,10 @@ class Probe:
 
         from framework.engine.worker import Worker
         from framework.examples import classifier_step_fn, mlp_model_fn
+        from framework.functions import UserFunctions
         from framework.sources import table_to_tensors
 
-        self.worker = Worker(0, mlp_model_fn, step_fn=classifier_step_fn)
+        self.worker = Worker(0, UserFunctions(mlp_model_fn, step_fn=classifier_step_fn))
         table_to_tensors(pa.table({"x": [1.0], "label": [0]}), None, "label")  # (pyarrow.compute's first call)
 
     def ready(self) -> int:

@@ -63,6 +63,7 @@ from framework.examples import (  # noqa: E402
     digits_arrays,
     mlp_model_fn,
 )
+from framework.functions import UserFunctions  # noqa: E402
 
 PLACEMENTS = {"auto": None, "true": True, "false": False}
 WAYS = ("step_fn", "train_fn", "readme")
@@ -165,8 +166,8 @@ def placed_in_process(cfg: Defaults, dataset: framework.PartitionedDataset, data
     entries = dataset.worker_entries()
     places = set()
     for w in range(cfg.workers):
-        worker = Worker(w, mlp_model_fn, step_fn=classifier_step_fn, device=cfg.device, data_on_device=data_on_device,
-                        device_fraction=cfg.gpu_share if cfg.device == "cuda" else 1.0)
+        worker = Worker(w, UserFunctions(mlp_model_fn, step_fn=classifier_step_fn), device=cfg.device,
+                        data_on_device=data_on_device, device_fraction=cfg.gpu_share if cfg.device == "cuda" else 1.0)
         worker.load({p: entries[p] for p, ws in dataset.placement(cfg.workers).items() if w in ws})
         places |= set(worker.data_placed.values())
         del worker

@@ -35,9 +35,9 @@ import pandas as pd  # noqa: E402
 import automl  # noqa: E402
 import framework  # noqa: E402
 from experiments._common import parse_config, record_run  # noqa: E402
-from framework.engine.catalog import SQLiteCatalog  # noqa: E402
 from framework.engine.faults import Fault, FaultPlan  # noqa: E402
 from framework.examples import classifier_eval_fn, classifier_train_fn, digits_arrays, mlp_model_fn  # noqa: E402
+from framework.store.catalog import SQLiteCatalog  # noqa: E402
 
 SPACE = {"hidden": [16, 32], "lr": [0.05, 0.1, 0.2], "batch_size": [64]}  # 6 configs
 

@@ -62,10 +62,10 @@ import psutil  # noqa: E402
 import automl  # noqa: E402
 import framework  # noqa: E402
 from experiments._common import parse_config, record_run  # noqa: E402
-from framework.engine.catalog import SQLiteCatalog  # noqa: E402
 from framework.examples import classifier_eval_fn, classifier_train_fn, digits_arrays, mlp_model_fn  # noqa: E402
 from framework.result import CATALOG_FILE  # noqa: E402
-from framework.runs.steering import CommandOutcome, NotRunningError  # noqa: E402
+from framework.steering.connect import CommandOutcome, NotRunningError  # noqa: E402
+from framework.store.catalog import SQLiteCatalog  # noqa: E402
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 MARKER = "MODELHOPPER_SOAK"  # in the environment of every process the soak starts: what it may stop, and only that

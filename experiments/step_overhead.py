@@ -3,10 +3,10 @@
 The same MLP (`framework.examples.mlp_model_fn`, SGD with momentum) trains the same partition of synthetic data
 (`synthetic_classification`) two ways, on two in-process `framework.engine.worker.Worker`s (no Ray):
 
-    step   `Worker(step_fn=classifier_step_fn)`: the engine's `StepLoop` shuffles, batches, moves, steps the
-           optimizer and keeps the metrics' sums on the device (one host sync per pass)
-    hand   `Worker(train_fn=classifier_train_fn)`: the escape hatch, the loop written by hand (two `.item()` syncs
-           per step)
+    step   `Worker(UserFunctions(mlp_model_fn, step_fn=classifier_step_fn))`: the engine's `StepLoop` shuffles,
+           batches, moves, steps the optimizer and keeps the metrics' sums on the device (one host sync per pass)
+    hand   `Worker(UserFunctions(mlp_model_fn, train_fn=classifier_train_fn))`: the escape hatch, the loop written
+           by hand (two `.item()` syncs per step)
 
 Each way trains one config for `--warmup + --units` training units in a chain (unit e starts from the state unit
 e - 1 left, as a config's units do in a run), with the same run seed. Units of the two ways alternate, and which way
@@ -63,6 +63,7 @@ from framework.examples import (  # noqa: E402
     mlp_model_fn,
     synthetic_classification,
 )
+from framework.functions import UserFunctions  # noqa: E402
 from framework.scheduling.units import TRAIN, Unit, UnitTask  # noqa: E402
 
 PLACEMENTS = {"auto": None, "true": True, "false": False}
@@ -135,10 +136,9 @@ def run_cell(cfg: Defaults, hidden: int, batch: int, data: tuple, valid: tuple) 
     """Both ways on one (hidden, batch) cell: the cell's row of the table, and one row per timed unit."""
     config = {"hidden": hidden, "batch_size": batch, "in_features": cfg.features, "layers": cfg.layers,
               "classes": 10, "lr": 0.01}
-    common = dict(model_fn=mlp_model_fn, device=cfg.device, num_threads=cfg.threads,
-                  data_on_device=PLACEMENTS[cfg.data_on_device])
-    workers = {"step": Worker(0, step_fn=classifier_step_fn, **common),
-               "hand": Worker(1, train_fn=classifier_train_fn, eval_fn=classifier_eval_fn, **common)}
+    common = dict(device=cfg.device, num_threads=cfg.threads, data_on_device=PLACEMENTS[cfg.data_on_device])
+    workers = {"step": Worker(0, UserFunctions(mlp_model_fn, step_fn=classifier_step_fn), **common),
+               "hand": Worker(1, UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn), **common)}
     for w in workers.values():
         w.load({0: ([data], [valid])})
     placed = {way: w.data_placed[("train", 0)] for way, w in workers.items()}

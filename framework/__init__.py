@@ -9,7 +9,7 @@ computation: `plan_transfer`, `TransferSelection` (in-process) and `transfer_on_
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from framework.engine import implicit_ray
+from framework.cluster import implicit_ray
 
 # Ray's implicit start (Ray Data's readers, a `ray.put` before `ray.init`) is the engine's from here on: the run's
 # own local Ray, never a cluster another user started on this machine (no Ray import: it waits for Ray's own)
@@ -23,8 +23,8 @@ _EXPORTS = {
     "TensorBoardCallback": "framework.trackers",
     "WandbCallback": "framework.trackers",
     "PartitionedDataset": "framework.data",
-    "connect": "framework.runs.steering",
-    "RunHandle": "framework.runs.steering",
+    "connect": "framework.steering.connect",
+    "RunHandle": "framework.steering.connect",
     "EngineTransfer": "framework.planner.engine",
     "transfer_on_engine": "framework.planner.engine",
     "TransferPlan": "framework.planner.transfer",
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from framework.planner.transfer import TransferPlan, TransferSelection, plan_transfer
     from framework.result import Result
     from framework.runs.replay import replay
-    from framework.runs.steering import RunHandle, connect
     from framework.selection import ModelSelection
+    from framework.steering.connect import RunHandle, connect
     from framework.trackers import MLflowCallback, TensorBoardCallback, WandbCallback
     from framework.trainable import Trainable
 

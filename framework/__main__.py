@@ -1,7 +1,7 @@
 """Command line: `python -m framework COMMAND --help` (the console script `modelhopper`): demo, show, replay, list,
 status, watch, compare, export, resume, workers, pause, unpause, stop, resume-config, add, clone, extend, dashboard,
-up, down (the warm local service, `framework.engine.service`).
-The commands about runs are thin glue over `framework.runs` (reading them), `framework.runs.steering` (steering a running
+up, down (the warm local service, `framework.cluster.service`).
+The commands about runs are thin glue over `framework.runs` (reading them), `framework.steering.connect` (steering a running
 one) and `framework.dashboard` (a web page of one)."""
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def _ran(result, args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from framework.engine.catalog import CatalogError
-    from framework.runs.status import open_result
+    from framework.steering.status import open_result
+    from framework.store.catalog import CatalogError
 
     with open_result(args.storage_path) as result:  # a run opened from a URI is a temporary copy: removed after
         try:
@@ -119,9 +119,9 @@ def _wait_for_run(args: argparse.Namespace) -> None:
     """Before `watch` or `dashboard` reads `args.run`: wait (at most `--wait` seconds, saying so on stderr) while it
     holds no run that has started, as right after the run was launched. No run after the wait is an error; a run
     given by URI is not waited for."""
-    from framework.engine.storage import is_uri
     from framework.result import CATALOG_FILE
-    from framework.runs.status import run_started, wait_for_run
+    from framework.steering.status import run_started, wait_for_run
+    from framework.store.storage import is_uri
 
     if args.wait == 0 or is_uri(args.run) or run_started(args.run):
         return
@@ -139,7 +139,7 @@ _ACCEPT_CHANGED = ("go on where the data differs from what the run read (a file'
 
 def _replay(args: argparse.Namespace) -> int:
     import framework
-    from framework.engine.storage import unusable_dir
+    from framework.store.storage import unusable_dir
 
     why = unusable_dir(args.out) if args.out is not None else None
     if why is not None:
@@ -154,7 +154,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _cleanup(args: argparse.Namespace) -> int:
     import psutil
 
-    from framework.engine import orphans
+    from framework.cluster import orphans
 
     pids = orphans.reap(dry_run=True)
     for pid in pids:
@@ -172,7 +172,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     import json
 
-    from framework.engine import service
+    from framework.cluster import service
 
     if args.status:
         s = service.status()
@@ -204,7 +204,7 @@ def _service_text(s: dict) -> str:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from framework.engine import service
+    from framework.cluster import service
 
     service.down(timeout_s=args.timeout, say=_say)
     return 0
@@ -213,8 +213,8 @@ def _down(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     # `list_runs`' rows as dicts, printed as its DataFrame was (`text_table`, `json_records`): no pandas to import
     from framework.cli import json_records, text_table
-    from framework.engine.storage import default_root
     from framework.runs.manage import LIST_COLUMNS, age, run_rows
+    from framework.store.storage import default_root
 
     root = args.root if args.root is not None else default_root()
     runs = run_rows(args.root, max_depth=args.depth)
@@ -238,7 +238,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    from framework.runs.steering import connect
+    from framework.steering.connect import connect
 
     handle = connect(args.run, source="cli")
     if args.add is None and args.drain is None:
@@ -259,7 +259,7 @@ def _report(outcomes: list) -> int:
 
 
 def _pause(args: argparse.Namespace) -> int:
-    from framework.runs.steering import connect
+    from framework.steering.connect import connect
 
     handle = connect(args.run, source="cli")
     return _report([handle.pause(args.timeout) if args.command == "pause" else handle.unpause(args.timeout)])
@@ -267,7 +267,7 @@ def _pause(args: argparse.Namespace) -> int:
 
 def _config_command(args: argparse.Namespace) -> int:
     """stop, resume-config, add, clone, extend: one command to the running run's driver."""
-    from framework.runs.steering import connect
+    from framework.steering.connect import connect
 
     handle, t = connect(args.run, source="cli"), args.timeout
     if args.command == "stop":
@@ -333,9 +333,9 @@ def _watch(args: argparse.Namespace) -> int:
     import time
     import warnings
 
-    from framework.engine.catalog import UnverifiedRunWarning, configs_named, describe_problems
     from framework.runs.manage import age
-    from framework.runs.status import open_result, run_status
+    from framework.steering.status import open_result, run_status
+    from framework.store.catalog import UnverifiedRunWarning, configs_named, describe_problems
 
     _wait_for_run(args)
     while True:
@@ -371,7 +371,7 @@ def _status(args: argparse.Namespace) -> int:
     import json
 
     from framework.runs.manage import age, iso
-    from framework.runs.status import run_status
+    from framework.steering.status import run_status
 
     s = run_status(args.run)
     if args.json:
@@ -430,9 +430,9 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from framework.options import FUNCTIONS
+    from framework.functions import FUNCTIONS
     from framework.runs.manage import resume_run
-    from framework.runs.status import run_status
+    from framework.steering.status import run_status
 
     if run_status(args.run)["status"] == "finished":
         _say(f"The run in {args.run} had finished: nothing to resume")
@@ -620,7 +620,7 @@ def _registry_parsers(sub, fmt) -> None:
 
 def _registry_command(args: argparse.Namespace) -> int:
     """A command made from the registry (`_registry_parsers`): the arguments given, sent to the running run."""
-    from framework.runs.steering import connect
+    from framework.steering.connect import connect
 
     given = {k[len("arg_"):]: v for k, v in vars(args).items() if k.startswith("arg_") and v is not None}
     return _report([connect(args.run, source="cli").send(args.registry_command, timeout=args.timeout, **given)])
@@ -791,7 +791,7 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
                      help="resume a run whose run.db does not verify under this machine's key; the functions it "
                           "names are still never imported, so name each one with --model-fn etc.")
     res.add_argument("--accept-changed-data", action="store_true", help=_ACCEPT_CHANGED)
-    from framework.options import FUNCTIONS
+    from framework.functions import FUNCTIONS
 
     for name in FUNCTIONS:
         res.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="MODULE:QUALNAME", default=None,
@@ -843,8 +843,8 @@ def build_parser(prog: str = "python -m framework") -> argparse.ArgumentParser:
 USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, ImportError, TimeoutError)
 #: the project's own errors that mean the same, as (module, class): looked up among the modules a command imported,
 #: so that `--help` and the commands that do not need them import none of those modules (pandas, with the catalog)
-USER_ERROR_CLASSES = (("framework.engine.catalog", "CatalogError"), ("framework.engine.signing", "SignatureError"),
-                      ("framework.result", "NoResultError"), ("framework.runs.steering", "NotRunningError"))
+USER_ERROR_CLASSES = (("framework.store.catalog", "CatalogError"), ("framework.store.signing", "SignatureError"),
+                      ("framework.result", "NoResultError"), ("framework.steering.connect", "NotRunningError"))
 
 
 def _is_user_error(e: BaseException) -> bool:
@@ -861,8 +861,8 @@ def _is_user_error(e: BaseException) -> bool:
 
 def _check_paths(args: argparse.Namespace) -> None:
     """A ValueError naming the argument when a run directory (or an output folder) given is not UTF-8 text: SQLite
-    cannot open a run there (`framework.engine.storage.not_utf8`). `list` takes such a root: it lists what it finds."""
-    from framework.engine.storage import check_utf8
+    cannot open a run there (`framework.store.storage.not_utf8`). `list` takes such a root: it lists what it finds."""
+    from framework.store.storage import check_utf8
 
     for dest in ("storage_path", "run", "runs", "out"):
         given = getattr(args, dest, None)

@@ -12,8 +12,8 @@ from automl import Procedure
 from framework.callbacks import Callback
 from framework.data import PartitionedDataset, encode_entry
 from framework.engine.faults import FaultPlan
-from framework.engine.storage import RunStorage, check_folder_name, run_name, unusable_dir
 from framework.result import CATALOG_FILE
+from framework.store.storage import RunStorage, check_folder_name, run_name, unusable_dir
 
 
 def check_user_code(model_fn: Any, train_fn: Any, eval_fn: Any, input_fn: Any, extract: Any, step_fn: Any = None,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from framework.engine.catalog import CatalogError, confine
+from framework.store.catalog import CatalogError, confine
 
 
 def _as_tensor(a: Any) -> torch.Tensor:
@@ -61,6 +61,19 @@ def shard_data(data: Any, index: int, count: int) -> Any:
         return data[index::count]
     raise TypeError(f"cannot share a partition of type {type(data).__name__} among a gang's workers; input_fn must "
                     "return a tuple or dict of tensors/arrays, a tensor, an array or a list")
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors and arrays in `obj` (tuples, lists and dicts are walked)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def data_len(data: Any) -> int:
@@ -156,7 +169,6 @@ class PartitionedDataset:
         """Each partition's estimated bytes (train and valid), known without reading data files: a source's
         `estimated_bytes()`, in-memory data's own size. An entry with no estimate (a torch dataset, a `from_files`
         entry) raises: `memory_limit` cannot be checked against it."""
-        from framework.engine.state import tensor_bytes
         from framework.sources import Source
 
         def size(entry: Any, j: int) -> int:
@@ -368,8 +380,8 @@ class PartitionedDataset:
         _check_reader_args(num_partitions, columns, label, to_tensors)
         if valid is None:
             _check_valid_fraction(valid_fraction)
-        from framework.engine.ray_start import ensure_ray
-        from framework.engine.spares import release_spare_workers
+        from framework.cluster.ray_start import ensure_ray
+        from framework.cluster.spares import release_spare_workers
 
         ensure_ray()  # the engine's Ray check before Ray Data runs anything (its plain ray.init() is refused)
         release_spare_workers()  # (earlier runs' idle worker actors would hold the CPUs Ray Data's tasks wait for)

@@ -29,8 +29,6 @@ RECORDED = (
     "max_unit_retries", "max_worker_restarts", "max_workers", "freezing", "deterministic", "queue_depth",
     "checkpoint", "data_on_device", "pack", "stop", "time_budget_s",
 )
-#: the user functions a run records by name (`meta["functions"]`), in `ModelSelection.resume`'s order
-FUNCTIONS = ("model_fn", "train_fn", "eval_fn", "input_fn", "step_fn", "eval_step")
 #: the recorded options a resumed run may change (`from_meta(meta, **overrides)`); the rest define the run
 RESUMABLE = frozenset({
     "unit_timeout_s", "max_unit_retries", "max_worker_restarts", "scheduler", "queue_depth", "checkpoint",

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from framework import stoppers
-from framework.engine.catalog import (  # noqa: F401 - CATALOG_FILE, CHECKPOINT_DIR, OUTCOMES: callers import them here
+from framework.store.catalog import (  # noqa: F401 - CATALOG_FILE, CHECKPOINT_DIR, OUTCOMES: callers import them here
     CATALOG_FILE,
     CHECKPOINT_DIR,
     OUTCOMES,
@@ -28,7 +28,7 @@ from framework.engine.catalog import (  # noqa: F401 - CATALOG_FILE, CHECKPOINT_
     config_outcome,
     describe_problems,
 )
-from framework.engine.checkpoint import load_latest_verified
+from framework.store.checkpoint import load_latest_verified
 
 if TYPE_CHECKING:  # torch is imported where a model is built (the command line's reading of runs does not pay for it)
     import torch
@@ -198,7 +198,7 @@ class Result:
         """Re-open a finished (or crashed) run's results from its directory (also one copied or moved elsewhere), or
         from the URI it was mirrored to (fetched into its local working copy first). Opening reads only: nothing is
         written into the run."""
-        from framework.engine.storage import RunStorage, is_uri
+        from framework.store.storage import RunStorage, is_uri
 
         if not is_uri(storage_path):
             if not os.path.exists(os.path.join(storage_path, CATALOG_FILE)):
@@ -443,7 +443,7 @@ class Result:
     def _completeness_problems(self) -> list:
         """`check_completeness`'s problems, as `framework.completeness.CompletenessProblem`s."""
         from framework.completeness import CompletenessProblem, logged_visits, run_partitions, visit_problems
-        from framework.engine.checkpoint import CorruptCheckpointError
+        from framework.store.checkpoint import CorruptCheckpointError
 
         if self._copy is not None and not self._copy.alive:
             raise ValueError(f"this Result was closed: its copy of the run ({self.storage_path!r}) is removed; open "

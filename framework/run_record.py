@@ -7,28 +7,28 @@ a `ModelSelection` that continues it; `is_finished` and `reopen_run` are the oth
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from framework.engine.catalog import CATALOG_FILE, SQLiteCatalog, check_verified, confine
-from framework.engine.checkpoint import CheckpointStore
-from framework.engine.inbox import read_requests
-from framework.engine.signing import loads_signed
-from framework.engine.storage import RunStorage, git_revision
-from framework.options import FUNCTIONS, RunOptions
+from framework.options import RunOptions
+from framework.store.catalog import CATALOG_FILE, SQLiteCatalog, check_verified, confine
+from framework.store.checkpoint import CheckpointStore
+from framework.store.inbox import read_requests
+from framework.store.signing import loads_signed
+from framework.store.storage import RunStorage, git_revision
 
 if TYPE_CHECKING:  # (torch comes with the data module, Optuna with automl: the command line reads run records
     # without them)
     from automl import Procedure
     from framework.data import PartitionedDataset
     from framework.driver.commands import InboxCommands
+    from framework.functions import UserFunctions
 
 
 def extract_ref(extract: Callable | None) -> str | None:
@@ -66,25 +66,25 @@ def record_run(
     placement: Mapping[int, list[int]],
     procedure: Procedure,
     dataset: PartitionedDataset,
-    fns: Mapping[str, Any],
+    functions: UserFunctions,
     storage_uri: str | None,
     start_time: float,
 ) -> None:
-    """Write a new run's meta. `fns`: what the workers run; the user functions (`framework.options.FUNCTIONS`) are
-    recorded by name (the names replay imports; the catalog signs every meta row, so a run directory cannot make
+    """Write a new run's meta. `functions`: what the workers run; the user functions (`framework.functions.FUNCTIONS`)
+    are recorded by name (the names replay imports; the catalog signs every meta row, so a run directory cannot make
     replay call others), `extract` by its name or class. `driver` is this process (pid and host): whether it is
-    still alive tells a running run from a crashed one (`framework.runs.status`)."""
+    still alive tells a running run from a crashed one (`framework.steering.status`)."""
     from framework.trainable import function_ref
 
     assert options.storage_path is not None
     data_desc = dataset.save(os.path.join(options.storage_path, "data"))
     catalog.set_meta(
         start_time=start_time, **options.to_meta(), num_threads=options.num_threads,
-        placement={str(k): v for k, v in placement.items()}, extract=extract_ref(fns.get("extract")),
+        placement={str(k): v for k, v in placement.items()}, extract=extract_ref(functions.extract),
         synchronous=options.deterministic or getattr(procedure, "synchronous", True),
         procedure=type(procedure).__name__, dataset=data_desc, git_revision=git_revision(),
         code_digest=code_digest(), storage_uri=storage_uri,
-        functions={n: function_ref(fns.get(n)) for n in FUNCTIONS},
+        functions={n: function_ref(f) for n, f in functions.named().items()},
         driver=driver_identity(),
     )
 
@@ -92,48 +92,6 @@ def record_run(
 def driver_identity() -> dict[str, Any]:
     """The process that writes a run: what `record_run` and a `resumed` event record."""
     return {"pid": os.getpid(), "host": socket.gethostname()}
-
-
-@contextlib.contextmanager
-def writer_lock(storage_path: str) -> Iterator[None]:
-    """Hold the run's writer lock while the block runs: an exclusive `flock` on the run directory itself (nothing is
-    written into it for the lock, and the lock goes with the process, also when it is killed). A second writer on
-    this host (a resume of a run that is being written) is refused with a ValueError. `flock` is advisory and per
-    host: on a network file system a writer on another host is not seen; without `fcntl` (Windows) nothing is held."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    fd = os.open(storage_path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f"`storage_path` {storage_path!r} is being written by another process on this host (a "
-                             "run or a resume holds its lock): wait until it ends (`modelhopper status`)") from None
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def is_being_written(storage_path: str) -> bool:
-    """Whether a process on this host holds the run's writer lock (`writer_lock`); reads only."""
-    try:
-        import fcntl
-    except ImportError:
-        return False
-    try:
-        fd = os.open(storage_path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def inbox_commands(catalog: SQLiteCatalog, storage_path: str) -> InboxCommands:
@@ -211,7 +169,7 @@ def is_finished(storage_path: str) -> bool:
         catalog.close()
 
 
-def reopen_run(catalog: SQLiteCatalog, ckpt: CheckpointStore, options: RunOptions, fns: dict[str, Any],
+def reopen_run(catalog: SQLiteCatalog, ckpt: CheckpointStore, options: RunOptions, functions: UserFunctions,
                entries: dict[int, tuple[list, list]], *, trust_unverified: bool, partial_removed: int) -> None:
     """A resumed run, once its writer has the catalog open: verified again (what changed since `load_run` checked is
     not trusted; on failure the catalog and `ckpt` are closed), its `resumed` event logged, and its damaged newest
@@ -232,8 +190,8 @@ def reopen_run(catalog: SQLiteCatalog, ckpt: CheckpointStore, options: RunOption
     gpu = float(options.worker_resources.get("GPU", 0)) > 0
     if options.freezing is not None or (gpu and not torch.cuda.is_available()):
         return
-    rebuild_checkpoints(catalog, fns, entries, seed=options.seed, num_threads=options.num_threads,
-                        device="cuda" if gpu else "cpu", max_units=len(entries),
+    rebuild_checkpoints(catalog, functions, entries, seed=options.seed, data_on_device=options.data_on_device,
+                        num_threads=options.num_threads, device="cuda" if gpu else "cpu", max_units=len(entries),
                         write=lambda line: print(line, file=sys.stderr, flush=True))
 
 

@@ -35,20 +35,22 @@ from framework.data import PartitionedDataset
 from framework.driver import Driver, SQLiteRunLog, stopping
 from framework.driver.commands import QueueCommands, Sources
 from framework.driver.observers import ProgressBar, RunClock, StorageMirror, print_summary
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore, remove_partial
 from framework.engine.faults import FaultPlan
-from framework.engine.packs import mixes_epochs, pack_key
 from framework.engine.ray_backend import RayBackend, check_resources, ensure_ray
-from framework.options import EXECUTORS, FUNCTIONS, RECORDED, RunOptions
+from framework.functions import UserFunctions
+from framework.options import EXECUTORS, RECORDED, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.scheduling import Scheduler
+from framework.store.catalog import SQLiteCatalog
+from framework.store.checkpoint import CheckpointStore, remove_partial
+from framework.store.lock import writer_lock
 
 __all__ = ["EXECUTORS", "ModelSelection"]
 
 _D = RunOptions()  # the options' defaults are RunOptions' (`worker_resources=None` is its default, one CPU)
 #: what `ModelSelection` reads through from its `options` (`sel.queue_depth` is `sel.options.queue_depth`)
 _OPTION_ATTRIBUTES = frozenset(f.name for f in dataclasses.fields(RunOptions)) | {"scheduler_name", "num_threads"}
+_FUNCTION_ATTRIBUTES = frozenset(f.name for f in dataclasses.fields(UserFunctions))
 
 
 class ModelSelection:
@@ -66,7 +68,7 @@ class ModelSelection:
             "hyperband", ...) or a `"module:Class"` string, constructed with `procedure_args` (a dict of keywords).
         input_fn: `input_fn(entry) -> data`, run on the worker to load a partition (default: the entry itself).
         storage_path: the run's directory: a local path, a `pyarrow.fs` URI (`s3://...`: a local copy mirrored there,
-            `framework.engine.storage`), or None: a new folder `<name>` under `$MODELHOPPER_STORAGE`, else
+            `framework.store.storage`), or None: a new folder `<name>` under `$MODELHOPPER_STORAGE`, else
             `~/modelhopper_runs` (never the working directory, which `ray job submit` replaces).
         name: the run folder's name when `storage_path` is None (default: `<procedure>-<timestamp>`).
         progress: show a progress bar over units and a leaderboard line per round.
@@ -127,9 +129,8 @@ class ModelSelection:
         ).resolve_workers(dataset.num_partitions).for_live_run()
         n = options.num_workers
         self.placement = dataset.placement(n) if executor == "mop" else {0: list(range(n))}
-        self.model_fn, self.train_fn, self.eval_fn, self.input_fn = model_fn, train_fn, eval_fn, input_fn
-        self.step_fn, self.eval_step = step_fn, eval_step
-        self.dataset, self.extract, self.progress = dataset, extract, progress
+        self.functions = UserFunctions(model_fn, train_fn, eval_fn, input_fn, step_fn, eval_step, extract)
+        self.dataset, self.progress = dataset, progress
         self.procedure = resolve_procedure(procedure, procedure_args)
         self.faults, self.callbacks = check_faults(faults), check_callbacks(callbacks, dashboard)
         self.storage = new_run_storage(storage_path, name, self.procedure)
@@ -138,9 +139,12 @@ class ModelSelection:
         self._resuming, self._commands, self._cache_dir = False, QueueCommands(), None  # (commands: the loop's)
 
     def __getattr__(self, name: str) -> Any:
-        """The run's options read as attributes: `sel.queue_depth` is `sel.options.queue_depth`."""
+        """The run's options and functions read as attributes: `sel.queue_depth` is `sel.options.queue_depth`,
+        `sel.step_fn` is `sel.functions.step_fn`."""
         if name in _OPTION_ATTRIBUTES and "options" in self.__dict__:
             return getattr(self.options, name)
+        if name in _FUNCTION_ATTRIBUTES and "functions" in self.__dict__:
+            return getattr(self.functions, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ---- public -------------------------------------------------------------------------------------------------
@@ -181,7 +185,7 @@ class ModelSelection:
     def _run(self, lock: contextlib.ExitStack, clock: RunClock) -> Result:
         options = self.options
         if self._resuming:
-            lock.enter_context(run_record.writer_lock(self.storage_path))  # first: a second resume is refused
+            lock.enter_context(writer_lock(self.storage_path))  # first: a second resume is refused
             if run_record.is_finished(self.storage_path):
                 print(f"Run {self.storage.where} had finished: nothing to resume", file=sys.stderr, flush=True)
                 return Result(self.storage_path, self.model_fn)
@@ -192,16 +196,16 @@ class ModelSelection:
         clock.lap("ray")
         os.makedirs(self.storage_path, exist_ok=True)
         if not self._resuming:
-            lock.enter_context(run_record.writer_lock(self.storage_path))
+            lock.enter_context(writer_lock(self.storage_path))
         catalog = SQLiteCatalog(os.path.join(self.storage_path, CATALOG_FILE))
         ckpt = CheckpointStore(os.path.join(self.storage_path, CHECKPOINT_DIR), catalog)
         self._t0 = time.time()
         if self._resuming:
-            run_record.reopen_run(catalog, ckpt, options, self._worker_fns(), self._entries(),
+            run_record.reopen_run(catalog, ckpt, options, self.functions, self._entries(),
                        trust_unverified=self._trust_unverified, partial_removed=self._partial_removed)
         else:
             run_record.record_run(catalog, options, placement=self.placement, procedure=self.procedure,
-                                  dataset=self.dataset, fns=self._worker_fns(), storage_uri=self.storage.uri,
+                                  dataset=self.dataset, functions=self.functions, storage_uri=self.storage.uri,
                                   start_time=self._t0)
         backend = self._backend()
         placement = {w: [p for p, ws in self.placement.items() if w in ws] for w in range(options.num_workers)}
@@ -212,7 +216,7 @@ class ModelSelection:
         commands = Sources(self._commands, run_record.inbox_commands(catalog, self.storage_path))  # ours, others'
         driver = Driver(backend, self.procedure, SQLiteRunLog(catalog, ckpt), placement, sorted(backend.entries),
                         options, self.faults, commands=commands, observers=[bar, *self.callbacks, *mirror, clock],
-                        pack_key=pack_key(self.model_fn), pack_epochs=mixes_epochs(self.step_fn, self.eval_step))
+                        pack_key=self.functions.pack_key(), pack_epochs=self.functions.mixes_epochs())
         self._driver, run = driver, driver.run_state
         if self._resuming:  # the data must be what the run read
             run_record.expect_recorded_data(run, catalog, backend.entries, self._accept_changed_data)
@@ -287,14 +291,10 @@ class ModelSelection:
         freezing = self.options.freezing
         cache = isinstance(freezing, Mapping) and bool(freezing.get("cache"))
         self._cache_dir = tempfile.mkdtemp(prefix="modelhopper-cache-") if cache else None
-        return RayBackend({**self._worker_fns(), "freezing": freezing, "cache_dir": self._cache_dir},
-                          self.options.worker_resources, self.options.num_threads, self._entries(),
-                          put_entries=self.dataset.in_memory, queue_depth=self.options.queue_depth)
+        return RayBackend(self.functions, self.options.worker_resources, self.options.num_threads, self._entries(),
+                          put_entries=self.dataset.in_memory, queue_depth=self.options.queue_depth,
+                          worker_options={"freezing": freezing, "cache_dir": self._cache_dir,
+                                          "data_on_device": self.options.data_on_device})
 
     def _entries(self) -> dict[int, tuple[list, list]]:
         return self.dataset.worker_entries(self.options.executor == "mop")
-
-    def _worker_fns(self) -> dict[str, Any]:
-        return {**{n: getattr(self, n) for n in FUNCTIONS}, "extract": self.extract,
-                "data_on_device": self.options.data_on_device}
-

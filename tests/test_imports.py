@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,81 @@ def test_imports_no_cycle_counting_imports_inside_functions_and_for_type_checkin
 def test_imports_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+LAYOUT_PAGE = ROOT / "docs" / "contributing" / "layout.md"
+
+
+def _layers(text: str) -> dict[str, int]:
+    """The layer table of the contributor's layout page: each package ("framework/engine/") or module
+    ("framework/data.py") it names, with its layer number."""
+    layers: dict[str, int] = {}
+    for m in re.finditer(r"^\| (\d+) \| (.+?) \|", text, re.MULTILINE):
+        for unit in re.findall(r"`([^`]+)`", m.group(2)):
+            assert unit not in layers, f"the layout page names {unit} in two layers"
+            layers[unit] = int(m.group(1))
+    return layers
+
+
+def _unit(module: str, layers: dict[str, int]) -> str | None:
+    """The entry of the layer table that holds `module`: the module's own file, else its deepest package named."""
+    path = ALL[module].relative_to(ROOT).as_posix()
+    if path in layers:
+        return path
+    parts = path.split("/")[:-1]
+    for i in range(len(parts), 0, -1):
+        if "/".join(parts[:i]) + "/" in layers:
+            return "/".join(parts[:i]) + "/"
+    return None
+
+
+def _arrows_up(graph: dict[str, set[str]], unit_of: dict[str, str | None], layers: dict[str, int]) -> list[str]:
+    """Every import from one entry of the table to another that is not in a lower layer."""
+    out = []
+    for m, named in sorted(graph.items()):
+        for n in sorted(named):
+            a, b = unit_of[m], unit_of[n]
+            if a != b and layers[b] >= layers[a]:
+                out.append(f"{m} (layer {layers[a]}, {a}) imports {n} (layer {layers[b]}, {b})")
+    return out
+
+
+def test_imports_follow_the_layers_of_the_layout_page():
+    """Every module belongs to one entry of the page's layer table, and imports (inside functions and for type
+    checking too) only from entries in lower layers: no arrow up, none within a layer."""
+    layers = _layers(LAYOUT_PAGE.read_text())
+    assert layers, "docs/contributing/layout.md has no layer table"
+    missing = [u for u in layers if not (ROOT / u).exists()]
+    assert not missing, f"the layout page's layer table names what is not in the tree: {missing}"
+    unit_of = {m: _unit(m, layers) for m in ALL}
+    unplaced = sorted(m for m, u in unit_of.items() if u is None)
+    assert not unplaced, f"modules in no layer of docs/contributing/layout.md: {unplaced}"
+    graph = {m: {n for n in _imports(m, module_level=False) if n in ALL and n != m} for m in ALL}
+    up = _arrows_up(graph, unit_of, layers)
+    assert not up, "imports that do not point down the layers:\n" + "\n".join(up)
+
+
+def test_imports_the_layer_check_finds_an_arrow_up_and_one_within_a_layer():
+    layers = {"low/": 0, "mid.py": 1, "high/": 2, "side.py": 2}
+    unit_of = {"low.a": "low/", "mid": "mid.py", "high.b": "high/", "side": "side.py"}
+    graph = {"low.a": {"mid"}, "mid": set(), "high.b": {"mid", "side"}, "side": set()}
+    assert _arrows_up(graph, unit_of, layers) == [
+        "high.b (layer 2, high/) imports side (layer 2, side.py)",
+        "low.a (layer 0, low/) imports mid (layer 1, mid.py)",
+    ]
+
+
+#: calls that open a run's catalog or a checkpoint file: only `framework/store/` makes them
+_STORE_CALLS = {("sqlite3", "connect"), ("torch", "load"), ("torch", "save")}
+
+
+def test_only_the_store_opens_a_runs_catalog_or_checkpoints():
+    found = []
+    for module, path in ALL.items():
+        if module.startswith("framework.store"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in _STORE_CALLS):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.value.id}.{node.func.attr}")
+    assert not found, f"outside framework/store/: {found}"

@@ -8,7 +8,7 @@ the JSON endpoints below about once a second; each request reads the run's files
 so the dashboard serves a running run, a crashed one and a finished one alike, from any process of the machine:
 
     GET  /                 the page
-    GET  /api/status       `framework.runs.status.run_status(run)`
+    GET  /api/status       `framework.steering.status.run_status(run)`
     GET  /api/leaderboard  every config, best first: config_id, status, epochs, value (of the run's metric), config;
                            and what of the run does not verify: `unverified` (lines, the first `TRUST_LIMIT`),
                            `unverified_count`, `suspect_configs` (the configs those lines name): the page shows them
@@ -68,10 +68,10 @@ from aiohttp import web
 
 from framework.callbacks import Callback, RunInfo
 from framework.command_specs import COMMAND_ENTRIES, OUTSIDE_COMMANDS
-from framework.engine.catalog import SQLiteCatalog, UnverifiedRunWarning, configs_named
-from framework.engine.inbox import InboxError
-from framework.engine.signing import key_path
 from framework.result import CATALOG_FILE, Result
+from framework.store.catalog import SQLiteCatalog, UnverifiedRunWarning, configs_named
+from framework.store.inbox import InboxError
+from framework.store.signing import key_path
 
 __all__ = ["EVENTS_LIMIT", "LOCAL_HOSTS", "MAX_BODY_DEPTH", "OUTSIDE_COMMANDS", "SCHEDULE_LIMIT", "Dashboard",
            "DashboardCallback", "serve"]
@@ -279,7 +279,7 @@ def _app(board: Dashboard) -> web.Application:
         return handler
 
     async def command(request: web.Request) -> web.Response:
-        from framework.runs.steering import NotRunningError, connect
+        from framework.steering.connect import NotRunningError, connect
 
         try:
             body = _parse_body(await request.read())
@@ -498,7 +498,7 @@ def _commands(run: str) -> dict[str, Any]:
 
 
 def _status(run: str) -> dict[str, Any]:
-    from framework.runs.status import run_status
+    from framework.steering.status import run_status
 
     return run_status(run)
 

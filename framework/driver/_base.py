@@ -7,7 +7,7 @@ and nothing else; the loop never reaches past them.
 
 What an implementation promises:
 - One writer. Only the driver loop writes, from one thread, one call at a time (a run directory admits one driver:
-  `framework.run_record.writer_lock`). An implementation need not be thread-safe for its writes.
+  `framework.store.lock.writer_lock`). An implementation need not be thread-safe for its writes.
 - Atomic records. `add_unit`, `add_event`, `fail_config` and `mark_*` each land whole or not at all. `commit` writes a
   round (its epochs' metrics, config statuses, new configs and the procedure's signed state) in one transaction, and
   `record_command` a command's event with what it changed in one: after a crash, a reader sees the round (or the
@@ -17,7 +17,7 @@ What an implementation promises:
 - Checkpoints off the loop's path. `checkpoint` only queues a state; it may be written later, by another thread, and
   a newer state of the same config may replace one still queued (only the newest must reach the store). `flush`
   waits until every queued state is stored and returns the write errors seen. `load_latest` gives the newest stored
-  state that verifies, or raises `framework.engine.checkpoint.CorruptCheckpointError` when none does.
+  state that verifies, or raises `framework.store.checkpoint.CorruptCheckpointError` when none does.
 - Ownership. The log owns what it stores: the loop passes values (reports, dicts, the procedure to be signed) and keeps
   no reference into the store; a handle given to `checkpoint` stays the backend's.
 

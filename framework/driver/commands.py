@@ -44,8 +44,8 @@ from framework.driver import commit
 from framework.driver._state import RunState
 from framework.driver.configs import BY_PERSON, ConfigRecord
 from framework.driver.control import add_workers, drain_worker, worker_request
-from framework.engine.checkpoint import CorruptCheckpointError
-from framework.engine.inbox import InboxError
+from framework.store.checkpoint import CorruptCheckpointError
+from framework.store.inbox import InboxError
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class InboxNotice(Command):
 
 
 class InboxCommands(CommandSource):
-    """Requests other processes appended to the run's inbox (`framework.engine.inbox`), each applied once: `read(
+    """Requests other processes appended to the run's inbox (`framework.store.inbox`), each applied once: `read(
     after)` returns the requests with an id above `after` (at most a bounded number per call) or raises `InboxError`;
     `seen` holds the nonces already applied (a resume passes those its `command` events name, so a request sent while
     the run was down is applied when it resumes, and none twice).

@@ -19,11 +19,11 @@ from framework.driver import stopping
 from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
 from framework.driver.control import grow_into_free_resources
-from framework.engine.catalog import parent_id
-from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import resume_units
 from framework.scheduling import EVAL, TRAIN, Unit
 from framework.scheduling.units import UnitReport
+from framework.store.catalog import parent_id
+from framework.store.checkpoint import CorruptCheckpointError
 
 
 def epoch_units(run: RunState, c: ConfigRecord) -> list[Unit]:

@@ -15,11 +15,11 @@ from typing import Any
 
 import pandas as pd
 
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError
-from framework.engine.signing import dumps_signed
 from framework.scheduling import Unit
 from framework.scheduling.units import UnitReport
+from framework.store.catalog import SQLiteCatalog
+from framework.store.checkpoint import CheckpointStore, CorruptCheckpointError
+from framework.store.signing import dumps_signed
 
 UNIT_COLUMNS = ["config_id", "epoch", "partition", "worker", "kind", "start", "end", "group"]
 

@@ -15,9 +15,9 @@ from tqdm import autonotebook, std
 from tqdm.auto import tqdm
 
 from framework.callbacks import Callback
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.storage import RunStorage
 from framework.result import CATALOG_FILE, Result
+from framework.store.catalog import SQLiteCatalog
+from framework.store.storage import RunStorage
 
 #: where the progress bar writes to a file or a pipe (a job log): a status line at most this often, and a last one
 STATUS_EVERY_S = 30.0

@@ -16,10 +16,10 @@ from framework.driver._state import RunState
 from framework.driver.configs import ConfigRecord
 from framework.driver.control import count_workers, end_flight, restart_or_reassign
 from framework.engine._base import StateLost, WorkerLost
-from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.recovery import units_to_redo
 from framework.scheduling import TRAIN, Unit
 from framework.scheduling.units import UnitReport
+from framework.store.checkpoint import CorruptCheckpointError
 
 
 def on_worker_lost(run: RunState, ev: WorkerLost) -> None:

@@ -264,7 +264,7 @@ def check_budget_left(storage_path: str, time_budget_s: float | None, stop: Stop
     budgets = [b for b in (time_budget_s, stop.timeout_s if stop is not None else None) if b is not None]
     if not budgets:
         return
-    from framework.engine.catalog import CATALOG_FILE, SQLiteCatalog
+    from framework.store.catalog import CATALOG_FILE, SQLiteCatalog
 
     catalog = SQLiteCatalog(os.path.join(storage_path, CATALOG_FILE), readonly=True)
     try:

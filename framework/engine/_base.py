@@ -177,7 +177,7 @@ class Backend(abc.ABC):
         """Start writing the state behind `handle` as a self-contained checkpoint file at `path` (atomically);
         returns a function that waits for the write and returns (sha256, bytes), which the checkpoint store's
         threads call. `worker`: the worker that produced the state, which a backend may have write it at once (off
-        the driver's data path). A backend without such a path returns `framework.engine.checkpoint.write_later`,
+        the driver's data path). A backend without such a path returns `framework.store.checkpoint.write_later`,
         whose waiting function does the writing (this contract imports no implementation, so it has no default)."""
 
     @abc.abstractmethod

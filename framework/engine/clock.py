@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from framework.engine._base import Backend, Event, WorkerLost
-from framework.engine.checkpoint import write_later
 from framework.engine.faults import Fault
 from framework.scheduling.units import UnitTask
+from framework.store.checkpoint import write_later
 
 
 class ClockBackend(Backend):
@@ -144,7 +144,7 @@ class ClockBackend(Backend):
         return handle
 
     def save(self, handle: Any, path: str, worker: int | None = None) -> Callable[[], tuple[str, int]]:
-        return write_later(self, handle, path)
+        return write_later(lambda: self.get(handle, self_contained=True), path)
 
     def now(self) -> float:
         return self._clock

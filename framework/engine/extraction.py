@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from framework.engine.state import tensor_bytes, to_cpu
+from framework.data import tensor_bytes
+from framework.engine.state import to_cpu
 
 #: rows per batch when a worker runs `extract` over a partition
 EXTRACT_BATCH = 1024

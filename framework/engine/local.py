@@ -21,6 +21,7 @@ from framework.engine.faults import DIE, HANG, STRETCH, Fault
 from framework.engine.state import self_contained as _self_contained
 from framework.engine.state import unpack_state
 from framework.engine.worker import Worker
+from framework.functions import UserFunctions
 from framework.scheduling import TRAIN, Unit
 from framework.scheduling.units import UnitTask
 
@@ -58,27 +59,32 @@ class LocalBackend(ClockBackend):
     `unit_time(unit, worker)`). The user code of a unit runs as soon as the driver polls after submitting it.
 
     Args:
-        fns: the `Worker` keyword arguments (`model_fn`, `train_fn`, `eval_fn`, `input_fn`, `freezing`, `extract`).
+        functions: what the workers run (`framework.functions.UserFunctions`).
         entries: partition -> (train entries, valid entries).
         num_threads: torch threads per worker (None: leave torch's setting alone).
         device: where models run ("cpu" or "cuda").
         unit_time: `unit_time(unit, worker) -> seconds` on the logical clock (default: the measured duration).
+        worker_options: the other `Worker` keyword arguments (`freezing`, `data_on_device`, `cache_dir`).
     """
 
     def __init__(
         self,
-        fns: Mapping[str, Any] | None = None,
+        functions: UserFunctions | None = None,
         entries: Mapping[int, tuple[Sequence[Any], Sequence[Any]]] | None = None,
         num_threads: int | None = None,
         device: str = "cpu",
         unit_time: Callable[[Unit, int], float] | None = None,
+        worker_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.fns, self.entries = dict(fns or {}), dict(entries or {})
+        self.functions, self.worker_options, self.entries = functions, dict(worker_options or {}), dict(entries or {})
         self.num_threads, self.device, self.unit_time = num_threads, device, unit_time
 
     def _new_worker(self, worker: int) -> Any:
-        return _LocalWorker(worker, device=self.device, num_threads=self.num_threads, **self.fns)
+        if self.functions is None:
+            raise ValueError("this LocalBackend was made without `functions`, so it cannot start a worker")
+        return _LocalWorker(worker, self.functions, device=self.device, num_threads=self.num_threads,
+                            **self.worker_options)
 
     def _load(self, worker: int, parts: frozenset[int], fault: Fault | None) -> tuple[float, Event]:
         try:

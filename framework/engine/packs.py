@@ -63,7 +63,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -77,56 +77,16 @@ from torch.utils._pytree import tree_flatten, tree_map
 from framework.data import data_len
 from framework.engine.fused_modules import _unflatten, differ, fuse, member_share
 from framework.engine.steps import batch_size_of, device_of, split_output, take, to_device
-from framework.trainable import Trainable, accepted_kwargs
+from framework.functions import OPTIMIZER_FLAGS, plain_attributes, signature
 
-__all__ = ["pack_key", "FusedPack", "PackError", "StackedOptimizer", "mixes_epochs", "signature"]
+__all__ = ["FusedPack", "PackError", "StackedOptimizer"]
 
 _VMAP_MODE = torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchVmapMode)
-_FLAGS = ("maximize", "amsgrad", "nesterov", "decoupled_weight_decay")
 _HYPER = ("lr", "momentum", "dampening", "weight_decay", "betas", "eps")  # (what `StackedOptimizer.refresh` re-reads)
 
 
 class PackError(ValueError):
     """The members cannot be trained as one fused pack; the message names why."""
-
-
-def signature(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple:
-    """What configs must share to train in one pack (hashable): their parameters' and buffers' names, shapes, dtypes
-    and devices, the model's repr and its modules' plain attributes (their settings: an activation or dropout rate
-    that differs, or `self.act = config["act"]`, makes another architecture), and the optimizer's class and flags.
-    Cheap, so the driver groups by it; what it cannot see (a closure, a stored config read in `forward`) the
-    member check of every pack's first call finds (`FusedPack.check`)."""
-    tensors = tuple((n, tuple(t.shape), t.dtype, str(t.device))
-                    for n, t in (*model.named_parameters(), *model.named_buffers()))
-    flags = tuple(tuple(bool(g.get(f, False)) for f in _FLAGS) for g in optimizer.param_groups)
-    return tensors, (repr(model), _attributes(model)), type(optimizer), flags
-
-
-def pack_key(model_fn: Callable) -> Callable[[Mapping[str, Any]], Hashable | None]:
-    """`key(config)`: what configs of one pack share (`ModelSelection(pack=...)`, the driver's packer): the
-    `signature` of what `model_fn` builds, and the batch size. The model is built on PyTorch's meta device (no
-    memory, no weights); None, a config that trains alone, where that fails, or it has no optimizer or an enabled
-    GradScaler (mixed precision: not stacked; a CUDA scaler built on a driver without CUDA reads as disabled, and
-    the worker that finds it enabled trains the pack's members one after another). An LR scheduler packs: each
-    member steps its own (`FusedPack.train`)."""
-
-    def key(config: Mapping[str, Any]) -> Hashable | None:
-        try:
-            with torch.device("meta"):
-                built = Trainable.of(model_fn(dict(config)))
-        except Exception:  # e.g. a model_fn that loads weights from a file: the worker builds it for real
-            return None
-        if built.optimizer is None or (built.grad_scaler is not None and built.grad_scaler.is_enabled()):
-            return None
-        return signature(built.model, built.optimizer), repr(config.get("batch_size"))
-
-    return key
-
-
-def mixes_epochs(*fns: Callable | None) -> bool:
-    """Whether configs at different epochs may share a pack: none of the step functions `fns` takes `epoch`, which
-    one call for the whole pack could not give each member (`framework.scheduling.packing.Packer`'s `mix_epochs`)."""
-    return not any(fn is not None and accepted_kwargs(fn, {"epoch": 0}) for fn in fns)
 
 
 def _stack(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -163,7 +123,7 @@ class StackedOptimizer:
         if any(len(o.param_groups) != 1 for o in optimizers):
             raise PackError("a member's optimizer has several parameter groups; a pack stacks one group per member")
         hp = [o.param_groups[0] for o in optimizers]
-        for flag in _FLAGS:
+        for flag in OPTIMIZER_FLAGS:
             if any(h.get(flag, False) for h in hp) and (flag in ("maximize", "amsgrad")
                                                         or len({h.get(flag, False) for h in hp}) > 1):
                 raise PackError(f"the members' optimizers set `{flag}` ({[h.get(flag) for h in hp]}), which a pack "
@@ -449,21 +409,6 @@ class _Deterministic(TorchFunctionMode):
         return (stand_in or func)(*args, **(kwargs or {}))
 
 
-def _attributes(model: torch.nn.Module) -> tuple:
-    """The plain attributes of `model`'s modules (numbers, strings, None and tuples or lists of them), by module
-    path: what a forward may read besides its tensors (`self.act = config["act"]`). Dicts and objects are left out
-    (a stored config would keep every config apart); the member check covers what they change."""
-    plain = (bool, int, float, str, type(None))
-    out = []
-    for path, m in model.named_modules():
-        for name, v in vars(m).items():
-            if name.startswith("_") or name == "training":
-                continue
-            if isinstance(v, plain) or (isinstance(v, (tuple, list)) and all(isinstance(e, plain) for e in v)):
-                out.append((path, name, repr(v)))
-    return tuple(out)
-
-
 class FusedPack:
     """k members' models and optimizers as one stacked model for one pass (see the module docstring). `generic`:
     never take the fused path (for comparisons). `ids`: the members' config ids, for messages. `path`: the path
@@ -679,10 +624,10 @@ class _OwnOutputs:
     def __call__(self, training: bool, i: int) -> list:
         if (training, i) not in self.done:
             model, (args, kwargs) = self.pack.models[i], self.inputs[i]
-            before = _attributes(model)
+            before = plain_attributes(model)
             self.done[training, i] = tree_flatten(model(*args, **kwargs))[0]
             self.restore()
-            if _attributes(model) != before:
+            if plain_attributes(model) != before:
                 raise PackError(f"config {self.pack.ids[i]}'s forward changes its module's plain attributes (a "
                                 "counter?); a pack runs one copy of the forward, so it trains alone")
         return self.done[training, i]

@@ -1,5 +1,5 @@
 """The local service's pool of warm workers (`modelhopper up`): `up` starts the service's Ray head
-(`framework.engine.service`) and its keeper, `_PoolKeeper`, a detached actor that holds worker actors of the class
+(`framework.cluster.service`) and its keeper, `_PoolKeeper`, a detached actor that holds worker actors of the class
 runs use (`framework.engine.ray_backend._RayWorker`), warm, hands them to the runs attached, takes them back clean,
 and reclaims those of a driver that died. Apart from `service` (the record, attaching, `down`) so that what
 `ensure_ray` imports never imports the workers' module."""
@@ -16,8 +16,7 @@ from typing import Any
 
 import ray
 
-from framework.engine import ray_backend
-from framework.engine.service import (
+from framework.cluster.service import (
     KEEPER,
     NAMESPACE,
     START_TIMEOUT_S,
@@ -34,6 +33,7 @@ from framework.engine.service import (
     live_record,
     status,
 )
+from framework.engine import ledger, ray_backend
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class _PoolKeeper:
         self._runs: dict[str, int] = {}  # Ray jobs attached -> their drivers' pids
         self._reclaimed = 0
         self._waited: set[str] = set()  # actors that were waiting for resources at the last check
-        self._ledger = ray_backend._StartLedger.options(lifetime="detached").remote()  # every attached run's
+        self._ledger = ledger.StartLedger.options(lifetime="detached").remote()  # every attached run's
         self._top_up()
         threading.Thread(target=self._watch, daemon=True, name="pool-keeper").start()
 
@@ -157,7 +157,8 @@ class _PoolKeeper:
         return self._state
 
     def ledger(self) -> Any:
-        """The start ledger attached runs share (`ray_backend._StartLedger`): warm, unlike one a run would make."""
+        """The start ledger attached runs share (`framework.engine.ledger.StartLedger`): warm, unlike one a run
+        would make."""
         return self._ledger
 
     def stop(self) -> dict[str, int]:

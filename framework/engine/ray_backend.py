@@ -1,10 +1,10 @@
 """`RayBackend`: workers are Ray actors, partitions go through the object store, states hop as object refs.
 
-This is the module of the engine that imports Ray (with `framework.engine.ray_start`, which starts the Ray a run
+This is the module of the engine that imports Ray (with `framework.cluster.ray_start`, which starts the Ray a run
 uses: `ensure_ray`, re-exported here). It implements `framework.engine._base.Backend`: the driver
 starts workers and submits units; `poll` turns finished Ray calls into events (a load that finished is a
 `WorkerJoined`, a unit whose actor died a `WorkerLost`, a unit that could not fetch its state a `StateLost`).
-A run attached to the local service (`modelhopper up`, `framework.engine.service`) starts its workers on the
+A run attached to the local service (`modelhopper up`, `framework.cluster.service`) starts its workers on the
 service's warm pool first and gives them back, reset, when it ends.
 """
 
@@ -29,7 +29,10 @@ import psutil
 import ray
 import torch
 
-from framework.engine import service
+from framework.cluster import service
+from framework.cluster.ray_start import ensure_ray as ensure_ray  # (re-exported: callers start Ray here)
+from framework.cluster.spares import SPARES, _job_id
+from framework.cluster.spares import release_spare_workers as release_spare_workers  # (re-exported)
 from framework.engine._base import (
     Backend,
     Event,
@@ -39,24 +42,21 @@ from framework.engine._base import (
     WorkerJoined,
     WorkerLost,
 )
-from framework.engine.checkpoint import write_later
 from framework.engine.faults import Fault
 from framework.engine.gang import gang_id
-from framework.engine.ray_start import ensure_ray as ensure_ray  # (re-exported: callers start Ray here)
-from framework.engine.spares import SPARES, _job_id
-from framework.engine.spares import release_spare_workers as release_spare_workers  # (re-exported)
+from framework.engine.ledger import LEDGER_KEYS, LEDGER_TIMEOUT_S, PROCESS_LEDGER
 from framework.engine.state import self_contained, unpack_state
 from framework.engine.worker import Worker
+from framework.functions import UserFunctions
 from framework.options import RunOptions
 from framework.scheduling import TRAIN
 from framework.scheduling.units import UnitReport, UnitTask
+from framework.store.checkpoint import write_later
 
 logger = logging.getLogger(__name__)
 _LOST_OBJECT_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
 #: how long `stop_worker` waits for a worker to remove its files before it kills the worker
 CLOSE_TIMEOUT_S = 5.0
-#: how long the backend waits for the start ledger's answer about a dead worker (then: it cannot tell)
-LEDGER_TIMEOUT_S = 10.0
 #: how long a gang's members may take to join its group
 GANG_SETUP_TIMEOUT_S = 60.0
 #: how long a worker of the service's pool may take to become a run's, or to forget it (one still warming up imports
@@ -67,26 +67,6 @@ ASK_EVERY_S = 1.0
 #: the packages whose modules a worker of the pool keeps when it forgets a run (`_user_modules`): ours and the
 #: libraries'; every other module a run's functions brought in is dropped, so the next run imports its own
 OWN_PACKAGES = ("framework", "automl", "simulators")
-
-
-@ray.remote(num_cpus=0)
-class _StartLedger:
-    """The unit each worker actor started last. An actor tells it as a unit begins and waits until it knows
-    (`_RayWorker.enqueue`), so it still knows once the actor's process is gone, whatever replies died with it: the
-    backend then names the units the dead worker was running or had finished, and those it never started
-    (`WorkerLost.started`), instead of guessing from the replies that arrived. This process's (`PROCESS_LEDGER`,
-    which its runs share), or (attached to the local service) the service's, which every attached run shares: an
-    actor's key is (its run's Ray job, a number)."""
-
-    def __init__(self) -> None:
-        self._last: dict[Any, int] = {}  # actor key -> sequence number of the unit it started last (popped by `last`)
-
-    def started(self, key: Any, seq: int) -> None:
-        self._last[key] = seq
-
-    def last(self, key: Any) -> int:
-        """The sequence number of the unit actor `key` started last (-1: none); asked once, when it is gone."""
-        return self._last.pop(key, -1)
 
 
 class _Pending(NamedTuple):
@@ -114,8 +94,9 @@ class _RayWorker(Worker):
     Units run one at a time in submission order. Each `enqueue` call (one per unit, on a small thread pool) first
     takes the unit's state out of the object store (onto the GPU, on a side stream, for a GPU worker), so the state
     of a queued unit arrives while the unit ahead of it runs, then waits for its turn, and records in the backend's
-    `_StartLedger` that it starts before it does. Checkpoints are written on a thread of their own (`save_ref`). The
-    driver only passes object refs, wrapped in lists so Ray hands them over unresolved.
+    start ledger (`framework.engine.ledger`) that it starts before it does. Checkpoints are written on a thread of
+    their own (`save_ref`). The driver only passes object refs, wrapped in lists so Ray hands them over
+    unresolved.
     """
 
     LOST_STATE_ERRORS = _LOST_OBJECT_ERRORS
@@ -133,7 +114,7 @@ class _RayWorker(Worker):
             self._modules_at_start = set(sys.modules)
             return
         super().__init__(*args, **kwargs)
-        self._ledger = ledger  # (the backend's `_StartLedger`, this actor's key in it)
+        self._ledger = ledger  # (the backend's `StartLedger` (`framework.engine.ledger`), this actor's key in it)
         self._turn = 0  # sequence number of the unit whose turn it is
         self._turns = threading.Condition()
         self._streams = threading.local()  # a CUDA side stream per fetching thread
@@ -345,63 +326,37 @@ def materialize(state: Any) -> dict | None:
     return self_contained(unpack_state(state), lambda h: ray.get(h) if isinstance(h, ray.ObjectRef) else h)
 
 
-class _ProcessLedger:
-    """The start ledger of this process's runs (those not attached to the service, which keeps its own): made by
-    the first run of a Ray job and shared by the next ones (keys are unique in the process), instead of a new actor
-    process per run. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._job: str | None = None
-        self._ledger: Any = None
-
-    def get(self) -> Any:
-        with self._lock:
-            job = _job_id()
-            if self._ledger is not None and job == self._job:
-                try:  # (it may have died with a node; then a new one)
-                    ray.get(self._ledger.last.remote(None), timeout=LEDGER_TIMEOUT_S)
-                    return self._ledger
-                except ray.exceptions.RayError:
-                    pass
-            self._job, self._ledger = job, _StartLedger.remote()
-            return self._ledger
-
-
-PROCESS_LEDGER = _ProcessLedger()
-#: the numbers of worker actors' keys in a start ledger: unique in the process (the service's ledger is shared by
-#: every run attached to it, several of one process among them)
-_LEDGER_KEYS = itertools.count()
-
 
 class RayBackend(Backend):
     """Worker actors on the local or attached Ray cluster (not restarted by Ray: the driver handles failures).
 
     Args:
-        fns: the `Worker` keyword arguments (`model_fn`, `train_fn` or `step_fn`, `eval_fn`, `input_fn`, `freezing`,
-            `extract`, ...).
+        functions: what the workers run (`framework.functions.UserFunctions`).
         resources: Ray resources per worker; a worker with a GPU puts models on it.
         num_threads: torch threads per worker.
         entries: partition -> (train entries, valid entries): data, paths or URIs a worker's `input_fn` loads.
         put_entries: put every entry into the object store once (in-memory data shared by reference).
         queue_depth: units the driver may hold on one worker at once (the actor keeps a thread for each).
         reuse_workers: start workers on the warm pool of the local service this process is attached to
-            (`framework.engine.service`) and give them back when the run ends, or on the actors an earlier run of
+            (`framework.cluster.service`) and give them back when the run ends, or on the actors an earlier run of
             this process left (`_Spares`), leaving this run's to the next; False: new actors, killed at the end.
+        worker_options: the other `Worker` keyword arguments (`freezing`, `data_on_device`, `cache_dir`).
     """
 
     def __init__(
         self,
-        fns: Mapping[str, Any],
+        functions: UserFunctions,
         resources: Mapping[str, float],
         num_threads: int,
         entries: Mapping[int, tuple[Sequence[Any], Sequence[Any]]],
         put_entries: bool = False,
         queue_depth: int = RunOptions.queue_depth,
         reuse_workers: bool = True,
+        worker_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.fns, self.resources, self.num_threads = dict(fns), dict(resources), num_threads
+        self.functions, self.worker_options = functions, dict(worker_options or {})
+        self.resources, self.num_threads = dict(resources), num_threads
         self.queue_depth, self.reuse_workers = queue_depth, reuse_workers
         self._spare_key = worker_key(self.resources, queue_depth)
         self._pool = service.attached_pool()  # the keeper of the local service's pool (None: not attached)
@@ -419,7 +374,7 @@ class RayBackend(Backend):
         self._loads: dict[Any, tuple[int, frozenset[int]]] = {}  # load ref -> (worker, partitions)
         self._units: dict[Any, _Pending] = {}  # report ref -> its unit
         self._tickets = itertools.count()
-        self._ledger: Any = None  # the `_StartLedger`: the service's, or this process's (`PROCESS_LEDGER`)
+        self._ledger: Any = None  # the start ledger: the service's, or this process's (`PROCESS_LEDGER`)
         self._keys: dict[int, tuple[str, int]] = {}  # worker -> its actor's key in the ledger
         self._gangs: set[tuple[int, ...]] = set()  # gangs whose group is up (kept while all their workers live)
         self._gang_runs: dict[int, _GangRun] = {}  # ticket -> a gang's unit in flight
@@ -434,9 +389,10 @@ class RayBackend(Backend):
             self._seqs.pop(worker, None)  # a new actor counts its units from 0
             if self._ledger is None:  # (a new actor takes a second to start: the service keeps one warm)
                 self._ledger = self._service_ledger() or PROCESS_LEDGER.get()
-            key = self._keys[worker] = (_job_id(), next(_LEDGER_KEYS))
+            key = self._keys[worker] = (_job_id(), next(LEDGER_KEYS))
             kwargs = dict(device=device, num_threads=self.num_threads, ledger=(self._ledger, key),
-                          device_fraction=min(1.0, self.resources.get("GPU", 0)) or 1.0, **self.fns)
+                          device_fraction=min(1.0, self.resources.get("GPU", 0)) or 1.0, functions=self.functions,
+                          **self.worker_options)
             actor = None  # a worker of the service's pool first, else a spare of this process, else a new actor
             if self.reuse_workers and self._pool is not None:
                 actor = self._from_pool(worker, kwargs)
@@ -452,7 +408,7 @@ class RayBackend(Backend):
     @property
     def _caches(self) -> bool:
         """Whether the workers keep activation caches (layer freezing's `cache` option)."""
-        return bool((self.fns.get("freezing") or {}).get("cache"))
+        return bool((self.worker_options.get("freezing") or {}).get("cache"))
 
     def _spare(self, worker: int, kwargs: dict[str, Any]) -> Any:
         """A spare actor of this run's key, made `worker` of this run (None: there is none alive)."""
@@ -741,7 +697,7 @@ class RayBackend(Backend):
             ray.get(ref)
             info: dict[str, Any] = ray.get(actor.data_info.remote())
             self._pids[worker] = info["pid"] = ray.get(actor.pid.remote())
-            if self.fns.get("extract") is not None:
+            if self.functions.extract is not None:
                 info["extraction"] = ray.get(actor.extraction_stats.remote())
         except ray.exceptions.RayActorError as e:
             return self._lost(worker, repr(e), loading=True)
@@ -762,14 +718,14 @@ class RayBackend(Backend):
         state); if that worker is gone by then, the driver writes it."""
         actor = self._actors.get(worker) if worker is not None else None
         if actor is None:
-            return write_later(self, handle, path)
+            return write_later(lambda: self.get(handle, self_contained=True), path)
         ref = actor.save_ref.remote([handle], path)
 
         def wait() -> tuple[str, int]:
             try:
                 return ray.get(ref)
             except ray.exceptions.RayActorError:
-                return write_later(self, handle, path)()
+                return write_later(lambda: self.get(handle, self_contained=True), path)()
 
         return wait
 

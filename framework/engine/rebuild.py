@@ -11,6 +11,7 @@ state lacks an epoch the run committed (`framework.driver.commit.restore`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -18,20 +19,22 @@ from typing import Any
 
 import torch
 
-from framework.engine.catalog import SQLiteCatalog, UnsafePathError, parent_id
-from framework.engine.checkpoint import PARTIAL, CorruptCheckpointError, load_latest_verified, write_atomic
 from framework.engine.state import self_contained, unpack_state
 from framework.engine.worker import Worker
+from framework.functions import UserFunctions
 from framework.scheduling import TRAIN, Unit
 from framework.scheduling.units import UnitTask
+from framework.store.catalog import SQLiteCatalog, UnsafePathError, parent_id
+from framework.store.checkpoint import PARTIAL, CorruptCheckpointError, load_latest_verified, write_atomic
 
 
 def rebuild_checkpoints(
     catalog: SQLiteCatalog,
-    fns: dict[str, Any],
+    functions: UserFunctions,
     entries: dict[int, tuple[list, list]],
     *,
     seed: int,
+    data_on_device: bool | None = None,
     num_threads: int = 1,
     device: str = "cpu",
     max_units: int | None = None,
@@ -45,8 +48,8 @@ def rebuild_checkpoints(
     recorded for it: the file is then exactly what the run wrote, and nothing the run committed changes. Otherwise
     (training that is not deterministic, another device or library version, user code that now fails) the file is
     left as it was, and resume handles the config as before (it fails when its readable state lacks a committed
-    epoch). `fns`: the worker's functions (`model_fn`, `train_fn`, `eval_fn`, `input_fn`, `extract`,
-    `data_on_device`; layer freezing is not rebuilt). `entries`: what the workers load, by partition. `max_units`:
+    epoch). `functions`: what the workers run, with the run's
+    `data_on_device` (layer freezing is not rebuilt). `entries`: what the workers load, by partition. `max_units`:
     the most training units re-run for one config (None: no limit), so a run directory that arrives without its
     checkpoints does not retrain every config in the driver. Each attempt is an event (`checkpoint_rebuilt` or
     `checkpoint_rebuild_failed`) and a line through `write`; returns their details.
@@ -87,7 +90,8 @@ def rebuild_checkpoints(
             except UnsafePathError as e:
                 why = str(e)
             else:
-                why = _rerun(todo, start, dict(row.config), fns, entries, seed, num_threads, device, path, digest)
+                why = _rerun(todo, start, dict(row.config), functions, data_on_device, entries, seed, num_threads,
+                             device, path, digest)
         detail = {"config_id": cid, "units": units, "from_units": start_units, "rerun": len(todo),
                   "seconds": round(time.perf_counter() - t0, 3)}
         if why is None:
@@ -101,16 +105,16 @@ def rebuild_checkpoints(
     return outcomes
 
 
-def _rerun(todo: list[Unit], state: dict | None, config: dict, fns: dict[str, Any], entries: dict, seed: int,
-           num_threads: int, device: str, path: str, digest: str) -> str | None:
+def _rerun(todo: list[Unit], state: dict | None, config: dict, functions: UserFunctions, data_on_device: bool | None,
+           entries: dict, seed: int, num_threads: int, device: str, path: str, digest: str) -> str | None:
     """Run `todo` from `state`; put the result at `path` if its sha256 is `digest`. Returns why not, or None."""
     threads = torch.get_num_threads()
     rebuilt = f"{path}{PARTIAL}rebuilt"  # a crash now leaves a partial file that the next resume removes
     # the user's `extract` module goes on to the workers: this process moves and switches a copy, not it
-    fns = {**fns, "extract": copy.deepcopy(fns["extract"]) if isinstance(fns.get("extract"), torch.nn.Module)
-           else fns.get("extract")}
+    if isinstance(functions.extract, torch.nn.Module):
+        functions = dataclasses.replace(functions, extract=copy.deepcopy(functions.extract))
     try:
-        worker = Worker(0, device=device, num_threads=num_threads, **fns)
+        worker = Worker(0, functions, device=device, num_threads=num_threads, data_on_device=data_on_device)
         worker.load({p: entries[p] for p in sorted({u.partition for u in todo})})
         for unit in todo:
             state, report = worker.run(UnitTask(unit, config, seed), state)

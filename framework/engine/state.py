@@ -24,19 +24,6 @@ def to_cpu(obj: Any) -> Any:
     return map_leaves(obj, lambda t: t.detach().to("cpu") if isinstance(t, torch.Tensor) else t)
 
 
-def tensor_bytes(obj: Any) -> int:
-    """Bytes of the tensors and arrays in `obj` (tuples, lists and dicts are walked)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
-
-
 
 @dataclass(frozen=True)
 class _Slot:

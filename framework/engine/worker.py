@@ -15,19 +15,20 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from framework.data import concat_data, data_len
+from framework.data import concat_data, data_len, tensor_bytes
 from framework.engine.extraction import extract_features
 from framework.engine.faults import DIE, HANG, LOSE_STATE, RAISE, STRETCH, Fault, InjectedFault
 from framework.engine.frozen import FrozenLayers
 from framework.engine.gang import GangMember
 from framework.engine.runner import run_members, run_unit
-from framework.engine.state import ModelState, PackedState, map_leaves, self_contained, tensor_bytes, unpack_state
+from framework.engine.state import ModelState, PackedState, map_leaves, self_contained, unpack_state
 from framework.engine.steps import StepLoop, device_of
+from framework.functions import UserFunctions
 from framework.scheduling.units import EVAL, TRAIN, Unit, UnitReport, UnitTask
 from framework.sources import Source
 
@@ -40,8 +41,9 @@ DEVICE_DATA_SHARE = 0.25
 class Worker(GangMember, FrozenLayers):
     """Runs units on the partitions it holds. Failures in user code come back as `UnitReport.error`.
 
-    Training and evaluation run the user's `train_fn`/`eval_fn`, or, given a `step_fn` (and `eval_step`), the
-    engine's loop around it (`framework.engine.steps.StepLoop`) for whichever of the two is not given.
+    What it runs is `functions` (a `framework.functions.UserFunctions`): training and evaluation run the user's
+    `train_fn`/`eval_fn`, or, given a `step_fn` (and `eval_step`), the engine's loop around it
+    (`framework.engine.steps.StepLoop`) for whichever of the two is not given.
 
     `data_on_device`: where the partitions live on a GPU worker. None (the default): on the device when all of this
     worker's partitions fit in `DEVICE_DATA_SHARE` of the memory of its share of the GPU (`device_fraction`), else
@@ -56,33 +58,24 @@ class Worker(GangMember, FrozenLayers):
     def __init__(
         self,
         worker_id: int,
-        model_fn: Callable,
-        train_fn: Callable | None = None,
-        eval_fn: Callable | None = None,
-        input_fn: Callable | None = None,
+        functions: UserFunctions,
         device: str = "cpu",
         num_threads: int | None = None,
         freezing: Mapping[str, Any] | None = None,
-        extract: Callable | None = None,
         data_on_device: bool | None = None,
         cache_dir: str | None = None,
-        step_fn: Callable | None = None,
-        eval_step: Callable | None = None,
         device_fraction: float = 1.0,
     ) -> None:
-        self.worker_id = worker_id
+        self.worker_id, self.functions = worker_id, functions
         self.data_on_device, self.device_fraction = data_on_device, device_fraction
-        steps = StepLoop(step_fn, eval_step) if step_fn is not None or eval_step is not None else None
-        self.model_fn, self.input_fn = model_fn, input_fn
-        self.train_fn = train_fn if train_fn is not None else steps.train if step_fn is not None else None
-        self.step_fn = step_fn if train_fn is None else None  # (what a fused pack runs: `runner.run_members`)
-        self.eval_fn = eval_fn if eval_fn is not None else steps.evaluate if steps is not None else None
-        if self.train_fn is None or self.eval_fn is None:
-            raise TypeError("a worker needs `train_fn` or `step_fn`, and `eval_fn`, `eval_step` or `step_fn`")
+        f = functions
+        steps = StepLoop(f.step_fn, f.eval_step) if f.step_fn is not None or f.eval_step is not None else None
+        self.model_fn, self.input_fn = f.model_fn, f.input_fn
+        self.train_fn = f.train_fn if f.train_fn is not None else steps.train
+        self.step_fn = f.step_fn if f.train_fn is None else None  # (what a fused pack runs: `runner.run_members`)
+        self.eval_fn = f.eval_fn if f.eval_fn is not None else steps.evaluate
         #: what user code the metrics of a unit of each kind came from (named in errors)
-        self.fn_names = {TRAIN: "train_fn" if train_fn is not None else "step_fn",
-                         EVAL: "eval_fn" if eval_fn is not None else "eval_step" if eval_step is not None
-                         else "step_fn"}
+        self.fn_names = {TRAIN: f.train_name, EVAL: f.eval_name}
         # torch imports its compiler stack lazily on the first optimizer construction (~1-2 s): pay it at start-up,
         # in parallel with the other workers, not inside the first (timed) unit.
         import torch._dynamo  # noqa: F401
@@ -97,7 +90,7 @@ class Worker(GangMember, FrozenLayers):
         self._cache_parent = cache_dir
         self._cache_root: str | None = None  # made on first use (`_cache_folder`)
         self._cache_removal: weakref.finalize | None = None
-        self.extract = extract
+        self.extract = f.extract
         self.extraction: dict[str, Any] = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
 
     def close(self) -> None:
@@ -230,7 +223,7 @@ class Worker(GangMember, FrozenLayers):
 
     def save(self, state: PackedState | ModelState, path: str) -> tuple[str, int]:
         """Write `state` as a self-contained checkpoint file at `path` (atomically); returns (sha256, bytes)."""
-        from framework.engine.checkpoint import write_atomic
+        from framework.store.checkpoint import write_atomic
 
         return write_atomic(self_contained(unpack_state(state), self._resolve), path)
 

@@ -1,6 +1,6 @@
 """Managing runs: the runs on disk and the ones running, as a user looks after them (what the `modelhopper` commands,
 `framework.connect` and the dashboard call). The layer above `ModelSelection`: it reads run directories (what
-`framework.run_record` records, where `framework.engine.storage` puts them), and it starts a driver only to resume or
+`framework.run_record` records, where `framework.store.storage` puts them), and it starts a driver only to resume or
 replay one::
 
     manage.py    list, compare, export and resume the runs on disk (`list_runs`, `run_rows`, `compare_runs`,
@@ -13,7 +13,7 @@ replay one::
 """
 
 from framework.runs.manage import compare_runs, export_run, find_runs, list_runs, resume_run, run_rows
-from framework.runs.status import (
+from framework.steering.status import (
     RECENT_S,
     STATUSES,
     DriverInfo,

@@ -4,7 +4,7 @@ them. What `modelhopper list|status|compare|export|resume` prints; Python users 
 Reading a run never writes into it (`Result.open` opens its catalog read-only). Nothing a run names is imported
 unless its catalog verifies under this machine's key (`resume_run`).
 
-**Status rule**: `framework.runs.status` (a run is `finished`, `running`, `crashed`, `running?`, `unknown` or
+**Status rule**: `framework.steering.status` (a run is `finished`, `running`, `crashed`, `running?`, `unknown` or
 `unreadable`); its names are here too.
 """
 
@@ -21,14 +21,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from framework.cli import printable
-from framework.engine.catalog import CATALOG_FILE, CatalogError, SQLiteCatalog, check_verified
-from framework.engine.storage import default_root, is_uri, run_name, unusable_dir
-from framework.options import FUNCTIONS
-from framework.runs.status import (
+from framework.functions import FUNCTIONS
+from framework.steering.status import (
     open_quietly,
     opened,
     run_status,
 )
+from framework.store.catalog import CATALOG_FILE, CatalogError, SQLiteCatalog, check_verified
+from framework.store.storage import default_root, is_uri, run_name, unusable_dir
 
 if TYPE_CHECKING:  # pandas is imported where a DataFrame is made: `modelhopper list` prints `run_rows` without it
     import pandas as pd
@@ -101,7 +101,7 @@ def run_rows(root: str | None = None, max_depth: int = 4, now: float | None = No
 
 
 def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = None) -> pd.DataFrame:
-    """One row per run under `root` (default `framework.engine.storage.default_root()`, see `find_runs`), newest first:
+    """One row per run under `root` (default `framework.store.storage.default_root()`, see `find_runs`), newest first:
     `path` (relative to `root`), `status` (module docstring), `configs`, `best` (the best config's value of the
     run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
     `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).

@@ -26,16 +26,17 @@ from framework.data import PartitionedDataset
 from framework.driver import Driver, SQLiteRunLog
 from framework.driver.commands import Command, CommandSource
 from framework.driver.configs import BY_PERSON
-from framework.engine.catalog import SQLiteCatalog, check_verified, confine, describe_problems, parent_id
-from framework.engine.checkpoint import CheckpointStore
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
-from framework.engine.signing import SignatureError
-from framework.engine.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
+from framework.functions import UserFunctions
 from framework.options import SERIAL_QUEUE_DEPTH, RunOptions
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
 from framework.run_record import check_read_files, recorded_prints
 from framework.scheduling import Assignment, DispatchState, Scheduler, Unit
+from framework.store.catalog import SQLiteCatalog, check_verified, confine, describe_problems, parent_id
+from framework.store.checkpoint import CheckpointStore
+from framework.store.signing import SignatureError
+from framework.store.storage import RunStorage, default_root, is_uri, run_name, unusable_dir
 from framework.trainable import function_ref, import_ref
 
 REPLAY_WORKER = 0  # the one worker of a replay; the log keeps each unit's original worker
@@ -314,9 +315,8 @@ def _replay_dir(
                         "functions": {n: function_ref(f) for n, f in used.items()},
                         "replay_of": source or os.path.abspath(storage_path), "replay_device": device})
         backend = LocalBackend(
-            {**used, "freezing": meta.get("freezing"), "extract": extract,
-             "data_on_device": meta.get("data_on_device", False)},
-            held, num_threads=int(meta.get("num_threads", 1)), device=device)
+            UserFunctions(**used, extract=extract), held, num_threads=int(meta.get("num_threads", 1)), device=device,
+            worker_options={"freezing": meta.get("freezing"), "data_on_device": meta.get("data_on_device", False)})
         procedure = LoggedDecisions(configs, synchronous=bool(meta.get("synchronous", True)),
                                     fails={f.config_id for f in faults} | cut, by_person=set(created))
         scheduler = LoggedOrder(order, packs)

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from framework.__main__ import main as cli
-from framework.engine.catalog import SQLiteCatalog
 from framework.result import CATALOG_FILE
+from framework.store.catalog import SQLiteCatalog
 
 
 def _run_dir(path) -> str:
@@ -87,7 +87,7 @@ def _emptied_meta_run(path) -> str:
     return run
 
 
-@pytest.mark.filterwarnings("ignore::framework.engine.catalog.UnverifiedRunWarning")  # emptied: it cannot verify
+@pytest.mark.filterwarnings("ignore::framework.store.catalog.UnverifiedRunWarning")  # emptied: it cannot verify
 def test_replay_of_a_run_whose_meta_was_emptied_is_one_line_and_exit_code_2(tmp_path, capsys):
     run = _emptied_meta_run(tmp_path / "run")
     assert cli(["replay", run, "--trust-unverified"]) == 2
@@ -97,7 +97,7 @@ def test_replay_of_a_run_whose_meta_was_emptied_is_one_line_and_exit_code_2(tmp_
     assert sorted(os.listdir(run)) == [CATALOG_FILE]  # no replay folder was made
 
 
-@pytest.mark.filterwarnings("ignore::framework.engine.catalog.UnverifiedRunWarning")
+@pytest.mark.filterwarnings("ignore::framework.store.catalog.UnverifiedRunWarning")
 def test_show_of_a_run_whose_meta_was_emptied_warns_on_stderr(tmp_path, capsys):
     run = _emptied_meta_run(tmp_path / "run")
     assert cli(["show", run]) == 0
@@ -181,7 +181,7 @@ def _imported_by(argv: list[str]) -> tuple[int, set[str]]:
 def test_help_imports_neither_the_driver_nor_pandas():
     code, modules = _imported_by(["--help"])
     assert code == 0
-    heavy = {*HEAVY, "pandas", "numpy", "framework.engine.catalog"}
+    heavy = {*HEAVY, "pandas", "numpy", "framework.store.catalog"}
     assert not heavy & modules, sorted(heavy & modules)
 
 
@@ -190,7 +190,7 @@ def test_help_imports_neither_the_driver_nor_pandas():
 def test_commands_that_read_a_run_import_neither_torch_nor_ray_nor_the_driver(tmp_path, command):
     run = _run_dir(tmp_path / "run")
     code, modules = _imported_by([a.format(root=tmp_path, run=run) for a in command])
-    assert code == 0 and "framework.runs.status" in modules  # it read the run
+    assert code == 0 and "framework.steering.status" in modules  # it read the run
     assert not set(HEAVY) & modules, sorted(set(HEAVY) & modules)
 
 
@@ -201,7 +201,7 @@ def test_list_and_status_of_a_run_that_verifies_import_no_pandas(tmp_path, comma
     a second to import on two cores); `show`, `watch`, `compare` and `export` print DataFrames."""
     run = _run_dir(tmp_path / "run")
     code, modules = _imported_by([a.format(root=tmp_path, run=run) for a in command])
-    assert code == 0 and "framework.runs.status" in modules  # it read the run
+    assert code == 0 and "framework.steering.status" in modules  # it read the run
     heavy = {*HEAVY, "pandas", "numpy", "framework.result"}
     assert not heavy & modules, sorted(heavy & modules)
 

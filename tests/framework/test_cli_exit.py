@@ -11,9 +11,9 @@ import pytest
 import framework
 from framework.__main__ import main as cli
 from framework.driver.observers import print_summary
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.storage import RunStorage
 from framework.result import CATALOG_FILE, Result
+from framework.store.catalog import SQLiteCatalog
+from framework.store.storage import RunStorage
 
 ERROR = "Traceback (most recent call last):\nTypeError: '<' not supported between instances of 'Float' and 'float'"
 
@@ -62,7 +62,7 @@ def test_replay_and_resume_exit_1_when_every_config_failed(tmp_path, capsys, mon
                                                 f"their errors with `python -m framework show {run}`")
 
     import framework.runs.manage as manage
-    import framework.runs.status as status
+    import framework.steering.status as status
 
     monkeypatch.setattr(status, "run_status", lambda path: {"status": "crashed"})
     monkeypatch.setattr(manage, "resume_run", lambda path, **kwargs: Result(run))

@@ -1,5 +1,5 @@
 """`modelhopper list` and `status` without pandas: a run that verifies is read from its catalog's rows as they are
-(`framework.runs.status._plain_reading`), and what that gives equals what reading it as a `Result` gives (its status,
+(`framework.steering.status._plain_reading`), and what that gives equals what reading it as a `Result` gives (its status,
 its best config: `Result.get_best_result()`); any other run is read as a `Result`, as before. `list` prints its rows as
 pandas printed its DataFrame (`framework.cli.text_table`, `json_records`). Runs are made by hand with the real catalog
 (no Ray)."""
@@ -20,11 +20,11 @@ import pytest
 
 from framework.__main__ import main as cli
 from framework.cli import json_records, text_table
-from framework.engine.catalog import CATALOG_FILE, SQLiteCatalog
 from framework.result import NoResultError, Result
 from framework.runs.manage import LIST_COLUMNS, age, list_runs, run_rows
-from framework.runs.status import _plain_reading, _reading_of, _status_dict, opened, run_status
 from framework.scheduling.units import Unit, UnitReport
+from framework.steering.status import _plain_reading, _reading_of, _status_dict, opened, run_status
+from framework.store.catalog import CATALOG_FILE, SQLiteCatalog
 
 NOW = 2_000_000_000.0
 
@@ -171,7 +171,7 @@ def _edit(path: str, sql: str) -> None:
     conn.close()
 
 
-@pytest.mark.filterwarnings("ignore::framework.engine.catalog.UnverifiedRunWarning")
+@pytest.mark.filterwarnings("ignore::framework.store.catalog.UnverifiedRunWarning")
 @pytest.mark.parametrize("edit", [
     "UPDATE epochs SET metrics = json_set(metrics, '$.valid_loss', 0.0001) WHERE config_id = 2",  # a row edited
     "DELETE FROM epochs WHERE config_id = 1",  # rows deleted
@@ -188,9 +188,9 @@ def test_a_run_that_does_not_verify_is_read_as_a_result_and_listed_unverified(tm
     assert (row["status"], row["configs"], row["verified"]) == (s["status"], s["num_configs"], False)
 
 
-@pytest.mark.filterwarnings("ignore::framework.engine.catalog.UnverifiedRunWarning")
+@pytest.mark.filterwarnings("ignore::framework.store.catalog.UnverifiedRunWarning")
 def test_a_run_read_under_another_key_is_unverified(tmp_path, monkeypatch):
-    from framework.engine.signing import KEY_ENV
+    from framework.store.signing import KEY_ENV
 
     path = _make(tmp_path / "run", VERIFIED["plain"][0])
     monkeypatch.setenv(KEY_ENV, "another machine's key, long enough to be one")
@@ -201,7 +201,7 @@ def test_a_run_read_under_another_key_is_unverified(tmp_path, monkeypatch):
 
 def _signed_config_row(catalog: SQLiteCatalog, config_id: int, text: str) -> None:
     """A configs row whose JSON `text` the catalog's own writer refuses (`automl.json_exact`), signed as one."""
-    from framework.engine.catalog import _config_row
+    from framework.store.catalog import _config_row
 
     with catalog._tx():
         catalog._insert("configs", {**_config_row(config_id, {}, "active", None, 0), "config": text})
@@ -258,7 +258,7 @@ def listed(root) -> str:
     return root
 
 
-@pytest.mark.filterwarnings("ignore::framework.engine.catalog.UnverifiedRunWarning")
+@pytest.mark.filterwarnings("ignore::framework.store.catalog.UnverifiedRunWarning")
 def test_list_prints_what_it_printed_from_the_dataframe(listed, capsys, monkeypatch):
     rows = run_rows(listed, now=NOW)
     frame = list_runs(listed, now=NOW)

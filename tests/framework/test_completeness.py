@@ -20,11 +20,11 @@ from framework.completeness import (
     visit_problems,
 )
 from framework.driver import Driver, MemoryRunLog, SQLiteRunLog
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore, load_latest_verified, write_atomic
 from framework.engine.local import LocalBackend
 from framework.options import RunOptions
 from framework.result import CATALOG_FILE, Result
+from framework.store.catalog import SQLiteCatalog
+from framework.store.checkpoint import CheckpointStore, load_latest_verified, write_atomic
 from tests.framework.driver.test_driver import FNS, SPACE, P, _entries
 
 PARTS = [0, 1, 2]

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from framework.driver.commands import Command, InboxCommands, QueueCommands, Sources
-from framework.engine.catalog import UnsafePathError
-from framework.engine.inbox import INBOX_FILE, read_requests, send_request
+from framework.store.catalog import UnsafePathError
+from framework.store.inbox import INBOX_FILE, read_requests, send_request
 
 RUN_ID = "0123456789abcdef"
 
@@ -94,9 +94,9 @@ def test_sources_read_the_queue_first_then_the_inbox(tmp_path):
 
 def test_framework_connect_stays_the_function_once_its_module_is_imported():
     import framework
-    import framework.runs.steering  # noqa: F401 - a submodule named like the function would replace it on import
+    import framework.steering.connect  # noqa: F401 - a submodule named like the function would replace it on import
 
-    assert callable(framework.connect) and framework.connect is framework.runs.steering.connect
+    assert callable(framework.connect) and framework.connect is framework.steering.connect.connect
 
 
 def test_inbox_commands_read_the_inbox_at_most_once_per_interval(tmp_path):

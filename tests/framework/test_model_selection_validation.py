@@ -12,8 +12,8 @@ import torch
 
 import automl
 import framework
-from framework.engine.storage import StorageUnreachableError
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.store.storage import StorageUnreachableError
 
 X = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
 Y = (X[:, 0] > 0).astype(np.int64)
@@ -123,7 +123,7 @@ def test_validation_rejects_faults_that_are_not_a_fault_plan():
 
 
 def test_resume_refuses_to_guess_a_scheduler_instance(tmp_path):
-    from framework.engine.catalog import SQLiteCatalog
+    from framework.store.catalog import SQLiteCatalog
 
     catalog = SQLiteCatalog(str(tmp_path / "run.db"))
     catalog.set_meta(scheduler="MyScheduler", extract=None)

@@ -15,10 +15,10 @@ import pytest
 
 import automl
 import framework
-from framework.engine.catalog import SQLiteCatalog
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.options import RECORDED, RESUMABLE, RunOptions
 from framework.scheduling import RandomizedScheduler
+from framework.store.catalog import SQLiteCatalog
 
 X = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
 Y = (X[:, 0] > 0).astype(np.int64)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from framework.engine.catalog import SQLiteCatalog
 from framework.result import CATALOG_FILE, NoResultError, Result, pareto_ranks
+from framework.store.catalog import SQLiteCatalog
 
 # config -> per epoch (valid_loss, valid_accuracy, valid_time); ranked by loss min, accuracy max
 CURVES = {

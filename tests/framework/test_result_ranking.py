@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from framework.engine.catalog import SQLiteCatalog
 from framework.result import CATALOG_FILE, NoResultError, Result
+from framework.store.catalog import SQLiteCatalog
 
 
 def _run_dir(tmp_path, mode: str, epochs: dict[int, list[float]], failed=(), metric: str = "valid_loss") -> str:

@@ -19,6 +19,7 @@ import torch
 from framework.data import PartitionedDataset, concat_data, encode_entry
 from framework.engine.worker import Worker
 from framework.examples import classifier_step_fn, mlp_model_fn
+from framework.functions import UserFunctions
 from framework.sources import (
     ParquetSource,
     Source,
@@ -73,7 +74,7 @@ def test_parquet_partitions_are_whole_files_balanced_by_size(parquet):
     ds = PartitionedDataset.from_parquet(parquet / "train", parquet / "valid" / "v.parquet", num_partitions=2,
                                          columns=["a", "b"])
     assert [len(e.pieces) for e in ds.train] == [2, 1]  # 60 + 120 rows together; 180 alone
-    worker = Worker(0, mlp_model_fn, step_fn=classifier_step_fn)
+    worker = Worker(0, UserFunctions(mlp_model_fn, step_fn=classifier_step_fn))
     counts = worker.load(dict(ds.worker_entries()))
     assert counts == {0: 180, 1: 180}
     x, y = worker.data[("train", 0)]

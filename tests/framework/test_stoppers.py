@@ -13,11 +13,9 @@ import automl
 from automl import ACTIVE, STOPPED, ConfigState
 from framework.callbacks import Callback
 from framework.driver import Driver, MemoryRunLog, SQLiteRunLog
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore
 from framework.engine.local import LocalBackend
-from framework.engine.signing import loads_signed
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.functions import UserFunctions
 from framework.options import RunOptions
 from framework.stoppers import (
     CombinedStopper,
@@ -34,6 +32,9 @@ from framework.stoppers import (
     stopper_from_spec,
     stopper_spec,
 )
+from framework.store.catalog import SQLiteCatalog
+from framework.store.checkpoint import CheckpointStore
+from framework.store.signing import loads_signed
 from simulators import validate_schedule
 from tests.framework.driver.test_driver import _entries as driver_entries
 
@@ -300,7 +301,7 @@ def test_what_is_read_from_events_survives_details_that_are_not_json_objects():
 
 # ---- on the driver loop (LocalBackend: real training, a logical clock) ---------------------------------------------
 P = 2
-FNS = {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}
+FNS = UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn)
 SPACE = {"lr": [0.01, 0.05, 0.1], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import write_atomic
-from framework.engine.storage import READ_PREFIX, STORAGE_ENV, RunStorage, default_root, is_uri
 from framework.result import CATALOG_FILE, CHECKPOINT_DIR, Result
+from framework.store.catalog import SQLiteCatalog
+from framework.store.checkpoint import write_atomic
+from framework.store.storage import READ_PREFIX, STORAGE_ENV, RunStorage, default_root, is_uri
 
 
 def _run_dir(path) -> str:

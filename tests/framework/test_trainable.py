@@ -14,6 +14,7 @@ from framework.data import PartitionedDataset
 from framework.engine.state import unpack_state
 from framework.engine.worker import Worker
 from framework.examples import classifier_eval_fn, mlp_model_fn, scheduled_model_fn, scheduled_train_fn
+from framework.functions import UserFunctions
 from framework.scheduling import EVAL, TRAIN, Unit
 from framework.scheduling.units import UnitTask
 from framework.trainable import accepted_kwargs
@@ -28,7 +29,7 @@ def _workers(train_fn=scheduled_train_fn, eval_fn=classifier_eval_fn, n=2):
     ds = PartitionedDataset.from_arrays(x, (x[:, 0] > 0).long(), num_partitions=n)
     workers = []
     for p in range(n):
-        w = Worker(p, scheduled_model_fn, train_fn, eval_fn)
+        w = Worker(p, UserFunctions(scheduled_model_fn, train_fn, eval_fn))
         w.load({p: ([ds.train[p]], [ds.valid[p]])})
         workers.append(w)
     return workers

@@ -16,7 +16,7 @@ import pytest
 
 import automl
 import framework
-from framework.engine.catalog import SQLiteCatalog
+from framework.store.catalog import SQLiteCatalog
 from simulators import validate_schedule
 from tests.integration.ft_functions import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 import automl
 import framework
-from framework.engine import orphans
+from framework.cluster import orphans
 from framework.examples import classifier_step_fn, digits_arrays, mlp_model_fn
 
 SPACE = {"hidden": [16], "lr": [0.1], "batch_size": [64]}

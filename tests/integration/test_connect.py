@@ -16,8 +16,8 @@ import torch
 
 import automl
 import framework
-from framework.engine.inbox import INBOX_FILE
-from framework.run_record import is_being_written
+from framework.store.inbox import INBOX_FILE
+from framework.store.lock import is_being_written
 from tests.integration.ft_functions import classifier_eval_fn, gated_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray
@@ -119,9 +119,9 @@ def test_commands_from_another_process_reach_the_running_driver_and_stay_in_its_
 
 def test_commands_sent_while_the_run_was_down_are_applied_once_when_it_resumes(ray_cluster, tmp_path,
                                                                                assert_complete):
-    from framework.engine.catalog import SQLiteCatalog
-    from framework.engine.inbox import send_request
-    from framework.runs.steering import NotRunningError
+    from framework.steering.connect import NotRunningError
+    from framework.store.catalog import SQLiteCatalog
+    from framework.store.inbox import send_request
     from tests.integration.ft_helpers import _crash_driver, _resume
 
     storage = _crash_driver(tmp_path, "commit")  # 1 worker, round 0 committed, then SIGKILL
@@ -192,8 +192,8 @@ def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_c
                                                                            assert_complete):
     """stop, clone warm and cold, add, resume, extend, from a second process, while the run trains on Ray: each
     command is applied at a unit boundary and kept; the MOP invariants and the completeness check hold."""
-    from framework.engine.catalog import SQLiteCatalog
-    from framework.engine.checkpoint import load_verified
+    from framework.store.catalog import SQLiteCatalog
+    from framework.store.checkpoint import load_verified
     from simulators import validate_schedule
 
     gate = tmp_path / "gate"

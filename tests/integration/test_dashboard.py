@@ -26,7 +26,7 @@ import pytest
 import automl
 import framework
 from framework.dashboard import SCHEDULE_LIMIT, serve
-from framework.run_record import is_being_written
+from framework.store.lock import is_being_written
 from tests.integration.ft_functions import classifier_eval_fn, classifier_train_fn, gated_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import framework
-from framework.engine.catalog import SQLiteCatalog
+from framework.store.catalog import SQLiteCatalog
 from tests.integration.ft_functions import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from tests.integration.ft_helpers import (
     _assert_nothing_lost_or_counted_twice,

@@ -16,9 +16,9 @@ import time
 import pytest
 
 import framework
-from framework.engine.catalog import CatalogError, SQLiteCatalog
-from framework.engine.inbox import INBOX_FILE, InboxError
-from framework.run_record import is_being_written
+from framework.store.catalog import CatalogError, SQLiteCatalog
+from framework.store.inbox import INBOX_FILE, InboxError
+from framework.store.lock import is_being_written
 from tests.integration.ft_functions import classifier_eval_fn, gated_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray

@@ -14,8 +14,6 @@ import automl
 import framework
 import framework.__main__
 from framework.driver.units import MetricNotReportedError
-from framework.engine.catalog import SQLiteCatalog, UnverifiedRunError, UnverifiedRunWarning
-from framework.engine.signing import SignatureError
 from framework.examples import (
     classifier_eval_fn,
     classifier_train_fn,
@@ -23,6 +21,8 @@ from framework.examples import (
     scheduled_model_fn,
     scheduled_train_fn,
 )
+from framework.store.catalog import SQLiteCatalog, UnverifiedRunError, UnverifiedRunWarning
+from framework.store.signing import SignatureError
 from simulators import validate_schedule
 
 pytestmark = pytest.mark.ray

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import psutil
 import pytest
 
-from framework.engine import orphans
+from framework.cluster import orphans
 from framework.result import Result
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # minutes of Ray clusters and drivers: make test-slow

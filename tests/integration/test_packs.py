@@ -23,6 +23,7 @@ from framework.engine.faults import Fault, FaultPlan
 from framework.engine.state import unpack_state
 from framework.engine.worker import Worker
 from framework.examples import classifier_step_fn, digits_arrays, mlp_model_fn
+from framework.functions import UserFunctions
 from framework.scheduling import TRAIN, SeededOrderScheduler, Unit, UnitTask
 from tests.integration.ft_helpers import (
     ROOT,
@@ -59,7 +60,7 @@ def _same(a: dict, b: dict) -> bool:
 def _assert_each_config_as_alone(result, ds, seed: int) -> None:
     """Each config's logged units, re-run alone in its logged order on one in-process worker: its metrics and final
     weights, up to float rounding (a fused pass sums in another order)."""
-    worker = Worker(0, mlp_model_fn, step_fn=classifier_step_fn)
+    worker = Worker(0, UserFunctions(mlp_model_fn, step_fn=classifier_step_fn))
     worker.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(ds.num_partitions)})
     done = _units_log(result).query("status == 'done'").sort_values("seq")
     threads = torch.get_num_threads()

@@ -11,8 +11,8 @@ import torch
 
 import automl
 import framework
-from framework.engine.catalog import SQLiteCatalog
 from framework.result import CATALOG_FILE
+from framework.store.catalog import SQLiteCatalog
 from tests.integration.probe_functions import fingerprint_train_fn, linear_model_fn, loss_eval_fn
 
 pytestmark = pytest.mark.ray

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 import automl
 import framework
 from framework.__main__ import main as cli
-from framework.engine.catalog import CatalogError, SQLiteCatalog, UnverifiedRunError, UnverifiedRunWarning
-from framework.engine.signing import SignatureError
+from framework.store.catalog import CatalogError, SQLiteCatalog, UnverifiedRunError, UnverifiedRunWarning
+from framework.store.signing import SignatureError
 from tests.integration.ft_functions import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray

@@ -1,4 +1,4 @@
-"""The warm local service (`modelhopper up` / `down`, `framework.engine.service`): a run attaches to it and starts on
+"""The warm local service (`modelhopper up` / `down`, `framework.cluster.service`): a run attaches to it and starts on
 its pool's workers, a crashed run's workers are reclaimed and replaced, a worker given back forgot its run, a cluster
 not in this user's record is never adopted, and `down` ends an attached run's session cleanly, resumable.
 
@@ -24,9 +24,9 @@ import psutil
 import pytest
 
 import framework
-from framework.engine import service
-from framework.engine.catalog import SQLiteCatalog
+from framework.cluster import service
 from framework.engine.ray_backend import _RayWorker
+from framework.store.catalog import SQLiteCatalog
 from tests.integration.ft_functions import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a Ray head and drivers of their own: make test-slow
@@ -128,7 +128,7 @@ def attached_run(service_env):
     report, err = _finish(_driver(service_env, path, 0.0, 1))
     after = _status(service_env)
     holds = json.loads(subprocess.run(
-        [sys.executable, "-c", "import json; from framework.engine import service; print(json.dumps(service.pool_holds()))"],
+        [sys.executable, "-c", "import json; from framework.cluster import service; print(json.dumps(service.pool_holds()))"],
         cwd=ROOT, env=service_env, capture_output=True, text=True, timeout=300, check=True).stdout.splitlines()[-1])
     return {"before": before, "again": again, "path": path, "report": report, "stderr": err, "after": after,
             "holds": holds}

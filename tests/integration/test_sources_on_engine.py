@@ -270,7 +270,7 @@ def test_a_run_reads_the_files_it_recorded_and_a_changed_or_edited_one_is_refuse
     db.execute("UPDATE meta SET value = ? WHERE key = 'dataset'", (meta.replace(str(target), "/etc/passwd"),))
     db.commit()
     db.close()
-    from framework.engine.catalog import UnverifiedRunWarning
+    from framework.store.catalog import UnverifiedRunWarning
 
     with pytest.warns(UnverifiedRunWarning), pytest.raises(DataChangedError, match="names /etc/passwd, a file the "
                                                                                    "run never read"):

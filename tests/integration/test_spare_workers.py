@@ -1,4 +1,4 @@
-"""Worker actors kept between runs of one process (`framework.engine.spares`): the next run's workers
+"""Worker actors kept between runs of one process (`framework.cluster.spares`): the next run's workers
 start on them, train exactly as new actors would, and a spare no run takes is killed."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 
 import automl
 import framework
-from framework.engine import spares
-from framework.engine.ray_backend import PROCESS_LEDGER, SPARES, release_spare_workers
+from framework.cluster import spares
+from framework.engine.ledger import PROCESS_LEDGER
+from framework.engine.ray_backend import SPARES, release_spare_workers
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray

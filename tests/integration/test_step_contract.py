@@ -31,6 +31,7 @@ from framework.examples import (
     digits_arrays,
     mlp_model_fn,
 )
+from framework.functions import UserFunctions
 from framework.scheduling import TRAIN, Unit, UnitTask
 from framework.scheduling.units import unit_seed
 from simulators import validate_schedule
@@ -66,7 +67,7 @@ class _StepWorker(Worker):
     """A worker actor of the step contract (one torch thread), as the engine starts them."""
 
     def __init__(self, worker_id: int) -> None:
-        super().__init__(worker_id, mlp_model_fn, step_fn=classifier_step_fn, num_threads=1)
+        super().__init__(worker_id, UserFunctions(mlp_model_fn, step_fn=classifier_step_fn), num_threads=1)
 
 
 GANG_CONFIG = {"in_features": 64, "hidden": 16, "lr": 0.1, "batch_size": 32}

@@ -12,8 +12,7 @@ import torch
 
 import automl
 import framework
-from framework.engine.catalog import SQLiteCatalog
-from framework.runs.status import run_status
+from framework.steering.status import run_status
 from framework.stoppers import (
     ExperimentPlateauStopper,
     FunctionStopper,
@@ -21,6 +20,7 @@ from framework.stoppers import (
     TimeoutStopper,
     TrialPlateauStopper,
 )
+from framework.store.catalog import SQLiteCatalog
 from simulators import validate_schedule
 from tests.integration.ft_functions import classifier_eval_fn, classifier_train_fn, mlp_model_fn, slow_train_fn
 

@@ -10,8 +10,8 @@ import pytest
 
 import automl
 import framework
-from framework.engine.storage import READ_PREFIX
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.store.storage import READ_PREFIX
 
 pytestmark = pytest.mark.ray
 

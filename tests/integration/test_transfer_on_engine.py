@@ -243,14 +243,15 @@ def test_a_step_fn_trains_on_the_planners_features_as_the_hand_loop_does(digits)
     from framework.engine.state import unpack_state
     from framework.engine.worker import Worker
     from framework.examples import classifier_step_fn
+    from framework.functions import UserFunctions
     from framework.scheduling import EVAL, Unit, UnitTask
 
     tr = _transfer(digits)
     ds = framework.PartitionedDataset.from_arrays(*digits, num_partitions=2, seed=0)
     entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)}
-    step = Worker(0, tr.model_fn, step_fn=classifier_step_fn, extract=copy.deepcopy(tr.extract))
-    hand = Worker(1, tr.model_fn, feature_classifier_train_fn, feature_classifier_eval_fn,
-                  extract=copy.deepcopy(tr.extract))
+    step = Worker(0, UserFunctions(tr.model_fn, step_fn=classifier_step_fn, extract=copy.deepcopy(tr.extract)))
+    hand = Worker(1, UserFunctions(tr.model_fn, feature_classifier_train_fn, feature_classifier_eval_fn,
+                                   extract=copy.deepcopy(tr.extract)))
     assert step.load(entries) == hand.load(entries)
     config = tr.configs[0]
     out = []

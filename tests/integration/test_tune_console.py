@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from framework.engine import ray_start
-from framework.engine.ray_start import token_auth_notice
+from framework.cluster import ray_start
+from framework.cluster.ray_start import token_auth_notice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUR_LINE = "modelhopper: this run's Ray takes only processes holding the token in "

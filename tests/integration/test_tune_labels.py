@@ -12,12 +12,13 @@ from framework.callbacks import Callback
 from framework.driver import Driver, MemoryRunLog
 from framework.engine.local import LocalBackend
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.functions import UserFunctions
 from framework.options import RunOptions
 from framework.stoppers import MaximumIterationStopper
 from tests.framework.driver.test_driver import _entries as driver_entries
 
 P = 2
-FNS = {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}
+FNS = UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn)
 GRID = {"lr": [0.01, 0.05, 0.1], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
 SPACE = {"lr": automl.loguniform(0.01, 0.1), "in_features": 8, "hidden": 8, "classes": 3, "batch_size": 16}
 

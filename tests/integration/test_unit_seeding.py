@@ -9,8 +9,8 @@ import pytest
 
 import automl
 import framework
-from framework.engine.catalog import SQLiteCatalog
 from framework.result import CATALOG_FILE
+from framework.store.catalog import SQLiteCatalog
 from tests.integration.probe_functions import draw_eval_fn, draw_train_fn, linear_model_fn
 
 pytestmark = pytest.mark.ray

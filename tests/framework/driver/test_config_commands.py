@@ -246,9 +246,9 @@ def test_a_run_stopped_after_commands_resumes_with_every_persons_decision_and_fi
     configs a person added, cloned, stopped and resumed, with their owners and budgets, and resumes a stopped one
     from its checkpoint, its cut epoch finished without repeating a unit."""
     from framework.driver import SQLiteRunLog
-    from framework.engine.catalog import SQLiteCatalog
-    from framework.engine.checkpoint import CheckpointStore
-    from framework.engine.signing import loads_signed
+    from framework.store.catalog import SQLiteCatalog
+    from framework.store.checkpoint import CheckpointStore
+    from framework.store.signing import loads_signed
 
     commands = QueueCommands()
 

@@ -18,16 +18,17 @@ from automl import ACTIVE, FAILED, STOPPED, Decision, Procedure
 from framework.driver import Driver, MemoryRunLog
 from framework.driver.commands import COMMANDS, QueueCommands
 from framework.engine._base import UnitDone, WorkerLost
-from framework.engine.checkpoint import CorruptCheckpointError
 from framework.engine.faults import Fault, FaultPlan
 from framework.engine.local import LocalBackend
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.functions import UserFunctions
 from framework.options import RunOptions
 from framework.scheduling import EVAL, TRAIN
+from framework.store.checkpoint import CorruptCheckpointError
 from simulators import validate_schedule
 
 P = 3  # partitions (and workers)
-FNS = {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}
+FNS = UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn)
 SPACE = {"lr": [0.01, 0.05, 0.1], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
 
 
@@ -440,9 +441,9 @@ class _StopsOneEarly(automl.GridSearch):
 
 def test_a_resume_after_some_configs_stopped_finishes_its_completeness_check(tmp_path):
     from framework.driver import SQLiteRunLog
-    from framework.engine.catalog import SQLiteCatalog
-    from framework.engine.checkpoint import CheckpointStore
-    from framework.engine.signing import loads_signed
+    from framework.store.catalog import SQLiteCatalog
+    from framework.store.checkpoint import CheckpointStore
+    from framework.store.signing import loads_signed
 
     def driver(catalog, ckpt, procedure):
         backend = LocalBackend(FNS, _entries(), num_threads=1)

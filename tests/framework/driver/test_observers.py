@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from framework.cluster.ray_start import _readable_by_others, token_auth_notice
 from framework.driver.observers import TIME_PARTS, ProgressBar, RunClock
-from framework.engine.ray_start import _readable_by_others, token_auth_notice
 
 
 def _bar_lines(text: str) -> list[str]:

@@ -15,8 +15,9 @@ from torch import nn
 import automl
 from framework.driver import Driver, MemoryRunLog
 from framework.engine.local import LocalBackend
-from framework.engine.packs import FusedPack, PackError, pack_key
+from framework.engine.packs import FusedPack, PackError
 from framework.examples import classifier_step_fn
+from framework.functions import UserFunctions, pack_key
 from framework.options import RunOptions
 
 N, BATCH = 64, 16
@@ -160,8 +161,7 @@ def _entries() -> dict:
 
 
 def _run(pack):
-    backend = LocalBackend({"model_fn": _closure_model_fn, "step_fn": classifier_step_fn}, _entries(),
-                           num_threads=1)
+    backend = LocalBackend(UserFunctions(_closure_model_fn, step_fn=classifier_step_fn), _entries(), num_threads=1)
     log = MemoryRunLog()
     space = {"act": ["relu", "tanh"], "lr": [0.05, 0.1], "batch_size": [8]}
     driver = Driver(backend, automl.GridSearch(space, epochs=2), log, {0: [0], 1: [1]}, [0, 1],

@@ -15,11 +15,12 @@ import torch
 from torch import nn
 
 from framework.data import PartitionedDataset, data_len
-from framework.engine.packs import FusedPack, PackError, StackedOptimizer, pack_key, signature
+from framework.engine.packs import FusedPack, PackError, StackedOptimizer
 from framework.engine.state import unpack_state
 from framework.engine.steps import StepLoop
 from framework.engine.worker import Worker
 from framework.examples import classifier_step_fn, mlp_model_fn
+from framework.functions import UserFunctions, pack_key, signature
 from framework.scheduling import EVAL, TRAIN, Unit, UnitTask
 from framework.trainable import Trainable
 
@@ -402,7 +403,7 @@ def _runner_worker(eval_step=None) -> Worker:
     x = torch.randn(120, 8, generator=g)
     ds = PartitionedDataset.from_arrays(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long(), num_partitions=2,
                                         valid_fraction=0.3, seed=0)
-    w = Worker(0, _scheduled_model_fn, step_fn=classifier_step_fn, eval_step=eval_step)
+    w = Worker(0, UserFunctions(_scheduled_model_fn, step_fn=classifier_step_fn, eval_step=eval_step))
     w.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)})
     return w
 

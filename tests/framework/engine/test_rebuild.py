@@ -3,6 +3,7 @@ driver on a LocalBackend writes a real run directory, stopped as by a crash afte
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 
@@ -11,13 +12,13 @@ import torch
 
 import automl
 from framework.driver import Driver, SQLiteRunLog
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore
 from framework.engine.local import LocalBackend
 from framework.engine.rebuild import rebuild_checkpoints
-from framework.engine.signing import loads_signed
 from framework.examples import classifier_train_fn
 from framework.options import RunOptions
+from framework.store.catalog import SQLiteCatalog
+from framework.store.checkpoint import CheckpointStore
+from framework.store.signing import loads_signed
 from tests.framework.driver.test_driver import FNS, P, _entries
 
 SPACE = {"lr": [0.01, 0.05], "in_features": [8], "hidden": [8], "classes": [3], "batch_size": [16]}
@@ -32,8 +33,8 @@ def _noisy_train_fn(model, optimizer, data, config):
     return metrics
 
 
-def _driver(catalog, ckpt, procedure, fns=FNS, checkpoint="unit"):
-    backend = LocalBackend(fns, _entries(), num_threads=1)
+def _driver(catalog, ckpt, procedure, functions=FNS, checkpoint="unit"):
+    backend = LocalBackend(functions, _entries(), num_threads=1)
     return Driver(backend, procedure, SQLiteRunLog(catalog, ckpt), {w: [w] for w in range(P)}, list(range(P)),
                   RunOptions(seed=SEED, checkpoint=checkpoint, queue_depth=1))
 
@@ -42,10 +43,10 @@ def _driver(catalog, ckpt, procedure, fns=FNS, checkpoint="unit"):
 def crashed(tmp_path):
     """A run stopped after commit `commits` (as by a crash): (catalog, checkpoint store)."""
 
-    def make(fns=FNS, checkpoint="unit", commits=1):
+    def make(functions=FNS, checkpoint="unit", commits=1):
         catalog = SQLiteCatalog(str(tmp_path / "run.db"))
         ckpt = CheckpointStore(str(tmp_path / "checkpoints"), catalog)
-        driver = _driver(catalog, ckpt, automl.GridSearch(SPACE, epochs=3), fns, checkpoint)
+        driver = _driver(catalog, ckpt, automl.GridSearch(SPACE, epochs=3), functions, checkpoint)
         assert driver.run(max_commits=commits) is False
         ckpt.flush()
         return catalog, ckpt
@@ -62,9 +63,9 @@ def _flip(path: str) -> bytes:
     return original
 
 
-def _resume(catalog, ckpt, fns=FNS, checkpoint="unit") -> Driver:
+def _resume(catalog, ckpt, functions=FNS, checkpoint="unit") -> Driver:
     _, blob, signature = catalog.last_round()
-    driver = _driver(catalog, ckpt, loads_signed(blob, signature), fns, checkpoint)
+    driver = _driver(catalog, ckpt, loads_signed(blob, signature), functions, checkpoint)
     assert driver.run(resume_from=catalog) is True
     return driver
 
@@ -81,7 +82,8 @@ def test_a_corrupt_newest_checkpoint_is_rebuilt_bit_for_bit_and_the_config_goes_
     before = older[0][1] if older else 0
     original = _flip(path)
     lines = []
-    [outcome] = rebuild_checkpoints(catalog, {**FNS, "input_fn": None}, _entries(), seed=SEED, write=lines.append)
+    functions = dataclasses.replace(FNS, input_fn=None)
+    [outcome] = rebuild_checkpoints(catalog, functions, _entries(), seed=SEED, write=lines.append)
     assert outcome["rebuilt"] and outcome["config_id"] == 1 and outcome["units"] == units
     assert (outcome["from_units"], outcome["rerun"]) == (before, units - before) and units - before >= 1
     with open(path, "rb") as f:
@@ -133,20 +135,20 @@ def test_a_failure_outside_the_units_is_a_reason_not_an_error(crashed):
 
 
 def test_training_that_is_not_deterministic_is_not_rebuilt_and_the_config_fails_with_the_reason(crashed):
-    fns = {**FNS, "train_fn": _noisy_train_fn}
-    catalog, ckpt = crashed(fns)
+    functions = dataclasses.replace(FNS, train_fn=_noisy_train_fn)
+    catalog, ckpt = crashed(functions)
     _, _, path, _ = catalog.checkpoints(1)[0]
     _flip(path)
     with open(path, "rb") as f:
         damaged = f.read()
     lines = []
-    [outcome] = rebuild_checkpoints(catalog, fns, _entries(), seed=SEED, write=lines.append)
+    [outcome] = rebuild_checkpoints(catalog, functions, _entries(), seed=SEED, write=lines.append)
     assert not outcome["rebuilt"] and "training is not deterministic" in outcome["reason"]
     with open(path, "rb") as f:
         assert f.read() == damaged  # left as it was
     assert not [f for f in os.listdir(os.path.dirname(path)) if ".tmp." in f]  # and nothing half written beside it
     assert "could not rebuild" in lines[0] and _events(catalog, "checkpoint_rebuild_failed")
-    driver = _resume(catalog, ckpt, fns)
+    driver = _resume(catalog, ckpt, functions)
     assert driver.run_state.configs[1].status == "failed"  # its readable state lacks what round 0 committed
     assert driver.run_state.configs[0].status == "stopped"
     ckpt.close()

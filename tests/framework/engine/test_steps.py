@@ -17,6 +17,7 @@ from framework.engine.state import unpack_state
 from framework.engine.steps import StepLoop, take
 from framework.engine.worker import Worker
 from framework.examples import classifier_eval_fn, classifier_step_fn, classifier_train_fn, mlp_model_fn
+from framework.functions import UserFunctions
 from framework.scheduling import EVAL, TRAIN, Unit, UnitTask
 from framework.trainable import Trainable
 
@@ -31,7 +32,7 @@ def _data(n: int = 90) -> PartitionedDataset:
 
 def _worker(**fns) -> Worker:
     ds = _data()
-    w = Worker(0, fns.pop("model_fn", mlp_model_fn), **fns)
+    w = Worker(0, UserFunctions(**{"model_fn": mlp_model_fn, **fns}))
     w.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)})
     return w
 
@@ -182,10 +183,10 @@ def test_a_deterministic_run_trains_every_config_by_step_as_by_the_equivalent_tr
     entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)}
     space = {"in_features": [4], "hidden": [8], "classes": [2], "lr": [0.05, 0.2], "batch_size": [8, 16]}
     runs = []
-    for fns in ({"model_fn": mlp_model_fn, "step_fn": classifier_step_fn},
-                {"model_fn": mlp_model_fn, "train_fn": classifier_train_fn, "eval_fn": classifier_eval_fn}):
+    for functions in (UserFunctions(mlp_model_fn, step_fn=classifier_step_fn),
+                      UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn)):
         log = MemoryRunLog()
-        driver = Driver(LocalBackend(fns, entries, num_threads=1), automl.GridSearch(space, epochs=2), log,
+        driver = Driver(LocalBackend(functions, entries, num_threads=1), automl.GridSearch(space, epochs=2), log,
                         {0: [0], 1: [1]}, [0, 1], RunOptions(seed=7, deterministic=True))
         driver.run()
         runs.append({c.id: (driver.run_state.backend.get(c.state), c.history) for c in driver.run_state.configs})

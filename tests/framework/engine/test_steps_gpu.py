@@ -17,6 +17,7 @@ from framework.examples import (
     mlp_model_fn,
     scheduled_model_fn,
 )
+from framework.functions import UserFunctions
 from framework.scheduling import EVAL, TRAIN, Unit, UnitTask
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -42,8 +43,9 @@ def _trained(w: Worker, config=CONFIG):
 
 @pytest.mark.parametrize("placement", [None, True, False])
 def test_the_step_loop_on_a_gpu_matches_the_hand_loop_wherever_the_data_lives(placement):
-    step = Worker(0, mlp_model_fn, step_fn=classifier_step_fn, device="cuda", data_on_device=placement)
-    hand = Worker(1, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="cuda", data_on_device=placement)
+    step = Worker(0, UserFunctions(mlp_model_fn, step_fn=classifier_step_fn), device="cuda", data_on_device=placement)
+    hand = Worker(1, UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn), device="cuda",
+                  data_on_device=placement)
     for w in (step, hand):
         w.load(_entries())
     where = {"cuda:0"} if placement in (None, True) else {"cpu"}  # None: 600 rows fit in a quarter of any GPU
@@ -55,7 +57,7 @@ def test_the_step_loop_on_a_gpu_matches_the_hand_loop_wherever_the_data_lives(pl
 
 
 def test_float16_autocast_with_a_grad_scaler_trains_through_the_step():
-    w = Worker(0, scheduled_model_fn, step_fn=classifier_step_fn, device="cuda")
+    w = Worker(0, UserFunctions(scheduled_model_fn, step_fn=classifier_step_fn), device="cuda")
     w.load(_entries())
     config = {**CONFIG, "amp": True, "epochs": 2}
     weights, metrics = _trained(w, config)

@@ -15,6 +15,7 @@ from framework.data import PartitionedDataset
 from framework.engine.state import PackedState, pack_state, unpack_state
 from framework.engine.worker import CACHE_PREFIX, Worker
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
+from framework.functions import UserFunctions
 from framework.scheduling import EVAL, TRAIN, Unit, UnitTask, epoch_metrics
 
 CONFIG = {"in_features": 4, "hidden": 8, "classes": 2, "lr": 0.1}
@@ -24,7 +25,7 @@ def _worker(train_fn=classifier_train_fn):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(60, 4, generator=g)
     ds = PartitionedDataset.from_arrays(x, (x[:, 0] > 0).long(), num_partitions=2)
-    w = Worker(0, mlp_model_fn, train_fn, classifier_eval_fn)
+    w = Worker(0, UserFunctions(mlp_model_fn, train_fn, classifier_eval_fn))
     w.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)})
     return w
 
@@ -100,9 +101,10 @@ def test_data_on_device_moves_every_partition_tensor_once_at_load():
     x = torch.randn(40, 4, generator=g)
     ds = PartitionedDataset.from_arrays(x, (x[:, 0] > 0).long(), num_partitions=2)
     entries = {p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)}
-    moved = Worker(0, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta", data_on_device=True)
-    kept = Worker(1, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta", data_on_device=False)
-    auto = Worker(2, mlp_model_fn, classifier_train_fn, classifier_eval_fn, device="meta")  # the rule is a GPU's
+    functions = UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn)
+    moved = Worker(0, functions, device="meta", data_on_device=True)
+    kept = Worker(1, functions, device="meta", data_on_device=False)
+    auto = Worker(2, functions, device="meta")  # the rule is a GPU's
     assert moved.load(entries) == kept.load(entries) == auto.load(entries)
     assert len(moved.data) == 4
     for key, data in moved.data.items():
@@ -122,7 +124,7 @@ def test_worker_fails_a_unit_whose_metric_is_not_finite(kind, value):
     def eval_fn(model, data, config):
         return {"loss": 0.5, "accuracy": value}
 
-    w = Worker(0, mlp_model_fn, train_fn, eval_fn)
+    w = Worker(0, UserFunctions(mlp_model_fn, train_fn, eval_fn))
     w.data = _worker().data
     state, report = w.run(UnitTask(Unit(0, 0, 0, kind), CONFIG, seed=0), None)
     fn_name = "train_fn" if kind == TRAIN else "eval_fn"
@@ -151,7 +153,7 @@ def test_worker_takes_num_examples_as_an_int(count):
 def _cached_worker(tmp_path):
     x = torch.randn(60, 4, generator=torch.Generator().manual_seed(0))
     ds = PartitionedDataset.from_arrays(x, (x[:, 0] > 0).long(), num_partitions=2)
-    w = Worker(0, mlp_model_fn, classifier_train_fn, classifier_eval_fn, freezing={"cache": True},
+    w = Worker(0, UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn), freezing={"cache": True},
                cache_dir=str(tmp_path / "run-caches"))
     w.load({p: ([ds.train[p]], [ds.valid[p]]) for p in range(2)})
     _, report = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=0), None)
@@ -178,7 +180,7 @@ def test_worker_activation_cache_goes_with_the_worker(tmp_path):
 
 def test_worker_without_an_activation_cache_makes_no_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    w = Worker(0, mlp_model_fn, classifier_train_fn, classifier_eval_fn, freezing={"eval_interval": 4})
+    w = Worker(0, UserFunctions(mlp_model_fn, classifier_train_fn, classifier_eval_fn), freezing={"eval_interval": 4})
     w.data = _worker().data
     _, report = w.run(UnitTask(Unit(0, 0, 0, TRAIN), CONFIG, seed=0), None)
     assert report.error is None and os.listdir(tmp_path) == []

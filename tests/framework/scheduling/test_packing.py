@@ -10,8 +10,8 @@ import torch
 import automl
 from framework.driver import Driver, MemoryRunLog
 from framework.engine.local import LocalBackend
-from framework.engine.packs import pack_key
 from framework.examples import classifier_step_fn, mlp_model_fn
+from framework.functions import UserFunctions, pack_key
 from framework.options import RunOptions
 from framework.scheduling import EVAL, TRAIN, Assignment, DispatchState, Unit
 from framework.scheduling.packing import GAIN, SAMPLES, Packer, PackSizer, check_pack
@@ -122,7 +122,7 @@ class _FusedClock(LocalBackend):
 def _packed_run(pack, exponent: float = 0.5, configs: int = 6, epochs: int = 2):
     space = {"lr": [0.01 * (i + 1) for i in range(configs)], "in_features": [8], "hidden": [8], "classes": [3],
              "batch_size": [16]}
-    backend = _FusedClock(exponent, fns={"model_fn": mlp_model_fn, "step_fn": classifier_step_fn},
+    backend = _FusedClock(exponent, functions=UserFunctions(mlp_model_fn, step_fn=classifier_step_fn),
                           entries=_entries(), num_threads=1)
     log = MemoryRunLog()
     driver = Driver(backend, automl.GridSearch(space, epochs=epochs), log, {w: [w] for w in range(P)},
@@ -184,7 +184,7 @@ def _deterministic_run(pack, unit_time, scheduler=None, seed: int = 5):
                 return None
             return unit_time(task.unit, workers[0], max(1, len(task.members))), out[1]
 
-    backend = Clock(fns={"model_fn": _bn_model_fn, "step_fn": classifier_step_fn}, entries=_entries(),
+    backend = Clock(functions=UserFunctions(_bn_model_fn, step_fn=classifier_step_fn), entries=_entries(),
                     num_threads=1)
     log = MemoryRunLog()
     options = (RunOptions(scheduler=SeededOrderScheduler(seed), seed=seed, pack=pack) if scheduler else
@@ -322,7 +322,7 @@ def test_an_asynchronous_procedures_configs_pack_across_epochs_and_each_ends_as_
             out = super()._execute(workers, ticket, task, state)
             return None if out is None else (1.0 + task.unit.config_id % 3) * len(task.units) ** 0.5, out[1]
 
-    backend = Clock(fns={"model_fn": mlp_model_fn, "step_fn": classifier_step_fn}, entries=_entries(),
+    backend = Clock(functions=UserFunctions(mlp_model_fn, step_fn=classifier_step_fn), entries=_entries(),
                     num_threads=1)
     log = MemoryRunLog()
     driver = Driver(backend, asha, log, {w: [w] for w in range(P)}, list(range(P)), RunOptions(queue_depth=1, pack=2),
@@ -333,7 +333,7 @@ def test_an_asynchronous_procedures_configs_pack_across_epochs_and_each_ends_as_
     groups = s[s.group.notna()].groupby("group")
     assert (groups.epoch.nunique() > 1).any()  # a pack of configs at different epochs
     assert (groups[["worker", "partition", "kind"]].nunique() == 1).all().all()
-    worker = Worker(0, mlp_model_fn, step_fn=classifier_step_fn)
+    worker = Worker(0, UserFunctions(mlp_model_fn, step_fn=classifier_step_fn))
     worker.load(_entries())
     configs = {c.id: c for c in driver.run_state.configs}
     assert len(configs) == 16

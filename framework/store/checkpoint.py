@@ -12,12 +12,9 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from framework.engine.catalog import SQLiteCatalog, UnsafePathError, confine
-
-if TYPE_CHECKING:
-    from framework.engine._base import Backend
+from framework.store.catalog import SQLiteCatalog, UnsafePathError, confine
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -50,10 +47,11 @@ def write_atomic(state: dict[str, Any], path: str) -> tuple[str, int]:
     return digest, size
 
 
-def write_later(backend: Backend, handle: Any, path: str) -> Callable[[], tuple[str, int]]:
-    """What `Backend.save` returns for a backend that has no faster path: a function that fetches the state behind
-    `handle` self-contained and writes it (`write_atomic`) when the checkpoint store's thread calls it."""
-    return lambda: write_atomic(backend.get(handle, self_contained=True), path)
+def write_later(fetch: Callable[[], Any], path: str) -> Callable[[], tuple[str, int]]:
+    """What `Backend.save` returns for a backend that has no faster path: a function that fetches the state
+    (`fetch()`: the backend's `get(handle, self_contained=True)`) and writes it (`write_atomic`) when the checkpoint
+    store's thread calls it."""
+    return lambda: write_atomic(fetch(), path)
 
 
 def remove_partial(directory: str) -> int:

@@ -1,4 +1,4 @@
-"""Steer a running selection from another process: `framework.connect(run)` (this module is `framework.runs.steering`).
+"""Steer a running selection from another process: `framework.connect(run)` (this module is `framework.steering.connect`).
 
     handle = framework.connect("~/modelhopper_runs/gridsearch-20260101-120000-000000")
     handle.status()["status"]          # "running"
@@ -7,7 +7,7 @@
     handle.clone(0, lr=0.001)          # a new config from config 0's weights, with lr changed
     handle.leaderboard()               # a DataFrame, best first
 
-A command goes through the run's inbox (`framework.engine.inbox`): the driver applies it at its next look between
+A command goes through the run's inbox (`framework.store.inbox`): the driver applies it at its next look between
 events (within `framework.driver.loop.COMMAND_WAIT_S` on an idle loop) with the rules every command follows, and
 records what it did as a `command` event in `run.db`, which is what a call here waits for and returns. It works from
 any process of this machine that can write into the run directory and holds its signing key, and from another
@@ -24,9 +24,9 @@ from typing import Any
 
 import pandas as pd
 
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.inbox import send_request
 from framework.result import CATALOG_FILE, Result
+from framework.store.catalog import SQLiteCatalog
+from framework.store.inbox import send_request
 
 __all__ = ["CommandOutcome", "NotRunningError", "RunHandle", "connect"]
 
@@ -57,8 +57,8 @@ class RunHandle:
             catalog.close()
 
     def status(self) -> dict[str, Any]:
-        """The run's state (`framework.runs.status.run_status`): status, configs, progress, best config, driver."""
-        from framework.runs.status import run_status
+        """The run's state (`framework.steering.status.run_status`): status, configs, progress, best config, driver."""
+        from framework.steering.status import run_status
 
         return run_status(self.path)
 
@@ -156,7 +156,7 @@ class RunHandle:
         return None
 
     def _running(self) -> bool:
-        from framework.run_record import is_being_written
+        from framework.store.lock import is_being_written
 
         return is_being_written(self.path)
 

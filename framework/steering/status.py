@@ -1,6 +1,6 @@
 """A run's status from its directory: `finished`, `running`, `crashed`, `running?`, `unknown` or `unreadable`
 (`run_status`), and the reading of a run that it rests on (`open_result`). `framework.runs.manage` lists, compares, exports
-and resumes runs on top of it; the dashboard and `framework.runs.steering` ask it whether a run is running.
+and resumes runs on top of it; the dashboard and `framework.steering.connect` ask it whether a run is running.
 
 Reading a run never writes into it (`Result.open` opens its catalog read-only). A local run that verifies is read
 from its catalog's rows as SQLite returns them, without pandas (`modelhopper list` and `status` start in a fraction of
@@ -42,17 +42,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from framework.cli import printable
-from framework.engine.catalog import (
+from framework.stoppers import ended_by, event_detail
+from framework.store.catalog import (
     CATALOG_FILE,
     OUTCOMES,
     CatalogError,
     SQLiteCatalog,
     UnverifiedRunWarning,
     config_outcome,
-    readonly_uri,
+    records_start,
 )
-from framework.engine.storage import check_utf8, is_uri, not_utf8
-from framework.stoppers import ended_by, event_detail
+from framework.store.storage import check_utf8, is_uri, not_utf8
 
 if TYPE_CHECKING:  # pandas (with `Result`) is imported where a run is read into DataFrames: `run_status` of a run that
     import pandas as pd  # verifies reads its rows as they are, so `modelhopper list` and `status` start without it
@@ -88,7 +88,7 @@ def classify(finished: bool, driver: DriverInfo | None, end_time: float | None, 
              host: str, alive: Callable[[int, float], bool], now: float, locked: bool = False) -> str:
     """A run's status by the rule in the module docstring. `alive(pid, since)`: whether that pid on this `host` is
     still the driver that started writing at `since`; `now` and `last_activity` are epoch seconds; `locked`: a
-    process on this host holds the run's writer lock (`framework.run_record.writer_lock`; a resume holds it before it records
+    process on this host holds the run's writer lock (`framework.store.lock.writer_lock`; a resume holds it before it records
     itself as the driver)."""
     if finished:
         return "finished"
@@ -241,7 +241,7 @@ def _reading_of(result: Result) -> _Reading:
 
 
 def _status_dict(r: _Reading, now: float) -> dict[str, Any]:
-    from framework.run_record import is_being_written
+    from framework.store.lock import is_being_written
 
     meta = r.meta
     driver = _latest_driver(meta, r.events)
@@ -433,21 +433,14 @@ def run_started(path: str) -> bool:
     """Whether the directory `path` holds a run that has started: its `run.db` exists and, while a process on this
     host writes it (a run that is starting holds its writer lock before it makes `run.db`), holds the run's meta,
     which a new run writes once it has saved its data. A path that does not exist yet has no run. Reads only."""
-    from framework.run_record import is_being_written
+    from framework.store.lock import is_being_written
 
     db = os.path.join(path, CATALOG_FILE)
     if not os.path.isfile(db):
         return False
     if not is_being_written(path):
         return True  # a run not being written is what it is: reading it says what is wrong with it, if anything
-    try:
-        conn = sqlite3.connect(readonly_uri(db), uri=True)
-        try:
-            return conn.execute("SELECT 1 FROM meta WHERE key = 'start_time'").fetchone() is not None
-        finally:
-            conn.close()
-    except sqlite3.Error:  # its tables are not there yet, or the writer holds the file a moment
-        return False
+    return records_start(db)
 
 
 def wait_for_run(path: str, timeout: float, poll_s: float = 0.1) -> bool:
@@ -475,7 +468,7 @@ def open_result(path: str) -> Result:
     """`Result.open(path)`; a run whose catalog holds text that is not UTF-8 (a lone surrogate such as JSON's
     `"\\udcff"` in a config or its meta, which a run's tables cannot hold) raises `CatalogError` naming it, as it
     does for a catalog SQLite cannot open (a path of more than 512 bytes); a `path` that is not UTF-8 text raises a
-    `ValueError` (`framework.engine.storage.not_utf8`)."""
+    `ValueError` (`framework.store.storage.not_utf8`)."""
     from framework.result import Result
 
     check_utf8("storage_path", path)

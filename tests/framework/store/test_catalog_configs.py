@@ -1,4 +1,4 @@
-"""How the catalog writes a config (`framework.engine.catalog`): as the JSON it reads back exactly, never as text it
+"""How the catalog writes a config (`framework.store.catalog`): as the JSON it reads back exactly, never as text it
 made up (`default=str` once wrote `np.float32(0.05)` as the string '0.05', which a replay handed to model_fn). What
 JSON would lose is refused and the transaction writes nothing."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from framework.engine.catalog import SQLiteCatalog
+from framework.store.catalog import SQLiteCatalog
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The Ray processes an embedded Ray leaves behind when its driver is killed: recorded at start, stopped next time.
 
-A driver that starts a local Ray of its own (`framework.engine.ray_start.ensure_ray`) writes a record of the
+A driver that starts a local Ray of its own (`framework.cluster.ray_start.ensure_ray`) writes a record of the
 processes that start brought up (the pid and start time of each, and of the driver) to `records_dir()`, and removes
 it when it exits normally, after Ray's own shutdown. A driver killed with SIGKILL cannot: Ray's dashboard and runtime
 agents outlive it (re-parented to init, holding memory and ports). The next start on the machine (`reap()`) reads

@@ -7,7 +7,7 @@ joins, ...), `rounds` (the committed decisions with the procedure's signed state
 CSV/Parquet files, replay, resume) is derived from it.
 
 **Every row is verified before it is trusted.** A writer signs each row it writes with this machine's key
-(`framework.engine.signing`): a MAC over the run's own id (`meta["run_id"]`), the table and every column of the row,
+(`framework.store.signing`): a MAC over the run's own id (`meta["run_id"]`), the table and every column of the row,
 so an edited value, a row moved to another key and a row copied from another run all fail. Rows that are deleted,
 added, or put back as they were at an earlier point also fail: each table has a signed digest in `digests`, its row
 count and the sum of its rows' MACs (mod 2**256), updated in the same transaction as the rows. `verify()` lists every
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from framework.engine.signing import KEY_ENV, SigningKeyError, key_path, load_key, mac
+from framework.store.signing import KEY_ENV, SigningKeyError, key_path, load_key, mac
 
 if TYPE_CHECKING:  # pandas is imported by the methods that return DataFrames: `modelhopper list` and `status` read
     import pandas as pd  # a run through the plain rows (`config_rows`, ...) and start without it (a second or so)
@@ -182,6 +182,20 @@ def confine(root: str, stored: Any, what: str, under: str = "") -> str:
 def readonly_uri(path: str) -> str:
     """SQLite's URI that opens the file `path` read-only (never created or written), for any bytes of the path."""
     return f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro"
+
+
+def records_start(path: str) -> bool:
+    """Whether the catalog file `path` records its run's start yet (the meta's `start_time`, which a new run writes
+    once it has saved its data). Read-only, without waiting: False while its tables or meta are not written yet, or
+    while the writer holds the file a moment."""
+    try:
+        conn = sqlite3.connect(readonly_uri(path), uri=True)
+        try:
+            return conn.execute("SELECT 1 FROM meta WHERE key = 'start_time'").fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
 
 
 def _create(path: str) -> None:

@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from framework.cli import printable
-from framework.engine.catalog import confine
+from framework.store.catalog import confine
 
 STORAGE_ENV = "MODELHOPPER_STORAGE"
 #: the prefix of the temporary folders that hold a copy of a mirrored run while it is read (`RunStorage.fetch`)

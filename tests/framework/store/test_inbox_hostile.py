@@ -13,8 +13,10 @@ import pytest
 from framework.callbacks import Callback
 from framework.driver import Driver, MemoryRunLog
 from framework.driver.commands import Command, InboxCommands, InboxNotice, apply
-from framework.engine.catalog import CatalogError, UnsafePathError
-from framework.engine.inbox import (
+from framework.engine.local import LocalBackend
+from framework.options import RunOptions
+from framework.store.catalog import CatalogError, UnsafePathError
+from framework.store.inbox import (
     INBOX_FILE,
     MAX_ARGS,
     MAX_ID,
@@ -25,8 +27,6 @@ from framework.engine.inbox import (
     read_requests,
     send_request,
 )
-from framework.engine.local import LocalBackend
-from framework.options import RunOptions
 from tests.framework.driver.test_driver import FNS, P, _entries, _events, _grid
 
 RUN_ID = "0123456789abcdef"

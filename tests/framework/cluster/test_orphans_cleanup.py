@@ -1,4 +1,4 @@
-"""`framework.engine.orphans.reap` as a clean-up without a run: a dry run names what it would stop and touches
+"""`framework.cluster.orphans.reap` as a clean-up without a run: a dry run names what it would stop and touches
 nothing; a record made on another host (a shared home directory) is left to that host."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import psutil
 import pytest
 
-from framework.engine import orphans
+from framework.cluster import orphans
 
 
 @pytest.fixture

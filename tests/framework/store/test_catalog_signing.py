@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from framework.engine.catalog import CatalogError, SQLiteCatalog, UnsafePathError, confine
-from framework.engine.signing import MIN_KEY_BYTES, SigningKeyError, load_key
+from framework.store.catalog import CatalogError, SQLiteCatalog, UnsafePathError, confine
+from framework.store.signing import MIN_KEY_BYTES, SigningKeyError, load_key
 
 KEY_A, KEY_B = "a" * MIN_KEY_BYTES, "b" * MIN_KEY_BYTES
 

@@ -12,7 +12,7 @@ this machine's key: append and edit rows, plant any id up to 2**63 - 1, put valu
 column, replace the file with other bytes, another database (another `requests` table: TEXT ids, other columns,
 triggers), a symbolic link (out of the run, or to `run.db`), a FIFO, or remove it. Against such a writer:
 
-- Nobody steers the run without the key. A request is signed with this machine's key (`framework.engine.signing`)
+- Nobody steers the run without the key. A request is signed with this machine's key (`framework.store.signing`)
   over the run's id, a random nonce and every field; an unsigned or edited request is rejected, and a copied one is
   applied once (its nonce is).
 - Nothing the writer puts there crashes or stalls the driver. `read_requests` never opens a link or anything but a
@@ -48,8 +48,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from framework.engine.catalog import CatalogError, UnsafePathError
-from framework.engine.signing import SigningKeyError, load_key, mac
+from framework.store.catalog import CatalogError, UnsafePathError
+from framework.store.signing import SigningKeyError, load_key, mac
 
 INBOX_FILE = "inbox.db"
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL, nonce TEXT, "

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-CHECK = ("import sys; from framework.engine.implicit_ray import HOOKED, _start; "
+CHECK = ("import sys; from framework.cluster.implicit_ray import HOOKED, _start; "
          "print(sorted(m for m in HOOKED if sys.modules[m].auto_init_ray is not _start), ray.is_initialized())")
 
 

@@ -1,4 +1,4 @@
-"""`framework.engine.orphans`: the Ray processes of a killed driver are stopped, and nothing else ever is."""
+"""`framework.cluster.orphans`: the Ray processes of a killed driver are stopped, and nothing else ever is."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import psutil
 
-from framework.engine import orphans
+from framework.cluster import orphans
 
 
 def test_reap_leaves_a_live_driver_and_foreign_pids_alone_and_drops_unreadable_records(tmp_path, monkeypatch):

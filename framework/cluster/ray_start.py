@@ -1,9 +1,9 @@
 """The Ray a run uses: started by the run itself, or the cluster it was told of, never one it merely finds.
 
 `ensure_ray` is the engine's Ray check, run before a run (or a source that needs Ray, `from_ray_dataset`) touches
-Ray, and by Ray's own implicit start once `framework` is imported (`framework.engine.implicit_ray`). It starts an
+Ray, and by Ray's own implicit start once `framework` is imported (`framework.cluster.implicit_ray`). It starts an
 embedded local Ray of the run's own (no dashboard; its processes recorded for `modelhopper cleanup`,
-`framework.engine.orphans`), attaches to the cluster `address`/`$RAY_ADDRESS` names, and refuses a connection that a
+`framework.cluster.orphans`), attaches to the cluster `address`/`$RAY_ADDRESS` names, and refuses a connection that a
 plain `ray.init()` made to the cluster `ray start` started on this machine. Besides `framework.engine.ray_backend`,
 the one module of the engine that imports Ray; it imports nothing of the engine's workers (a data source may use it).
 """
@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 
 import ray
 
-from framework.engine import orphans
+from framework.cluster import orphans
 
 __all__ = ["ensure_ray", "start_implicitly", "token_auth_notice"]
 
@@ -35,11 +35,11 @@ def ensure_ray(min_cpus: float = 1.0, address: str | None = None) -> bool:
 
     Told of a cluster means `address` (e.g. "10.0.0.5:6379", or "auto" to take the one `ray start` last started
     here) or `$RAY_ADDRESS` (which `ray job submit` sets). Otherwise it attaches to the local service this user
-    started with `modelhopper up` when that is up (`framework.engine.service.attach`: one line on stderr says so),
+    started with `modelhopper up` when that is up (`framework.cluster.service.attach`: one line on stderr says so),
     or the run starts its own embedded Ray
     (`address="local"`), never a cluster another process or user started on this machine, which Ray's plain
     `ray.init()` would attach to. Before that, the Ray processes of an earlier driver of this user that was killed
-    are stopped (`framework.engine.orphans`); after it, those this start brought up are recorded for
+    are stopped (`framework.cluster.orphans`); after it, those this start brought up are recorded for
     `modelhopper cleanup`. Ray's dashboard is never started. Returns True when this call started or attached to
     Ray. A local instance gets at least `min_cpus` logical CPUs so the workers a run asks for can be placed even on
     a small machine (they then share the cores). Where Ray would log its token-authentication warning (a local start
@@ -65,7 +65,7 @@ def ensure_ray(min_cpus: float = 1.0, address: str | None = None) -> bool:
         _made = _connection()[0]
         return True
     if named is None:  # the local service this user started (`modelhopper up`), when it is up and fits the run
-        from framework.engine import service
+        from framework.cluster import service
 
         with _without_token_warning():
             _made = service.attach(min_cpus)
@@ -92,7 +92,7 @@ def ensure_ray(min_cpus: float = 1.0, address: str | None = None) -> bool:
 
 
 def start_implicitly() -> None:
-    """Ray's implicit start (its `auto_init_ray`, which `framework.engine.implicit_ray` replaces) as `ensure_ray()`
+    """Ray's implicit start (its `auto_init_ray`, which `framework.cluster.implicit_ray` replaces) as `ensure_ray()`
     instead of a plain `ray.init()`; `RAY_ENABLE_AUTO_CONNECT=0` still turns it off, as it does Ray's."""
     from ray._private import auto_init_hook
 

@@ -1,7 +1,7 @@
 """HMAC keys and signatures: what lets a run tell the data it wrote from data someone else edited.
 
 Two things are signed with this machine's key: the procedure's pickled state (`dumps_signed`; resume never unpickles
-a blob that does not verify), and every row of a run's catalog (`framework.engine.catalog`: one MAC per row, and a
+a blob that does not verify), and every row of a run's catalog (`framework.store.catalog`: one MAC per row, and a
 signed digest per table).
 
 The key lives outside the storage directory: `$MODELHOPPER_SECRET` (at least 32 characters), else

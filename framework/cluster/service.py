@@ -6,7 +6,7 @@ authentication, a temp dir of its own) and records it in `service_dir()` (a file
 address, temp dir, the head's processes, uid, Python, start time, pool size). Then a small detached keeper actor
 (`framework.engine.pool._PoolKeeper`, no CPU) makes the pool: detached worker actors of the class runs use
 (`framework.engine.ray_backend._RayWorker`), made blank, with torch imported. A run that is told of no cluster
-(`framework.engine.ray_start.ensure_ray`) attaches to the service when this user's record names a live one
+(`framework.cluster.ray_start.ensure_ray`) attaches to the service when this user's record names a live one
 (`attach`); its backend takes the pool's workers of its key (`_PoolKeeper.take`), makes them its own
 (`_RayWorker.rebind`), and at its end resets and gives back those it may (`_PoolKeeper.give_back`). Every
 `WATCH_S` the keeper reclaims the workers leased to a driver whose Ray job died (killed, never reused, and replaced
@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 import ray
 
-from framework.engine import orphans
+from framework.cluster import orphans
 
 __all__ = ["attach", "attached_pool", "down", "live_record", "pool_holds", "service_dir", "status"]
 

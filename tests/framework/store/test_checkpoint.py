@@ -10,9 +10,9 @@ import pickle
 import pytest
 import torch
 
-from framework.engine.catalog import SQLiteCatalog
-from framework.engine.checkpoint import CheckpointStore, CorruptCheckpointError, load_verified
-from framework.engine.signing import SignatureError, dumps_signed, loads_signed
+from framework.store.catalog import SQLiteCatalog
+from framework.store.checkpoint import CheckpointStore, CorruptCheckpointError, load_verified
+from framework.store.signing import SignatureError, dumps_signed, loads_signed
 
 
 def _state(v: float) -> dict:
@@ -69,7 +69,7 @@ def test_a_write_of_the_same_state_queued_twice_keeps_its_file(tmp_path):
     first write still waits: the superseded write is waited for, and the file both name stays on disk."""
     import threading
 
-    from framework.engine.checkpoint import write_atomic
+    from framework.store.checkpoint import write_atomic
 
     catalog = SQLiteCatalog(str(tmp_path / "run.db"))
     store = CheckpointStore(str(tmp_path / "checkpoints"), catalog, writers=1)

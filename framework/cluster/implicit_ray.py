@@ -1,5 +1,5 @@
 """Ray's implicit start is the engine's: once `framework` is imported, a Ray call made before any `ray.init` (Ray
-Data's readers, `ray.put`, a remote call) starts Ray through `framework.engine.ray_start.ensure_ray`.
+Data's readers, `ray.put`, a remote call) starts Ray through `framework.cluster.ray_start.ensure_ray`.
 
 Ray's own implicit start is a plain `ray.init()`: it attaches to the cluster `ray start` last started on this machine
 (another user's, named in Ray's `ray_current_cluster` file), or starts a local Ray with its dashboard and records
@@ -25,7 +25,7 @@ HOOKED = ("ray._private.auto_init_hook", "ray._private.client_mode_hook", "ray.u
 
 
 def _start() -> None:
-    from framework.engine.ray_start import start_implicitly
+    from framework.cluster.ray_start import start_implicitly
 
     start_implicitly()
 
