@@ -20,7 +20,7 @@ def ray_cluster():
     """A real local Ray instance shared by every integration test of the session."""
     import ray
 
-    from framework.engine import spares
+    from framework.cluster import spares
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -101,8 +101,11 @@ def _seeded_torch(request):
         seed = request.config.getoption("randomly_seed")
     except ValueError:  # -p no:randomly
         seed = 0
-    seed = seed if isinstance(seed, int) else 0
-    torch.manual_seed((seed + zlib.crc32(request.node.nodeid.encode())) % 2**32)
+    seed = (seed if isinstance(seed, int) else 0) + zlib.crc32(request.node.nodeid.encode())
+    # (not `torch.manual_seed`, which formats this deep stack for each device kind not initialised: seconds a run)
+    torch.default_generator.manual_seed(seed % 2**32)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed % 2**32)
 
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

@@ -21,12 +21,12 @@ import pytest
 import automl
 import framework
 from framework.__main__ import main as cli
-from framework.engine.catalog import SQLiteCatalog
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 from framework.result import CATALOG_FILE
-from framework.run_record import writer_lock
 from framework.runs import list_runs
-from framework.runs.status import RECENT_S, DriverInfo, classify, pid_alive, run_status
+from framework.steering.status import RECENT_S, DriverInfo, classify, pid_alive, run_status
+from framework.store.catalog import SQLiteCatalog
+from framework.store.lock import writer_lock
 
 pytestmark = pytest.mark.ray
 PLANTED_REF = "tests.integration.planted:model_fn"  # importing it runs code (tests/integration/planted.py)
@@ -169,7 +169,7 @@ def test_status_of_the_finished_and_the_crashed_run(runs, capsys):
 def test_a_real_run_is_read_without_pandas_as_a_result_reads_it(runs):
     """`list` and `status` read a run that verifies from its rows (`_plain_reading`, no pandas): the same status, and
     the best value `Result.get_best_result()` gives (each config's last epoch; a failed config is never best)."""
-    from framework.runs.status import _plain_reading, _reading_of, _status_dict, opened
+    from framework.steering.status import _plain_reading, _reading_of, _status_dict, opened
 
     for name in ("finished", "crashed"):
         path = runs[name]
@@ -245,7 +245,7 @@ def test_resume_of_functions_defined_in_main_says_to_resume_from_python(runs, tm
     assert run_status(run)["status"] == "finished"
 
 
-@pytest.mark.filterwarnings("ignore::framework.engine.catalog.UnverifiedRunWarning")
+@pytest.mark.filterwarnings("ignore::framework.store.catalog.UnverifiedRunWarning")
 def test_an_edited_run_is_listed_unverified_and_resume_imports_nothing(runs, tmp_path, capsys, monkeypatch):
     run = _copy(runs["crashed"], tmp_path)
     conn = sqlite3.connect(os.path.join(run, CATALOG_FILE), isolation_level=None)
@@ -387,7 +387,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _started(argv: list[str]) -> subprocess.Popen:
     """`python -m framework ARGV` in a process of its own, once it has said on stderr that it waits for the run."""
     env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "framework", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+    # Ctrl-C's SIGINT handled as in a terminal, also when this test runs with SIGINT ignored (a background job of a
+    # non-interactive shell: its children inherit that, and Python then leaves it ignored)
+    main = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from framework.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", main, *argv], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stderr.readline()  # (blocks until the line comes; the process waits up to --wait after it)
     assert "waiting up to 120 s for a run to start in" in line, (line, proc.stderr.read() if proc.poll() else "")
