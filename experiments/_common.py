@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from framework.cli import OneLineParser
 from framework.result import CATALOG_FILE
 from framework.store.storage import check_folder_name, default_root, enclosing_run, git_revision, unusable_dir
+from framework.text import OneLineParser
 
 T = TypeVar("T")
 

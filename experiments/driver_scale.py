@@ -37,8 +37,8 @@ import numpy as np  # noqa: E402
 
 import automl  # noqa: E402
 from experiments._common import provenance  # noqa: E402
-from framework.cli import OneLineParser  # noqa: E402
 from framework.scheduling import SCHEDULERS, SeededOrderScheduler  # noqa: E402
+from framework.text import OneLineParser  # noqa: E402
 from simulators import (  # noqa: E402
     FAIL,
     RETURN,

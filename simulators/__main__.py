@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from framework.cli import OneLineParser
+from framework.text import OneLineParser
 
 
 def _ints(s: str) -> tuple[int, ...]:

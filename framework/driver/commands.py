@@ -32,7 +32,6 @@ from typing import Any
 
 from automl import ACTIVE, PERSON, STOPPED, json_exact
 from automl._checks import show
-from framework.cli import printable
 from framework.command_specs import (  # (ARG_TYPES and Arg re-exported: a command's arguments)
     ARG_TYPES,  # noqa: F401
     COMMAND_ENTRIES,
@@ -46,6 +45,7 @@ from framework.driver.configs import BY_PERSON, ConfigRecord
 from framework.driver.control import add_workers, drain_worker, worker_request
 from framework.store.checkpoint import CorruptCheckpointError
 from framework.store.inbox import InboxError
+from framework.text import printable
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from framework.cli import printable
 from framework.functions import FUNCTIONS
 from framework.steering.status import (
     open_quietly,
@@ -29,6 +28,7 @@ from framework.steering.status import (
 )
 from framework.store.catalog import CATALOG_FILE, CatalogError, SQLiteCatalog, check_verified
 from framework.store.storage import default_root, is_uri, run_name, unusable_dir
+from framework.text import printable
 
 if TYPE_CHECKING:  # pandas is imported where a DataFrame is made: `modelhopper list` prints `run_rows` without it
     import pandas as pd
@@ -106,7 +106,7 @@ def list_runs(root: str | None = None, max_depth: int = 4, now: float | None = N
     run's `metric`, ranked by its `mode`; NaN when none has one), `last_activity` (epoch seconds) and `age_s`,
     `verified`, `pid` (of a running run's driver) and `error` (why a run that is `unreadable` could not be read).
     Runs that do not verify are listed too (`verified` False); nothing they name is imported. The text columns are
-    `framework.cli.printable`: a folder whose name is not UTF-8 (an `unreadable` run: SQLite cannot open it) is
+    `framework.text.printable`: a folder whose name is not UTF-8 (an `unreadable` run: SQLite cannot open it) is
     listed with its bytes escaped (`run-\\xff`), and no control character of a name or an edited catalog reaches a
     terminal. `run_rows` gives the same rows as dicts."""
     import pandas as pd

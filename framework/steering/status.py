@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from framework.cli import printable
 from framework.stoppers import ended_by, event_detail
 from framework.store.catalog import (
     CATALOG_FILE,
@@ -53,6 +52,7 @@ from framework.store.catalog import (
     records_start,
 )
 from framework.store.storage import check_utf8, is_uri, not_utf8
+from framework.text import printable
 
 if TYPE_CHECKING:  # pandas (with `Result`) is imported where a run is read into DataFrames: `run_status` of a run that
     import pandas as pd  # verifies reads its rows as they are, so `modelhopper list` and `status` start without it

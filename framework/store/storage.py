@@ -23,8 +23,8 @@ import subprocess
 import tempfile
 import time
 
-from framework.cli import printable
 from framework.store.catalog import confine
+from framework.text import printable
 
 STORAGE_ENV = "MODELHOPPER_STORAGE"
 #: the prefix of the temporary folders that hold a copy of a mirrored run while it is read (`RunStorage.fetch`)

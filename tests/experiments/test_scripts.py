@@ -21,7 +21,7 @@ import time
 import pandas as pd
 import pytest
 
-from framework.cli import OneLineParser
+from framework.text import OneLineParser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = sorted(f for f in os.listdir(os.path.join(ROOT, "experiments")) if f.endswith(".py") and not f.startswith("_"))
@@ -71,7 +71,7 @@ def test_experiment_script_options_say_more_than_their_names(script, monkeypatch
 
     monkeypatch.setattr(OneLineParser, "print_help", keep)
     _run_script(script, ["--help"], monkeypatch)
-    assert len(parsers) == 1, f"{script} does not build its parser with framework.cli.OneLineParser"
+    assert len(parsers) == 1, f"{script} does not build its parser with framework.text.OneLineParser"
     for action in parsers[0]._actions:
         for flag in action.option_strings:
             name = flag.lstrip("-").replace("-", " ").replace("_", " ")

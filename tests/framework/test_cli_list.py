@@ -1,7 +1,7 @@
 """`modelhopper list` and `status` without pandas: a run that verifies is read from its catalog's rows as they are
 (`framework.steering.status._plain_reading`), and what that gives equals what reading it as a `Result` gives (its status,
 its best config: `Result.get_best_result()`); any other run is read as a `Result`, as before. `list` prints its rows as
-pandas printed its DataFrame (`framework.cli.text_table`, `json_records`). Runs are made by hand with the real catalog
+pandas printed its DataFrame (`framework.text.text_table`, `json_records`). Runs are made by hand with the real catalog
 (no Ray)."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pandas as pd
 import pytest
 
 from framework.__main__ import main as cli
-from framework.cli import json_records, text_table
 from framework.result import NoResultError, Result
 from framework.runs.manage import LIST_COLUMNS, age, list_runs, run_rows
 from framework.scheduling.units import Unit, UnitReport
 from framework.steering.status import _plain_reading, _reading_of, _status_dict, opened, run_status
 from framework.store.catalog import CATALOG_FILE, SQLiteCatalog
+from framework.text import json_records, text_table
 
 NOW = 2_000_000_000.0
 

@@ -14,12 +14,12 @@ import socket
 import pytest
 
 from framework.__main__ import main as cli
-from framework.cli import printable
 from framework.dashboard import MAX_BODY_DEPTH, serve
 from framework.result import CATALOG_FILE, Result
 from framework.runs import compare_runs, list_runs, run_status
 from framework.store.catalog import SQLiteCatalog, _config_row
 from framework.store.lock import writer_lock
+from framework.text import printable
 from tests.framework.test_cli_runs import _one_error_line
 
 HUGE = "99999999999999999999"  # no C long: 20 digits

@@ -1,7 +1,7 @@
-"""What every command line of the project shares (`python -m framework`, `python -m simulators`, the experiment
-scripts): an argument parser whose errors are one line, `printable`, which makes any text safe to print on one, and
-`text_table` and `json_records`, which print rows as pandas' `DataFrame.to_string` and `to_json` do, for a command
-that starts without pandas (`modelhopper list`).
+"""Text for terminals, shared by every command line of the project (`python -m framework`, `python -m simulators`, the
+experiment scripts): an argument parser whose errors are one line, `printable`, which makes any text safe to print on
+one, and `text_table` and `json_records`, which print rows as pandas' `DataFrame.to_string` and `to_json` do, for a
+command that starts without pandas (`modelhopper list`).
 
 Standard library only, so the simulators and the experiment scripts import it without torch, Ray or the engine.
 """
