@@ -295,3 +295,44 @@ def test_the_layout_page_names_every_module_in_its_folder():
             missing += [f"{rel}/{f}" for f in sorted(files) if f.endswith(".py") and f != "__init__.py"
                         and not re.search(rf"(?<![\w.]){re.escape(f)}", section)]
     assert not missing, f"docs/contributing/layout.md does not name {missing} under their folders"
+
+
+#: a dotted name of ours in a page's text or code: `framework.store.catalog`, `framework.Result.open`, ...
+_DOTTED = re.compile(r"(?<![\w./-])((?:framework|automl|simulators)(?:\.[A-Za-z_]\w*)+)")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether `dotted` names something: its longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def _names_used(text: str) -> set[str]:
+    """The dotted names of ours a page uses: in its text, and what its code imports (`from X import a, b`)."""
+    names = {n for n in _DOTTED.findall(text) if n.rsplit(".", 1)[1] not in ("md", "py", "html", "txt", "toml")}
+    for m in re.finditer(r"^\s*from ((?:framework|automl|simulators)[\w.]*) import (?:\(([^)]*)\)|([\w, ]+)$)", text,
+                         re.MULTILINE):
+        imported = (m.group(2) or m.group(3)).replace("\n", " ")
+        names |= {f"{m.group(1)}.{n.split(' as ')[0].strip()}" for n in imported.split(",") if n.strip()}
+    return names
+
+
+def test_every_name_of_ours_a_page_uses_resolves():
+    """Every `framework....`, `automl....` or `simulators....` name the README and the docs' pages mention or
+    import still names a module, class, function or attribute: a module moved or a name renamed shows here."""
+    missing = {}
+    for page in pages():
+        bad = sorted(n for n in _names_used(_read(page)) if not _resolves(n))
+        if bad:
+            missing[page] = bad
+    assert not missing, f"names the docs use that do not resolve: {missing}"
