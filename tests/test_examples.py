@@ -88,6 +88,7 @@ def example_runs(tmp_path_factory):
     return parts, work, runs, out
 
 
+@pytest.mark.slow  # a process of its own that starts its own Ray: make test-slow (make docs runs them too)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", NAMES)
 def test_example_runs(example_runs, name):
