@@ -112,21 +112,9 @@ def _demo_row(name: str, line: dict[str, float], process_s: float, floor: str, f
 def _write_parquet(folder: str, workers: int) -> str:
     """digits as Parquet under folder/train and folder/valid (a file per worker each; one column per pixel and
     `label`), written before anything is timed."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from framework.examples import arrays_as_parquet, digits_arrays
 
-    from framework.examples import digits_arrays
-
-    x, y = digits_arrays()
-    cut = int(len(x) * 0.8)
-    for split, rows in (("train", np.arange(cut)), ("valid", np.arange(cut, len(x)))):
-        os.makedirs(os.path.join(folder, split), exist_ok=True)
-        for i, chunk in enumerate(np.array_split(rows, workers)):
-            table = pa.table({**{f"f{k}": x[chunk, k].astype(np.float32) for k in range(x.shape[1])},
-                              "label": y[chunk].astype(np.int64)})
-            pq.write_table(table, os.path.join(folder, split, f"part-{i}.parquet"))
-    return folder
+    return arrays_as_parquet(folder, *digits_arrays(), files=(workers, workers))
 
 
 def _measure(cfg: Defaults, out: str) -> dict[str, list]:

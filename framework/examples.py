@@ -155,6 +155,26 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return (x / 16.0).astype(np.float32), y.astype(np.int64)
 
 
+def arrays_as_parquet(folder: str, x: np.ndarray, y: np.ndarray, files: tuple[int, int] = (1, 1),
+                      valid_fraction: float = 0.2, row_group_size: int | None = None) -> str:
+    """Features `x` (rows x columns) and labels `y` as Parquet files under `folder`/train and `folder`/valid, one
+    column per feature (`f0`, `f1`, ...: float32) and `label` (int64): the first rows for training, the last
+    `valid_fraction` of them for validation, in `files` (train, valid) files of consecutive rows each. What
+    `PartitionedDataset.from_parquet(folder + "/train", folder + "/valid", label="label")` reads; returns `folder`.
+    pyarrow comes with Ray Data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cut = int(len(x) * (1 - valid_fraction))
+    for split, rows, count in (("train", np.arange(cut), files[0]), ("valid", np.arange(cut, len(x)), files[1])):
+        os.makedirs(os.path.join(folder, split), exist_ok=True)
+        for i, chunk in enumerate(np.array_split(rows, count)):
+            table = pa.table({**{f"f{k}": x[chunk, k].astype(np.float32) for k in range(x.shape[1])},
+                              "label": y[chunk].astype(np.int64)})
+            pq.write_table(table, os.path.join(folder, split, f"part-{i}.parquet"), row_group_size=row_group_size)
+    return folder
+
+
 def synthetic_classification(n: int, d: int, classes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A learnable synthetic tabular task: labels from a random 2-layer teacher network plus noise."""
     rng = np.random.default_rng(seed)

@@ -10,25 +10,14 @@ import json
 import os
 import sys
 
-import numpy as np
 import psutil
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 import automl
 import framework
 from framework.cluster import orphans
-from framework.examples import classifier_step_fn, digits_arrays, mlp_model_fn
+from framework.examples import arrays_as_parquet, classifier_step_fn, digits_arrays, mlp_model_fn
 
 SPACE = {"hidden": [16], "lr": [0.1], "batch_size": [64]}
-
-
-def _write_parquet(folder: str, x: np.ndarray, y: np.ndarray) -> None:
-    for split, rows in (("train", slice(0, 240)), ("valid", slice(240, 300))):
-        os.makedirs(os.path.join(folder, split), exist_ok=True)
-        table = pa.table({**{f"f{k}": x[rows, k].astype(np.float32) for k in range(x.shape[1])},
-                          "label": y[rows].astype(np.int64)})
-        pq.write_table(table, os.path.join(folder, split, "part-0.parquet"))
 
 
 def _report() -> dict:
@@ -51,7 +40,7 @@ def main(workdir: str) -> None:
 
     x, y = digits_arrays()
     data = os.path.join(workdir, "data")
-    _write_parquet(data, x, y)
+    arrays_as_parquet(data, x[:300], y[:300])
     train, valid = ray.data.read_parquet(f"{data}/train"), ray.data.read_parquet(f"{data}/valid")  # Ray starts here
     datasets = {
         "ray": framework.PartitionedDataset.from_ray_dataset(train, 2, valid=valid),

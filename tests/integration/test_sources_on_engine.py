@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,7 @@ import torch
 
 import automl
 import framework
-from framework.examples import classifier_step_fn, mlp_model_fn
+from framework.examples import arrays_as_parquet, classifier_step_fn, mlp_model_fn
 from tests.integration.ft_helpers import ray_cluster_address
 
 pytestmark = pytest.mark.ray
@@ -32,17 +33,10 @@ SPACE = {"hidden": [16], "lr": [0.1], "batch_size": [64]}
 
 
 def _write_digits(folder, digits, files=(2, 1)):
-    """digits as Parquet: `files[0]` train files and `files[1]` valid files under folder/train and folder/valid, one
-    column per pixel (f0..f63) and `label`."""
+    """600 of the digits as Parquet: `files[0]` train files (480 rows) and `files[1]` valid files (120) under
+    folder/train and folder/valid, one column per pixel (f0..f63) and `label`, row groups of 64 rows."""
     x, y = digits
-    x, y = x[:600], y[:600]
-    for split, rows, count in (("train", slice(0, 480), files[0]), ("valid", slice(480, 600), files[1])):
-        os.makedirs(folder / split, exist_ok=True)
-        for i, chunk in enumerate(np.array_split(np.arange(len(x))[rows], count)):
-            table = pa.table({**{f"f{k}": x[chunk, k].astype(np.float32) for k in range(x.shape[1])},
-                              "label": y[chunk].astype(np.int64)})
-            pq.write_table(table, folder / split / f"part-{i}.parquet", row_group_size=64)
-    return folder
+    return Path(arrays_as_parquet(str(folder), x[:600], y[:600], files=files, row_group_size=64))
 
 
 def _run(ds, tmp_path, name="run", epochs=1):
