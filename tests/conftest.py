@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,8 +13,10 @@ import tempfile
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# the tests' runs never attach to a local service the developer started (`modelhopper up`): an empty record folder
+# the tests' runs never attach to a local service the developer started (`modelhopper up`): an empty record folder,
+# removed when this process exits
 os.environ["MODELHOPPER_SERVICE_DIR"] = tempfile.mkdtemp(prefix="modelhopper-test-service-")
+atexit.register(shutil.rmtree, os.environ["MODELHOPPER_SERVICE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
