@@ -5,8 +5,8 @@ the ledger still knows once the actor's process is gone, whatever replies died w
 units the dead worker was running or had finished, and those it never started (`WorkerLost.started`), instead of
 guessing from the replies that arrived.
 
-Ray only, no torch: the ledger's actor process imports this module and nothing of the engine's workers, so it starts
-in about a second instead of the several a process that imports torch takes.
+Ray only, no torch. (Its actor's process imports neither this module nor torch either way: Ray sends the actor's
+class by value. Measured: about 2.5 s of CPU per ledger process, what any Ray worker process takes to start.)
 """
 
 from __future__ import annotations
