@@ -12,38 +12,26 @@ from automl import Procedure
 from framework.callbacks import Callback
 from framework.data import PartitionedDataset, encode_entry
 from framework.engine.faults import FaultPlan
+from framework.functions import UserFunctions
 from framework.result import CATALOG_FILE
 from framework.store.storage import RunStorage, check_folder_name, run_name, unusable_dir
 
 
 def check_user_code(model_fn: Any, train_fn: Any, eval_fn: Any, input_fn: Any, extract: Any, step_fn: Any = None,
-                    eval_step: Any = None, pack: Any = 1) -> None:
-    """The user's functions: `model_fn`; training by `step_fn` (the engine's loop, `framework.engine.steps`) or a
-    `train_fn` of the user's own, not both; evaluation by `eval_fn`, `eval_step` or, without either, `step_fn`;
-    packs (`pack` other than 1) fuse the engine's loop, so they need a `step_fn`."""
-    if not callable(model_fn):
-        raise TypeError(f"`model_fn` is {model_fn!r}, but must be callable")
-    for arg, fn in (("train_fn", train_fn), ("eval_fn", eval_fn), ("step_fn", step_fn), ("eval_step", eval_step)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"`{arg}` is {fn!r}, but must be callable or None")
-    if train_fn is None and step_fn is None:
-        raise TypeError("`train_fn` and `step_fn` are both None, but a config trains by one of them: pass "
-                        "step_fn=step_fn (step_fn(model, batch, config) -> loss; the engine runs the loop) or a "
-                        "train_fn(model, optimizer, data, config) of your own")
+                    eval_step: Any = None, pack: Any = 1) -> UserFunctions:
+    """The user's functions as one value (`UserFunctions` checks each is callable, and that they train and
+    evaluate), with what `ModelSelection` asks besides: training by `step_fn` (the engine's loop,
+    `framework.engine.steps`) or a `train_fn` of the user's own, not both, and evaluation likewise; packs (`pack`
+    other than 1) fuse the engine's loop, so they need a `step_fn`."""
+    functions = UserFunctions(model_fn, train_fn, eval_fn, input_fn, step_fn, eval_step, extract)
     for own, step in (("train_fn", "step_fn"), ("eval_fn", "eval_step")):
-        if locals()[own] is not None and locals()[step] is not None:
+        if getattr(functions, own) is not None and getattr(functions, step) is not None:
             raise TypeError(f"`{own}` and `{step}` are both given, but one does what the other does: keep "
                             f"`{step}` (the engine's loop) or `{own}` (your own)")
-    if eval_fn is None and eval_step is None and step_fn is None:
-        raise TypeError("`eval_fn` is None, and there is no `eval_step` or `step_fn` to evaluate with: pass "
-                        "eval_fn(model, data, config) -> dict")
     if pack != 1 and step_fn is None:
         raise ValueError(f"`pack` is {pack!r}, but packs train their configs as one fused model in the engine's "
                          "loop, which a `train_fn` of your own keeps out of reach: pass step_fn=... or pack=1")
-    if input_fn is not None and not callable(input_fn):
-        raise TypeError(f"`input_fn` is {input_fn!r}, but must be callable or None")
-    if extract is not None and not callable(extract):
-        raise TypeError(f"`extract` is {extract!r}, but must be callable (e.g. a torch.nn.Module) or None")
+    return functions
 
 
 def check_dataset(dataset: Any) -> PartitionedDataset:

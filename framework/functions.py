@@ -41,15 +41,20 @@ class UserFunctions:
     extract: Any = None
 
     def __post_init__(self) -> None:
-        for name in (*FUNCTIONS, "extract"):
+        if not callable(self.model_fn):
+            raise TypeError(f"`model_fn` is {self.model_fn!r}, but must be callable")
+        for name in (*FUNCTIONS[1:], "extract"):
             fn = getattr(self, name)
-            if (fn is not None or name == "model_fn") and not callable(fn):
-                rule = "callable" if name == "model_fn" else "callable or None"
-                raise TypeError(f"`{name}` is {fn!r}, but must be {rule}")
+            if fn is not None and not callable(fn):
+                like = " (e.g. a torch.nn.Module)" if name == "extract" else ""
+                raise TypeError(f"`{name}` is {fn!r}, but must be callable{like} or None")
         if self.train_fn is None and self.step_fn is None:
-            raise TypeError("the user functions hold no `train_fn` or `step_fn`: one of them trains a config")
+            raise TypeError("`train_fn` and `step_fn` are both None, but a config trains by one of them: pass "
+                            "step_fn=step_fn (step_fn(model, batch, config) -> loss; the engine runs the loop) or a "
+                            "train_fn(model, optimizer, data, config) of your own")
         if self.eval_fn is None and self.eval_step is None and self.step_fn is None:
-            raise TypeError("the user functions hold no `eval_fn`, `eval_step` or `step_fn`: one of them evaluates")
+            raise TypeError("`eval_fn` is None, and there is no `eval_step` or `step_fn` to evaluate with: pass "
+                            "eval_fn(model, data, config) -> dict")
 
     def named(self) -> dict[str, Callable[..., Any] | None]:
         """The functions by their names in `FUNCTIONS` (`extract` is not one: a run records it apart)."""

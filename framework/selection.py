@@ -118,7 +118,7 @@ class ModelSelection:
         step_fn: Callable | None = None, eval_step: Callable | None = None, pack: int | str = _D.pack,
         time_budget_s: float | None = _D.time_budget_s,
     ) -> None:
-        check_user_code(model_fn, train_fn, eval_fn, input_fn, extract, step_fn, eval_step, pack)
+        functions = check_user_code(model_fn, train_fn, eval_fn, input_fn, extract, step_fn, eval_step, pack)
         check_dataset(dataset)
         options = RunOptions(
             seed=seed, metric=metric, mode=mode, scheduler=scheduler, executor=executor, num_workers=num_workers,
@@ -129,7 +129,7 @@ class ModelSelection:
         ).resolve_workers(dataset.num_partitions).for_live_run()
         n = options.num_workers
         self.placement = dataset.placement(n) if executor == "mop" else {0: list(range(n))}
-        self.functions = UserFunctions(model_fn, train_fn, eval_fn, input_fn, step_fn, eval_step, extract)
+        self.functions = functions
         self.dataset, self.progress = dataset, progress
         self.procedure = resolve_procedure(procedure, procedure_args)
         self.faults, self.callbacks = check_faults(faults), check_callbacks(callbacks, dashboard)

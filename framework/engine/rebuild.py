@@ -48,8 +48,8 @@ def rebuild_checkpoints(
     recorded for it: the file is then exactly what the run wrote, and nothing the run committed changes. Otherwise
     (training that is not deterministic, another device or library version, user code that now fails) the file is
     left as it was, and resume handles the config as before (it fails when its readable state lacks a committed
-    epoch). `functions`: what the workers run, with the run's
-    `data_on_device` (layer freezing is not rebuilt). `entries`: what the workers load, by partition. `max_units`:
+    epoch). `functions`: what the workers run, with the run's `data_on_device` (layer freezing is not rebuilt).
+    `entries`: what the workers load, by partition. `max_units`:
     the most training units re-run for one config (None: no limit), so a run directory that arrives without its
     checkpoints does not retrain every config in the driver. Each attempt is an event (`checkpoint_rebuilt` or
     `checkpoint_rebuild_failed`) and a line through `write`; returns their details.
