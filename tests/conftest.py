@@ -99,17 +99,14 @@ def _seeded_torch(request):
     luck shows) and repeat with `make test TEST_SEED=N`. Without pytest-randomly the seed is 0."""
     import zlib
 
-    import torch
+    from framework.engine.runner import seed_torch
 
     try:
         seed = request.config.getoption("randomly_seed")
     except ValueError:  # -p no:randomly
         seed = 0
     seed = (seed if isinstance(seed, int) else 0) + zlib.crc32(request.node.nodeid.encode())
-    # (not `torch.manual_seed`, which formats this deep stack for each device kind not initialised: seconds a run)
-    torch.default_generator.manual_seed(seed % 2**32)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed % 2**32)
+    seed_torch(seed % 2**32)  # (not `torch.manual_seed`, which formats this deep stack: seconds a run)
 
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

@@ -68,7 +68,7 @@ class UnitHost(Protocol):
     def full_weights(self, config_id: int, state: ModelState) -> dict[str, Any]: ...
 
 
-__all__ = ["member_tasks", "run_members", "run_unit", "seed_everything"]
+__all__ = ["member_tasks", "run_members", "run_unit", "seed_everything", "seed_torch"]
 
 
 def seed_everything(s: int) -> None:
@@ -77,11 +77,17 @@ def seed_everything(s: int) -> None:
     Not `torch.manual_seed`: that also seeds MPS, XPU and MTIA and, for each device kind not initialised, queues the
     seed with the caller's whole stack (`traceback.format_stack`), which costs 0.2-1 ms a call; a unit seeds twice.
     """
-    torch.default_generator.manual_seed(s)
-    if _cuda_available():
-        torch.cuda.manual_seed_all(s)  # (queued until CUDA initialises, as `torch.manual_seed` would)
+    seed_torch(s)
     random.seed(s)
     np.random.seed(s % (2**32))
+
+
+def seed_torch(s: int) -> None:
+    """Seed torch's CPU generator and, where CUDA is available, every GPU's (queued until CUDA initialises, as
+    `torch.manual_seed` would): `seed_everything`'s torch part, without `torch.manual_seed`'s stack capture."""
+    torch.default_generator.manual_seed(s)
+    if _cuda_available():
+        torch.cuda.manual_seed_all(s)
 
 
 @functools.cache
