@@ -70,7 +70,7 @@ class Worker(GangMember, FrozenLayers):
         self.data_on_device, self.device_fraction = data_on_device, device_fraction
         f = functions
         steps = StepLoop(f.step_fn, f.eval_step) if f.step_fn is not None or f.eval_step is not None else None
-        self.model_fn, self.input_fn = f.model_fn, f.input_fn
+        self.model_fn = f.model_fn
         self.train_fn = f.train_fn if f.train_fn is not None else steps.train
         self.step_fn = f.step_fn if f.train_fn is None else None  # (what a fused pack runs: `runner.run_members`)
         self.eval_fn = f.eval_fn if f.eval_fn is not None else steps.evaluate
@@ -90,7 +90,6 @@ class Worker(GangMember, FrozenLayers):
         self._cache_parent = cache_dir
         self._cache_root: str | None = None  # made on first use (`_cache_folder`)
         self._cache_removal: weakref.finalize | None = None
-        self.extract = f.extract
         self.extraction: dict[str, Any] = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
 
     def close(self) -> None:
@@ -132,20 +131,21 @@ class Worker(GangMember, FrozenLayers):
         """
         if fault is not None:
             self.act_out(fault, None)
-        if self.extract is not None:  # `extraction_stats` describes the latest load
+        input_fn, extract = self.functions.input_fn, self.functions.extract
+        if extract is not None:  # `extraction_stats` describes the latest load
             self.extraction = {"seconds": 0.0, "bytes": 0, "records": 0, "partitions": []}
         for pid, (train_entries, valid_entries) in partitions.items():
             for split, entries in (("train", train_entries), ("valid", valid_entries)):
-                parts = [e.read() if isinstance(e, Source) else self.input_fn(e) if self.input_fn is not None else e
+                parts = [e.read() if isinstance(e, Source) else input_fn(e) if input_fn is not None else e
                          for e in entries]
                 for i, e in enumerate(entries):  # what each source read, for the driver to record or compare
                     if isinstance(e, Source):
                         self.fingerprints[f"{split}/{pid}/{i}"] = e.fingerprint()
                 data = concat_data(parts)
-                if self.extract is not None:
-                    data = extract_features(self.extract, data, self.device, self.extraction)
+                if extract is not None:
+                    data = extract_features(extract, data, self.device, self.extraction)
                 self.data[(split, pid)] = self._place(data)
-            if self.extract is not None:
+            if extract is not None:
                 self.extraction["partitions"].append(pid)
         return {pid: data_len(self.data[("train", pid)]) for pid in partitions}
 
