@@ -13,6 +13,13 @@ import tempfile
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# every process the tests start (xdist workers, Ray's workers, subprocess drivers, CLI calls) compiles our modules once
+# and reads the cached bytecode after, even where the environment asks for no bytecode (PYTHONDONTWRITEBYTECODE):
+# otherwise each of the suite's ~230 Python processes compiles what it imports of our code again, and pytest rewrites
+# every test module's asserts again in each xdist process (measured over a whole run on 2 cores: 1,417 s of CPU before,
+# 1,252 s after; a worker actor's start 8.0 s of CPU before, 6.9 s after)
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 # the tests' runs never attach to a local service the developer started (`modelhopper up`): an empty record folder,
 # removed when this process exits
 os.environ["MODELHOPPER_SERVICE_DIR"] = tempfile.mkdtemp(prefix="modelhopper-test-service-")
