@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from framework.registry import Registry
+
 __all__ = ["ARG_TYPES", "COMMAND_ENTRIES", "OUTSIDE_COMMANDS", "Arg", "CommandEntry"]
 
 #: what a command's argument is, as a form or the command line reads it: an int, a list of ints, True/False, or any
@@ -81,7 +83,7 @@ _CONFIG_ID = Arg("config_id", "int", "a config id (an int)", required=True)
 _EPOCHS = Arg("epochs", "int", "an int >= 1, the epochs it trains in all (default: the procedure's per-config budget)")
 
 #: every command, by name: the one definition the driver, the inbox, the dashboard and the command line read
-COMMAND_ENTRIES: dict[str, CommandEntry] = {c.name: c for c in (
+COMMAND_ENTRIES: Registry[CommandEntry] = Registry("command", ((c.name, c) for c in (
     CommandEntry("add_workers", "start more workers (each loads `partitions`, default: those with the fewest "
                  "holders)", (Arg("count", "int", "an int >= 1, how many workers to start", default=1),
                               Arg("partitions", "ints", "a non-empty list of the run's partitions"),
@@ -114,7 +116,7 @@ COMMAND_ENTRIES: dict[str, CommandEntry] = {c.name: c for c in (
     CommandEntry("checkpoint_config", "write the config's latest weights to disk now, whatever the run's checkpoint "
                  "policy (`Result.load_model` loads them)", (_CONFIG_ID,), target="config", label="checkpoint",
                  statuses=(_ACTIVE, _STOPPED)),
-)}
+)))
 #: the commands a person may send from outside the run's process (the inbox: `framework.connect`, the CLI, the
 #: dashboard)
 OUTSIDE_COMMANDS = frozenset(name for name, c in COMMAND_ENTRIES.items() if c.outside)

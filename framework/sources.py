@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from framework.fingerprints import DataChangedError, file_print, regular_file, schema_change
+from framework.registry import Registry
 
 __all__ = [
     "ArrowSource",
@@ -61,12 +62,12 @@ class Source:
     #: the name `describe()` records under "kind" and `Source.restore` looks up
     kind: ClassVar[str] = ""
     #: kind -> class of every source defined
-    registry: ClassVar[dict[str, type[Source]]] = {}
+    registry: ClassVar[Registry[type[Source]]] = Registry("source kind")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.kind:
-            Source.registry[cls.kind] = cls
+            Source.registry.add(cls.kind, cls)
 
     @property
     def restorable(self) -> bool:

@@ -36,6 +36,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from framework.registry import Registry
+
 if TYPE_CHECKING:
     from automl import ConfigState
 
@@ -371,9 +373,9 @@ class CombinedStopper(Stopper):
 
 
 #: the stoppers a run records by name (`stopper_spec`) and a resume rebuilds (`stopper_from_spec`)
-STOPPERS: dict[str, type[Stopper]] = {cls.__name__: cls for cls in (
+STOPPERS: Registry[type[Stopper]] = Registry("stopper", ((cls.__name__, cls) for cls in (
     MaximumIterationStopper, MetricThresholdStopper, TrialPlateauStopper, ExperimentPlateauStopper, TimeoutStopper,
-    CombinedStopper)}
+    CombinedStopper)))
 
 
 def stopper_spec(stopper: Stopper | None) -> dict[str, Any] | None:

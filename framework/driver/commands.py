@@ -43,6 +43,7 @@ from framework.driver import commit
 from framework.driver._state import RunState
 from framework.driver.configs import BY_PERSON, ConfigRecord
 from framework.driver.control import add_workers, drain_worker, worker_request
+from framework.registry import Registry
 from framework.store.checkpoint import CorruptCheckpointError
 from framework.store.inbox import InboxError
 from framework.text import printable
@@ -233,6 +234,12 @@ def _room(run: RunState, free: Mapping[str, float]) -> int | None:
     return min(int(free.get(k, 0.0) / v + 1e-9) for k, v in worker_request(run).items() if v > 0)
 
 
+#: command name -> its handler (each registered where it is defined): what `apply` runs for a command of
+#: `COMMAND_ENTRIES`, the entries the inbox, the dashboard and the command line read without this module
+_HANDLERS: Registry[Callable[[RunState, Mapping[str, Any]], str | Effect]] = Registry("command handler")
+
+
+@_HANDLERS.register("add_workers")
 def _add(run: RunState, args: Mapping[str, Any]) -> str:
     count, parts, worker = args.get("count", 1), args.get("partitions"), args.get("worker")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -260,6 +267,7 @@ def _add(run: RunState, args: Mapping[str, Any]) -> str:
     return f"started workers {started}"
 
 
+@_HANDLERS.register("drain_worker")
 def _drain(run: RunState, args: Mapping[str, Any]) -> str:
     w = _worker_arg(run, args)
     if w in run.workers.draining:
@@ -268,6 +276,7 @@ def _drain(run: RunState, args: Mapping[str, Any]) -> str:
     return f"worker {w} draining"
 
 
+@_HANDLERS.register("kill_worker")
 def _kill(run: RunState, args: Mapping[str, Any]) -> str:
     live = run.workers.live()
     if args.get("worker") is None:
@@ -281,6 +290,7 @@ def _kill(run: RunState, args: Mapping[str, Any]) -> str:
     return f"worker {w} killed"
 
 
+@_HANDLERS.register("pause")
 def _pause(run: RunState, args: Mapping[str, Any]) -> str:
     if not run.backend.wall_clock:
         raise CommandRejected("a run on a simulated clock cannot wait for a person: it has no time to pause in")
@@ -291,6 +301,7 @@ def _pause(run: RunState, args: Mapping[str, Any]) -> str:
     return f"paused: nothing new is dispatched; {running} running unit(s) finish"
 
 
+@_HANDLERS.register("unpause")
 def _unpause(run: RunState, args: Mapping[str, Any]) -> str:
     if not run.paused:
         raise CommandRejected("the run is not paused")
@@ -351,6 +362,7 @@ def _config_dict(value: Any, key: str) -> dict[str, Any]:
         raise CommandRejected(str(e)) from None
 
 
+@_HANDLERS.register("stop_config")
 def _stop_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     c = _config_arg(run, args)
     if c.status != ACTIVE:
@@ -378,6 +390,7 @@ def _latest(run: RunState, c: ConfigRecord) -> Any:
         raise CommandRejected(f"config {c.id} has no readable weights: {e}") from None
 
 
+@_HANDLERS.register("resume_config")
 def _resume_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     c = _config_arg(run, args)
     if c.status == ACTIVE and c.stopping and c.outcome == BY_PERSON:  # stopped at a barrier it has not reached
@@ -400,6 +413,7 @@ def _new_config(run: RunState, config: dict[str, Any], budget: int, parent: int 
     return c
 
 
+@_HANDLERS.register("add_config")
 def _add_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     config = _config_dict(args.get("config"), "config")
     c = _new_config(run, config, _budget(run, args, 0, "the config"))
@@ -408,6 +422,7 @@ def _add_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     return Effect(f"config {c.id} added: {config}, {c.budget} epochs", new=[c])
 
 
+@_HANDLERS.register("clone_config")
 def _clone_config(run: RunState, args: Mapping[str, Any]) -> Effect:
     src = _config_arg(run, args)
     overrides = _config_dict(args.get("overrides", {}), "overrides")
@@ -434,6 +449,7 @@ def _clone_config(run: RunState, args: Mapping[str, Any]) -> Effect:
                   detail={"source_units": units_in} if warm else {})
 
 
+@_HANDLERS.register("extend")
 def _extend(run: RunState, args: Mapping[str, Any]) -> Effect:
     try:
         outcome = run.procedure.extend(epochs=args.get("epochs"), samples=args.get("samples"))
@@ -442,6 +458,7 @@ def _extend(run: RunState, args: Mapping[str, Any]) -> Effect:
     return Effect(f"{type(run.procedure).__name__}: {outcome}", procedure=True)
 
 
+@_HANDLERS.register("checkpoint_config")
 def _checkpoint_config(run: RunState, args: Mapping[str, Any]) -> str:
     c = _config_arg(run, args)
     if c.state is None:
@@ -484,12 +501,8 @@ class CommandSpec(CommandEntry):
         return {**{a.name: a.default for a in self.args if a.default is not None}, **args}
 
 
-_HANDLERS: dict[str, Callable[[RunState, Mapping[str, Any]], str | Effect]] = {
-    "add_workers": _add, "drain_worker": _drain, "kill_worker": _kill, "pause": _pause, "unpause": _unpause,
-    "stop_config": _stop_config, "resume_config": _resume_config, "add_config": _add_config,
-    "clone_config": _clone_config, "extend": _extend, "checkpoint_config": _checkpoint_config,
-}
-assert _HANDLERS.keys() == COMMAND_ENTRIES.keys(), "every command entry has one handler"
+if _missing := [name for name in COMMAND_ENTRIES if name not in _HANDLERS]:
+    raise RuntimeError(f"commands with no handler in framework/driver/commands.py: {_missing}")
 
 #: every command, by name, with its handler: `framework.command_specs.COMMAND_ENTRIES`, the one definition the
 #: driver, the inbox, the dashboard and the command line read

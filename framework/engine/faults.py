@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from framework.registry import Registry
 from framework.scheduling import KINDS, Unit
 
 #: where a fault is carried out: by the worker that runs the unit, by the driver around the unit, or by a worker
@@ -46,7 +47,7 @@ class FaultKind:
 
 
 #: every fault kind, by name: the one definition the worker, the backends, the simulator and the driver read
-FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
+FAULT_KINDS: Registry[FaultKind] = Registry("fault kind", ((k.name, k) for k in (
     FaultKind("raise", WORKER, RAISE,
               "the unit's user code raises `InjectedFault` (a failure in user code: retried, then the config fails)"),
     FaultKind("kill_worker", WORKER, DIE, "the worker's process SIGKILLs itself as the unit starts (a crashed worker)"),
@@ -63,7 +64,7 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
               "before the unit's own checkpoint is queued (or after round `after_commit` commits)"),
     FaultKind("kill_loading", LOAD, DIE,
               "the worker's process dies while it loads its partitions (a worker that never joins)"),
-)}
+)))
 #: the names of the kinds carried out by the worker that runs the unit, by the driver, and by a loading worker
 WORKER_ACTIONS = tuple(n for n, k in FAULT_KINDS.items() if k.where == WORKER)
 DRIVER_ACTIONS = tuple(n for n, k in FAULT_KINDS.items() if k.where == DRIVER)
@@ -102,9 +103,7 @@ class Fault:
     seconds: float | None = None  # `slow`: how much longer the unit takes
 
     def __post_init__(self) -> None:
-        if self.action not in FAULT_KINDS:
-            raise ValueError(f"`action` is {self.action!r}, but must be one of {list(FAULT_KINDS)}")
-        spec = FAULT_KINDS[self.action]
+        spec = FAULT_KINDS.lookup(self.action, "action")
         for name in _PARAMS:
             value = getattr(self, name)
             if name not in spec.params and value is not None:

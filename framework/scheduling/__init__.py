@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from framework.registry import Registry
 from framework.scheduling._base import Scheduler
 from framework.scheduling._plan import (
     FEASIBLE,
@@ -51,7 +52,7 @@ def _plan(solver_cls: type[OfflineSolver], name: str) -> Callable[..., Scheduler
 
 #: name -> factory(seed, **options) of every online policy the engine accepts as `scheduler=...`.
 #: "cpsat", "milp" and "approx" solve the round at `start_round` and follow each worker's planned order.
-SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
+SCHEDULERS: Registry[Callable[..., Scheduler]] = Registry("scheduler", {
     "randomized": RandomizedScheduler,
     "mwr": MWRScheduler,
     "lpt": LPTScheduler,
@@ -62,17 +63,17 @@ SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
     "data_parallel": DataParallel,
     "cerebro": CerebroSwitch,
     "planner": ParallelismPlanner,
-}
+})
 #: the policies above that form data-parallel gangs
 GANG_POLICIES = ("data_parallel", "cerebro", "planner")
 
 #: name -> offline solver class (ShopProblem -> Schedule)
-SOLVERS: dict[str, type[OfflineSolver]] = {
+SOLVERS: Registry[type[OfflineSolver]] = Registry("solver", {
     "approx": DenseApproxSolver,
     "cpsat": CPSATSolver,
     "milp": MILPSolver,
     "lookahead": LookaheadSolver,
-}
+})
 
 
 def make_scheduler(name: str | Scheduler, seed: int = 0, **options) -> Scheduler:
@@ -82,9 +83,7 @@ def make_scheduler(name: str | Scheduler, seed: int = 0, **options) -> Scheduler
     """
     if isinstance(name, Scheduler):
         return name
-    if name not in SCHEDULERS:
-        raise ValueError(f"`scheduler` is {name!r}, but must be one of {sorted(SCHEDULERS)} or a Scheduler instance")
-    return SCHEDULERS[name](seed=seed, **options)
+    return SCHEDULERS.lookup(name, "scheduler", " or a Scheduler instance")(seed=seed, **options)
 
 
 __all__ = [
