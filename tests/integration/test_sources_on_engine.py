@@ -159,8 +159,11 @@ def _ray(folder, digits):
     _write_digits(folder, digits)
     import ray.data
 
-    train = ray.data.read_parquet(str(folder / "train"))  # read by Ray tasks; the blocks stay in the object store
-    return framework.PartitionedDataset.from_ray_dataset(train, 2, valid=ray.data.read_parquet(str(folder / "valid")))
+    # read by Ray tasks, the blocks staying in the object store; two blocks each, as the files are small (else Ray
+    # Data reads in as many tasks as the session has CPUs, each a new Ray worker process that idles after)
+    train = ray.data.read_parquet(str(folder / "train"), override_num_blocks=2)
+    valid = ray.data.read_parquet(str(folder / "valid"), override_num_blocks=2)
+    return framework.PartitionedDataset.from_ray_dataset(train, 2, valid=valid)
 
 
 @pytest.mark.parametrize(("make", "kind"), [(_hf, "arrow"), (_torch, "torch"), (_ray, "ray")])
