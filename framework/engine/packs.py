@@ -76,7 +76,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from framework.data import data_len
 from framework.engine.fused_modules import _unflatten, differ, fuse, member_share
-from framework.engine.steps import batch_size_of, device_of, split_output, take, to_device
+from framework.engine.steps import Means, batch_size_of, check_metric, device_of, split_output, take, to_device
 from framework.functions import OPTIMIZER_FLAGS, plain_attributes, signature
 
 __all__ = ["FusedPack", "PackError", "StackedOptimizer"]
@@ -531,9 +531,10 @@ class FusedPack:
             loss, metrics = split_output(step_fn(model, rows, config[0], **extras), "step_fn")
             keys.append(("loss", *metrics))
             loss = loss if loss.dim() == 0 else loss.reshape(())
-            return loss, torch.stack([_metric("loss", loss), *(_metric(k, v) for k, v in metrics.items())])
+            return loss, torch.stack([_metric("step_fn", "loss", loss),
+                                      *(_metric("step_fn", k, v) for k, v in metrics.items())])
 
-        log, params = [], list(self.params.values())
+        means, params = Means("step_fn", self.k), list(self.params.values())
         lazy_load_decompositions()  # (vmap's batching rules written in Python, e.g. nll_loss's)
         held, device = device_of(data), next(iter(self.params.values())).device  # (data in host memory: moved)
         for j, ids in enumerate(torch.stack(list(orders)).to(held).split(size, dim=1)):
@@ -552,9 +553,9 @@ class FusedPack:
                     for scheduler in filter(None, lr_schedulers):
                         scheduler.step()
                 self.optimizer.refresh()
-            log.append((keys.pop(), values.detach(), ids.shape[1]))  # (values: not on backward's path)
+            means.add_members(keys.pop(), values, ids.shape[1])  # (detached: not on backward's path)
         self.path = "fused" if model.mode == "fused" else "generic"
-        return _means(log, self.k, n)
+        return means.means(n)
 
     def evaluate(self, fn: Callable, data: Any, configs: Sequence[Mapping[str, Any]],
                  extras: Mapping[str, Any] | None = None, *, name: str = "step_fn") -> list[dict[str, float]]:
@@ -574,10 +575,10 @@ class FusedPack:
             loss, metrics = split_output(fn(model, rows, config[0], **extras), name, need_loss=name != "eval_step")
             named = metrics if loss is None else {"loss": loss, **metrics}
             keys.append(tuple(named))
-            values = torch.stack([_metric(k, v) for k, v in named.items()]) if named else torch.zeros(0)
+            values = torch.stack([_metric(name, k, v) for k, v in named.items()]) if named else torch.zeros(0)
             return values, values  # (`_vmap` returns two tensors)
 
-        log: list[tuple[tuple[str, ...], torch.Tensor, int]] = []
+        means = Means(name, self.k)
         nets = [self.base, *([self.fused] if self.fused is not None else [])]
         modes = [(m, m.training) for net in nets for m in net.modules()]
         lazy_load_decompositions()
@@ -595,12 +596,12 @@ class FusedPack:
                     if j == 0:
                         _check_reads(reads, configs)
                         config[0] = configs[0]
-                    log.append((keys.pop(), values, ids.shape[1]))
+                    means.add_members(keys.pop(), values, ids.shape[1])
         finally:
             for m, training in modes:
                 m.training = training
         self.path = "fused" if model.mode == "fused" else "generic"
-        return _means(log, self.k, n)
+        return means.means(n)
 
     def write_back(self) -> None:
         """Each member's weights, buffers and optimizer state back into its own model and optimizer."""
@@ -681,13 +682,9 @@ def _vmap(fn: Callable, k: int, rows: Any) -> tuple[torch.Tensor, torch.Tensor]:
         _ft._vmap_decrement_nesting()
 
 
-def _metric(key: str, value: Any) -> torch.Tensor:
-    """A step's metric as a float32 scalar (per member under vmap)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
-        raise TypeError(f"step_fn returned metric {key!r} = {value!r}, which is not a number")
-    if torch.is_tensor(value) and value.numel() != 1:
-        raise TypeError(f"step_fn returned metric {key!r} as a tensor of shape {tuple(value.shape)}, but a metric "
-                        "must be one number (the batch's mean)")
+def _metric(fn_name: str, key: str, value: Any) -> torch.Tensor:
+    """A step's metric (checked: `check_metric`) as a float32 scalar (per member under vmap)."""
+    check_metric(fn_name, key, value)
     scalar = torch.is_tensor(value) and value.dim() == 0 and value.dtype == torch.float32
     return value if scalar else torch.as_tensor(value, dtype=torch.float32).reshape(())
 
@@ -697,19 +694,6 @@ def _check_reads(reads: _Reads, configs: Sequence[Mapping[str, Any]]) -> None:
     if differ:
         raise PackError(f"step_fn reads config {sorted(differ)}, whose values differ among the members; a pack runs "
                         "the step once for all of them")
-
-
-def _means(log: list[tuple[tuple[str, ...], torch.Tensor, int]], k: int, n: int) -> list[dict[str, float]]:
-    """Per member, the example-weighted means of its steps' values (one sync for the pass)."""
-    out: list[dict[str, float]] = [{} for _ in range(k)]
-    for keys in dict.fromkeys(keys for keys, _, _ in log):  # (the same keys every step, as a rule)
-        steps = [(values, rows) for ks, values, rows in log if ks == keys]
-        stacked = torch.stack([values for values, _ in steps]).double()  # (steps, k, len(keys))
-        weights = torch.tensor([rows for _, rows in steps], dtype=torch.float64, device=stacked.device)
-        for i, sums in enumerate((stacked * weights.view(-1, 1, 1)).sum(0).tolist()):
-            for key, s in zip(keys, sums, strict=True):
-                out[i][key] = out[i].get(key, 0.0) + s
-    return [{**{key: s / n for key, s in o.items()}, "num_examples": n} for o in out]
 
 
 def _rows(data: Any, ids: torch.Tensor, flat: torch.Tensor | None = None) -> Any:

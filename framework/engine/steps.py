@@ -129,39 +129,58 @@ def split_output(out: Any, fn_name: str, need_loss: bool = True) -> tuple[torch.
     return loss, metrics
 
 
-class _Means:
-    """Example-weighted means of per-batch values. A host tensor is read at once (`.item()` costs less than tensor
-    arithmetic); a device tensor is kept as it is and reduced once per pass, so a step neither waits for the device
-    nor launches work of its own for the bookkeeping."""
+def check_metric(fn_name: str, key: str, value: Any) -> Any:
+    """`value` if it is a metric: one number (a Python or NumPy number, or a one-element tensor), else `TypeError`
+    naming `fn_name` and `key`."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"{fn_name} returned metric {key!r} as a tensor of shape {tuple(value.shape)}, but a "
+                            "metric must be one number (the batch's mean)")
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(f"{fn_name} returned metric {key!r} = {value!r}, which is not a number")
+    return value
 
-    def __init__(self, fn_name: str) -> None:
-        self.fn_name, self.sums, self.n = fn_name, {}, 0
-        self.kept: dict[str, tuple[list[torch.Tensor], list[int]]] = {}  # device values, and their batches' rows
+
+class Means:
+    """The example-weighted means of a pass's per-step losses and metrics, for `k` models at once: one (a unit
+    alone, `add`) or the `k` members of a fused pack (`add_members`); the one averaging of both training loops and
+    both evaluations. A value on the host is read at once (`.item()` costs less than tensor arithmetic); a value on
+    a device, and a pack's per-member values, are kept where they were computed and reduced once per pass, so a
+    step neither waits for the device nor launches work of its own for the bookkeeping. Sums are float64; each mean
+    is its sum over the pass's examples (`means(n)`)."""
+
+    def __init__(self, fn_name: str, k: int = 1) -> None:
+        self.fn_name, self.k = fn_name, k
+        self.sums: list[dict[str, float]] = [{} for _ in range(k)]  # per model: key -> sum of value * rows (host)
+        self.kept: list[tuple[tuple[str, ...], torch.Tensor, int]] = []  # (keys, values (k, len(keys)), rows)
 
     def add(self, values: Mapping[str, Any], rows: int) -> None:
-        for k, v in values.items():
+        """One step of one model (k = 1) over `rows` examples: its loss and metrics by name (each checked:
+        `check_metric`)."""
+        for key, v in values.items():
+            v = check_metric(self.fn_name, key, v)
             if isinstance(v, torch.Tensor):
-                if v.numel() != 1:
-                    raise TypeError(f"{self.fn_name} returned metric {k!r} as a tensor of shape {tuple(v.shape)}, "
-                                    "but a metric must be one number (the batch's mean)")
                 if v.device.type != "cpu":
-                    kept, rows_of = self.kept.setdefault(k, ([], []))
-                    kept.append(v.detach())
-                    rows_of.append(rows)
+                    self.kept.append(((key,), v.detach().reshape(1, 1), rows))
                     continue
                 v = v.item()
-            elif isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
-                raise TypeError(f"{self.fn_name} returned metric {k!r} = {v!r}, which is not a number")
-            self.sums[k] = self.sums.get(k, 0.0) + v * rows
-        self.n += rows
+            self.sums[0][key] = self.sums[0].get(key, 0.0) + v * rows
 
-    def means(self) -> dict[str, float]:
-        sums = dict(self.sums)
-        for k, (values, rows_of) in self.kept.items():
-            flat = torch.cat([v.reshape(1) for v in values]).double()
-            sums[k] = sums.get(k, 0.0) + float((flat * torch.tensor(rows_of, dtype=torch.float64,
-                                                                     device=flat.device)).sum().item())
-        return {k: float(v) / max(self.n, 1) for k, v in sums.items()}
+    def add_members(self, keys: tuple[str, ...], values: torch.Tensor, rows: int) -> None:
+        """One step of every member over `rows` examples each: `values` (k, len(keys)), member i's in row i."""
+        self.kept.append((keys, values.detach(), rows))
+
+    def means(self, n: int) -> list[dict[str, float]]:
+        """Per model: each key's sum over the pass's `n` examples, and `num_examples` (n)."""
+        out = [dict(s) for s in self.sums]
+        for keys in dict.fromkeys(keys for keys, _, _ in self.kept):  # (the same keys every step, as a rule)
+            steps = [(values, rows) for ks, values, rows in self.kept if ks == keys]
+            stacked = torch.stack([values for values, _ in steps]).double()  # (steps, k, len(keys))
+            weights = torch.tensor([rows for _, rows in steps], dtype=torch.float64, device=stacked.device)
+            for i, sums in enumerate((stacked * weights.view(-1, 1, 1)).sum(0).tolist()):
+                for key, total in zip(keys, sums, strict=True):
+                    out[i][key] = out[i].get(key, 0.0) + total
+        return [{**{key: float(total) / max(n, 1) for key, total in o.items()}, "num_examples": n} for o in out]
 
 
 class _ThroughController:
@@ -215,7 +234,7 @@ class StepLoop:
                                            else torch.bfloat16)) if amp else contextlib.nullcontext
         per_step = lr_scheduler is not None and scheduler_interval == "step"
         extras = accepted_kwargs(self.step_fn, {"epoch": epoch, "freezing": freezing})
-        means = _Means("step_fn")
+        means = Means("step_fn")
         for ids in chunks:
             rows = to_device(take(data, ids), device) if move else take(data, ids)
             if freezing is not None:
@@ -240,7 +259,7 @@ class StepLoop:
             if freezing is not None:
                 freezing.after_step(loss.detach(), optimizer.param_groups[0]["lr"])
             means.add({"loss": loss, **metrics}, len(ids))
-        return {**means.means(), "num_examples": n}
+        return means.means(n)[0]
 
     def evaluate(self, model: torch.nn.Module, data: Any, config: Mapping[str, Any], *, epoch: int = 0
                  ) -> dict[str, float]:
@@ -250,9 +269,9 @@ class StepLoop:
         batch = batch_size_of(config, "eval_batch_size", batch_size_of(config))
         device = model_device(model)
         extras = accepted_kwargs(fn, {"epoch": epoch, "freezing": None})  # (no layer freezing without training)
-        means = _Means(name)
+        means = Means(name)
         for start in range(0, n, batch):
             rows = to_device(take(data, slice(start, min(start + batch, n))), device)
             loss, metrics = split_output(fn(model, rows, config, **extras), name, need_loss=self.eval_step is None)
             means.add(metrics if loss is None else {"loss": loss, **metrics}, min(batch, n - start))
-        return {**means.means(), "num_examples": n}
+        return means.means(n)[0]
