@@ -67,6 +67,9 @@ class Source:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.kind:
+            taken = Source.registry.get(cls.kind)
+            if taken is not None and (taken.__module__, taken.__qualname__) == (cls.__module__, cls.__qualname__):
+                del Source.registry[cls.kind]  # the same class defined again (a notebook cell run twice): the new one
             Source.registry.add(cls.kind, cls)
 
     @property

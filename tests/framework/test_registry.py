@@ -48,3 +48,14 @@ def test_a_source_class_whose_kind_is_taken_is_refused_where_it_is_defined():
         class Mine(Source):
             kind = "parquet"
     assert Source.registry["parquet"].__name__ != "Mine"
+
+
+def test_a_source_class_defined_again_under_its_own_name_replaces_itself():
+    def define():
+        class NotebookSource(Source):  # (a notebook cell run twice defines the class twice)
+            kind = "notebook-test"
+        return NotebookSource
+
+    first, again = define(), define()
+    assert first is not again and Source.registry["notebook-test"] is again
+    del Source.registry["notebook-test"]
