@@ -1,12 +1,14 @@
 """One table per extension point: `Registry`, a name -> entry dict that refuses a name twice and says what a lookup
 of an unknown name should have been.
 
-Every extension point that is found by name uses it: schedulers (`framework.scheduling.SCHEDULERS`), stoppers
-(`framework.stoppers.STOPPERS`), data sources (`framework.sources.Source.registry`: a subclass with a `kind` adds
-itself), fault kinds (`framework.engine.faults.FAULT_KINDS`), commands (`framework.command_specs.COMMAND_ENTRIES`,
-whose handlers the driver adds to `framework.driver.commands.HANDLERS` where it defines them) and the built-in
-procedures (`automl.plugins.BUILTINS`, beside the `modelhopper.procedures` entry points). Adding one is one entry
-(or one decorated definition) in its table; the error for a name that is not there reads the same everywhere:
+Every extension point of `framework` that is found by name uses it: schedulers and solvers
+(`framework.scheduling.SCHEDULERS`, `SOLVERS`), stoppers (`framework.stoppers.STOPPERS`), data sources
+(`framework.sources.Source.registry`: a subclass with a `kind` adds itself), fault kinds
+(`framework.engine.faults.FAULT_KINDS`) and commands (`framework.command_specs.COMMAND_ENTRIES`, whose handlers the
+driver registers in `framework.driver.commands._HANDLERS` where it defines them). Procedures are `automl`'s, which
+imports nothing of ours: `automl.plugins` keeps its built-ins in a dict beside the `modelhopper.procedures` entry
+points. Adding one is one entry (or one decorated definition) in its table; the error for a name that is not there
+reads the same everywhere:
 
     >>> colours = Registry("colour", {"red": 1, "green": 2})
     >>> colours.lookup("blue", "colour")
