@@ -45,12 +45,13 @@ def ray_cluster():
 
 @pytest.fixture
 def ray_actors(ray_cluster):
-    """The session's Ray for a test that makes actors of its own: the worker actors earlier runs of this process
-    keep as spares (`RayBackend(reuse_workers=True)`, up to `SPARE_TTL_S`) are killed first, so the test's actors
-    find free CPUs at once (a gang's rendezvous would otherwise wait out its timeout for a member still pending)."""
+    """The session's Ray for a test that makes actors of its own (two at most, of one CPU each): of the worker actors
+    earlier runs of this process keep as spares (`RayBackend(reuse_workers=True)`, up to `SPARE_TTL_S`), as many are
+    killed first as it takes for two CPUs to be free, so the test's actors start at once (a gang's rendezvous would
+    otherwise wait out its timeout for a member still pending)."""
     from framework.engine.ray_backend import release_spare_workers
 
-    release_spare_workers()
+    release_spare_workers({"CPU": 2})
     return ray_cluster
 
 

@@ -77,12 +77,17 @@ class _Spares:
                     out[name] = out.get(name, 0.0) + amount * len(actors)
             return out
 
-    def release(self) -> int:
-        """Kill every spare now (their resources free again). Returns how many there were."""
+    def release(self, free: Mapping[str, float] | None = None) -> int:
+        """Kill spares now (their resources free again): every one, or with `free` only as many as it takes for the
+        cluster to have that much free (what Ray reports free now, plus what those killed here held; a spare is
+        killed only for a resource it holds that is short). Returns how many were killed."""
         with self._lock:
-            actors = [a for kept in self._by_key.values() for a in kept]
-            self._by_key = {}
-            if self._timer is not None:
+            if free is None:
+                actors = [a for kept in self._by_key.values() for a in kept]
+                self._by_key = {}
+            else:
+                actors = self._enough_for(free)
+            if self._timer is not None and not any(self._by_key.values()):
                 self._timer.cancel()
                 self._timer = None
         if actors and ray.is_initialized():
@@ -91,11 +96,30 @@ class _Spares:
                     ray.kill(actor, no_restart=True)
         return len(actors)
 
+    def _enough_for(self, free: Mapping[str, float]) -> list[Any]:
+        """Take out of the pool the spares to kill so that `free` is free (with the lock held)."""
+        self._current()
+        have = dict(ray.available_resources()) if ray.is_initialized() else {}
+        out = []
+        for key, kept in self._by_key.items():
+            holds = self._resources.get(key, {})
+            while kept and any(have.get(name, 0.0) < amount for name, amount in free.items() if holds.get(name)):
+                out.append(kept.pop())
+                for name, amount in holds.items():
+                    have[name] = have.get(name, 0.0) + amount
+        return out
+
 
 SPARES = _Spares()
 
 
-def release_spare_workers() -> int:
+def release_spare_workers(free: Mapping[str, float] | None = None) -> int:
     """Kill the worker actors this process keeps from runs that ended (`RayBackend(reuse_workers=True)`, the
-    default), freeing their CPUs and GPUs now rather than `SPARE_TTL_S` after the last run. Returns how many."""
-    return SPARES.release()
+    default), freeing their CPUs and GPUs now rather than `SPARE_TTL_S` after the last run. With `free` (Ray
+    resources, `{"CPU": 2}`), only as many as it takes for the cluster to have that much free now, for work this
+    process cannot hand its spares to (a driver in another process, actors of its own). Returns how many."""
+    if free is not None:
+        for name, amount in free.items():
+            if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
+                raise ValueError(f"`free` is {dict(free)!r}, but each amount must be a number >= 0 ({name!r})")
+    return SPARES.release(free)

@@ -112,14 +112,16 @@ def _start_crash_driver(tmp_path, crash, checkpoint="unit"):
     return wait
 
 
-def ray_cluster_address():
-    """The address of the session's Ray, for a driver in a subprocess to attach to. This process's spare worker
-    actors are killed first: they would hold the CPUs the subprocess's workers need (it cannot take them)."""
+def ray_cluster_address(cpus: int = 1):
+    """The address of the session's Ray, for a driver in a subprocess to attach to whose workers take `cpus` CPUs.
+    As many of this process's spare worker actors as it takes for that many to be free are killed first (the
+    subprocess cannot take them); the others stay for this process's next runs. Drivers started together ask for
+    their sum once, before the first starts (its workers are not yet counted in what Ray reports taken)."""
     import ray
 
     from framework.engine.ray_backend import release_spare_workers
 
-    release_spare_workers()
+    release_spare_workers({"CPU": cpus})
     return ray.get_runtime_context().gcs_address
 
 

@@ -20,6 +20,7 @@ from tests.integration.ft_helpers import (
     _resume,
     _start_crash_driver,
     _units_log,
+    ray_cluster_address,
 )
 
 pytestmark = pytest.mark.ray
@@ -39,6 +40,7 @@ def crashed_drivers(ray_cluster, request, tmp_path_factory):
     drivers' start-ups overlap. Each test's `crashed_drivers[name]()` waits for its driver's crash and returns its
     storage."""
     names = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
+    ray_cluster_address(cpus=len(names))  # (one worker each, all at once)
     return {name: _start_crash_driver(tmp_path_factory.mktemp("crash"), crash, checkpoint)
             for name, (crash, checkpoint) in CRASHES.items() if name in names}
 

@@ -94,7 +94,7 @@ def test_the_driver_never_opens_a_data_file_and_the_parquet_run_resumes_and_repl
     JSON) and replayed."""
     data = _write_digits(tmp_path / "data", digits)
     storage = str(tmp_path / "run")
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster_address(),  # (this process's spares freed for its workers)
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster_address(cpus=2),  # (sources_job: two workers)
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     trace = str(tmp_path / "driver.strace")
     proc = _strace([sys.executable, "-m", "tests.integration.sources_job", str(data), storage, "crash"], trace, env)

@@ -58,7 +58,14 @@ def test_a_run_that_needs_fewer_workers_leaves_the_other_spares_to_the_next(ray_
     assert len(_pids(one)) == 1 and _pids(one) < _pids(first)
     assert _pids(again) == _pids(first)  # no new actor: both spares were there
     # what spares hold counts as free for a worker a run adds (it takes one, or kills them first)
-    assert SPARES.held().get("CPU", 0) >= 2
+    held = SPARES.held().get("CPU", 0)
+    assert held >= 2
+    # work this process cannot hand its spares to has only as many killed as it needs: what Ray reports free counts
+    free = ray_cluster.available_resources().get("CPU", 0)
+    assert release_spare_workers({"CPU": free}) == 0
+    assert release_spare_workers({"CPU": free + 1}) == 1 and SPARES.held()["CPU"] == held - 1
+    with pytest.raises(ValueError, match=r"`free` is \{'CPU': -1\}, but each amount must be a number >= 0"):
+        release_spare_workers({"CPU": -1})
 
 
 def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_path, monkeypatch):
