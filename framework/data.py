@@ -384,7 +384,7 @@ class PartitionedDataset:
         from framework.cluster.spares import release_spare_workers
 
         ensure_ray()  # the engine's Ray check before Ray Data runs anything (its plain ray.init() is refused)
-        release_spare_workers()  # (earlier runs' idle worker actors would hold the CPUs Ray Data's tasks wait for)
+        release_spare_workers({"CPU": 1})  # (earlier runs' idle worker actors must leave Ray Data's tasks a CPU)
         if valid is None:
             dataset, valid = dataset.train_test_split(test_size=valid_fraction)
         from framework.sources import RayDataSource, check_columns

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -47,16 +48,15 @@ def _collapse(df: pd.DataFrame, *key: str) -> pd.DataFrame:
 
 
 def _overlaps(df: pd.DataFrame, key: str, tol: float) -> list[str]:
+    """Pairs of `df`'s rows of one `key` value that overlap in time, each row against the one before it in start
+    order."""
+    rows = sorted(zip(df[key].tolist(), df["start"].tolist(), df["end"].tolist(), df["config_id"].tolist(),
+                      df["epoch"].tolist(), df["partition"].tolist()), key=lambda r: (r[0], r[1], r[2]))
     out = []
-    for k, g in df.sort_values(["start", "end"]).groupby(key, sort=True):
-        starts, ends = g["start"].to_numpy(), g["end"].to_numpy()
-        for i in range(1, len(g)):
-            if starts[i] < ends[i - 1] - tol:
-                a, b = g.iloc[i - 1], g.iloc[i]
-                out.append(
-                    f"{key} {k}: units (c{a.config_id} e{a.epoch} q{a.partition}) [{a.start:g}, {a.end:g}) and "
-                    f"(c{b.config_id} e{b.epoch} q{b.partition}) [{b.start:g}, {b.end:g}) overlap"
-                )
+    for a, b in zip(rows, rows[1:]):
+        if a[0] == b[0] and b[1] < a[2] - tol:
+            out.append(f"{key} {a[0]}: units (c{a[3]} e{a[4]} q{a[5]}) [{a[1]:g}, {a[2]:g}) and "
+                       f"(c{b[3]} e{b[4]} q{b[5]}) [{b[1]:g}, {b[2]:g}) overlap")
     return out
 
 
@@ -102,38 +102,50 @@ def validate_schedule(
                 v.append(f"group {k}: a (config, worker) pair appears twice")
     # one row per config per visit (the rows of a gang's workers that trained one partition as one)
     visits = _collapse(df, "config_id", "partition") if grouped else df
-    train = visits[visits["kind"] == "train"]
-    parts = set(partitions) if partitions is not None else set(train["partition"].unique())
-    ev = visits[visits["kind"] != "train"]
+    # (plain lists from here: the checks below run once per simulated schedule, so in every property test)
+    is_train = (visits["kind"] == "train").to_numpy()
+    cols = [visits[c].tolist() for c in ("config_id", "epoch", "partition", "start", "end")]
+    trained: dict[tuple, Counter] = defaultdict(Counter)  # (config, epoch) -> partition -> visits
+    trained_end: dict[tuple, float] = {}
+    evals: dict[tuple, list[tuple]] = defaultdict(list)  # (config, epoch) -> (partition, start) of its eval rows
+    for t, c, e, q, start, end in zip(is_train, *cols):
+        if t:
+            trained[c, e][q] += 1
+            trained_end[c, e] = max(end, trained_end.get((c, e), end))
+        else:
+            evals[c, e].append((q, start))
+    parts = set(partitions) if partitions is not None else {q for counts in trained.values() for q in counts}
     cut = {(int(c), int(e)) for c, e in cut}
-    for (c, e), g in train.groupby(["config_id", "epoch"]):
-        counts = g["partition"].value_counts()
+    for (c, e), counts in sorted(trained.items()):
         dup = sorted(int(q) for q, n in counts.items() if n > 1)
-        miss = sorted(int(q) for q in parts - set(counts.index)) if (c, e) not in cut else []
-        extra = sorted(int(q) for q in set(counts.index) - parts)
+        miss = sorted(int(q) for q in parts - set(counts)) if (c, e) not in cut else []
+        extra = sorted(int(q) for q in set(counts) - parts)
         if dup or miss or extra:
             v.append(f"config {c} epoch {e}: completeness broken (duplicated {dup}, missing {miss}, unknown {extra})")
-    for (c, e), g in ev.groupby(["config_id", "epoch"]):
-        if g["partition"].duplicated().any():
+    expected = None if eval_partitions is None else set(eval_partitions)
+    for (c, e), rows in sorted(evals.items()):
+        seen = [q for q, _ in rows]
+        if len(set(seen)) < len(seen):
             v.append(f"config {c} epoch {e}: an eval partition evaluated twice")
-        if eval_partitions is not None and set(g["partition"]) != set(eval_partitions):
-            v.append(f"config {c} epoch {e}: evaluated on {sorted(g['partition'])}, expected {sorted(eval_partitions)}")
-        t = train[(train["config_id"] == c) & (train["epoch"] == e)]
-        if len(t) and g["start"].min() < t["end"].max() - tol:
+        if expected is not None and set(seen) != expected:
+            v.append(f"config {c} epoch {e}: evaluated on {sorted(seen)}, expected {sorted(expected)}")
+        if (c, e) in trained_end and min(start for _, start in rows) < trained_end[c, e] - tol:
             v.append(f"config {c} epoch {e}: eval started before training finished")
     v += _overlaps(_collapse(df, "config_id") if grouped else df, "config_id", tol)  # (a gang's step is one run)
     v += _overlaps(_collapse(df, "worker") if grouped else df, "worker", tol)
-    span = df.groupby(["config_id", "epoch"]).agg(s=("start", "min"), f=("end", "max")).reset_index()
-    for c, g in span.sort_values("epoch").groupby("config_id"):
-        s, f = g["s"].to_numpy(), g["f"].to_numpy()
-        for i in range(1, len(g)):
-            if s[i] < f[i - 1] - tol:
-                v.append(f"config {c}: epoch {g['epoch'].iloc[i]} starts before epoch {g['epoch'].iloc[i - 1]} ends")
+    span: dict[tuple, list[float]] = {}  # (config, epoch) -> [first start, last end]
+    for c, e, start, end in zip(df["config_id"].tolist(), df["epoch"].tolist(), df["start"].tolist(),
+                                df["end"].tolist()):
+        s_f = span.setdefault((c, e), [start, end])
+        s_f[0], s_f[1] = min(s_f[0], start), max(s_f[1], end)
+    for (c, e), (prev_c, prev_e) in zip(sorted(span)[1:], sorted(span)):
+        if c == prev_c and span[c, e][0] < span[prev_c, prev_e][1] - tol:
+            v.append(f"config {c}: epoch {e} starts before epoch {prev_e} ends")
     if availability is not None:
         av = {int(q): {int(w) for w in ws} for q, ws in availability.items()}
-        for row in df[["config_id", "partition", "worker"]].itertuples(index=False):
-            if row.worker not in av.get(int(row.partition), set()):
-                v.append(f"config {row.config_id}: partition {row.partition} ran on worker {row.worker}, not a holder")
+        for c, q, w in zip(df["config_id"].tolist(), df["partition"].tolist(), df["worker"].tolist()):
+            if w not in av.get(int(q), set()):
+                v.append(f"config {c}: partition {q} ran on worker {w}, not a holder")
     makespan = float(df["end"].max() - df["start"].min()) if len(df) else 0.0
     report = ValidationReport(not v, makespan, tuple(v))
     if raise_on_error and v:

@@ -1,7 +1,8 @@
 """The worker actors this process's runs left (spares), kept for its next run: a new actor spends seconds on a process
 that imports torch. `RayBackend(reuse_workers=True)` puts and takes them; what needs their CPUs frees them
-(`release_spare_workers`): a run that must make a new actor, and Ray Data work the driver starts
-(`PartitionedDataset.from_ray_dataset`). Only Ray here (no torch), so the data layer may free them too."""
+(`release_spare_workers`): a run that must make a new actor kills them all, and Ray Data work the driver starts
+(`PartitionedDataset.from_ray_dataset`) as many as it takes for one CPU to be free. Only Ray here (no torch), so the
+data layer may free them too."""
 
 from __future__ import annotations
 
