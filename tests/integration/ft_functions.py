@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import time
 
+from framework.callbacks import Callback
 from framework.examples import classifier_eval_fn, classifier_train_fn, mlp_model_fn
 
-__all__ = ["classifier_eval_fn", "classifier_train_fn", "mlp_model_fn", "slow_train_fn", "gated_train_fn"]
+__all__ = ["classifier_eval_fn", "classifier_train_fn", "mlp_model_fn", "slow_train_fn", "gated_train_fn",
+           "CloseGateAtRoundEnd"]
 
 
 def slow_train_fn(model, optimizer, data, config):
@@ -28,3 +30,18 @@ def gated_train_fn(model, optimizer, data, config):
             raise TimeoutError(f"the gate {config['gate']} stayed closed for 120 s")
         time.sleep(0.01)
     return classifier_train_fn(model, optimizer, data, config)
+
+
+class CloseGateAtRoundEnd(Callback):
+    """Closes the gate of `gated_train_fn` (creates the file `gate`) as a round of a synchronous run ends, once per
+    `armed`: the driver calls it after the round's last unit and before it opens the next round's units, so the run
+    then waits at that point however fast the machine is. (A test that watched for the round's end and then closed
+    the gate raced the rest of a run that takes a second.)"""
+
+    def __init__(self, gate, armed: bool = True) -> None:
+        self.gate, self.armed = gate, armed
+
+    def on_round_end(self, round: int) -> None:
+        if self.armed:
+            self.armed = False
+            self.gate.write_text("")

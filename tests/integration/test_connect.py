@@ -18,7 +18,7 @@ import automl
 import framework
 from framework.store.inbox import INBOX_FILE
 from framework.store.lock import is_being_written
-from tests.integration.ft_functions import classifier_eval_fn, gated_train_fn, mlp_model_fn
+from tests.integration.ft_functions import CloseGateAtRoundEnd, classifier_eval_fn, gated_train_fn, mlp_model_fn
 
 pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -197,10 +197,9 @@ def test_a_person_steers_the_configs_of_a_running_run_from_another_process(ray_c
     from simulators import validate_schedule
 
     gate = tmp_path / "gate"
-    sel, path, runner, done = _gated_run(digits, tmp_path, gate, 3, checkpoint="unit")
+    sel, path, runner, done = _gated_run(digits, tmp_path, gate, 3, checkpoint="unit", callbacks=[CloseGateAtRoundEnd(gate)])
     try:
-        _wait(lambda: sel.rounds_completed >= 1)  # every config trained epoch 0
-        gate.write_text("")  # closed: the run waits while the person steers it
+        _wait(lambda: sel.rounds_completed >= 1)  # every config trained epoch 0; the gate closed before epoch 1 opened
         out = subprocess.run([sys.executable, "-c", _STEER, path, str(gate)], capture_output=True, text=True,
                              timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
         assert out.returncode == 0, out.stderr

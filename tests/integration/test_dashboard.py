@@ -27,7 +27,13 @@ import automl
 import framework
 from framework.dashboard import SCHEDULE_LIMIT, serve
 from framework.store.lock import is_being_written
-from tests.integration.ft_functions import classifier_eval_fn, classifier_train_fn, gated_train_fn, mlp_model_fn
+from tests.integration.ft_functions import (
+    CloseGateAtRoundEnd,
+    classifier_eval_fn,
+    classifier_train_fn,
+    gated_train_fn,
+    mlp_model_fn,
+)
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,19 +51,21 @@ def _wait(what, timeout: float = 60.0, why: str = "the condition") -> None:
 class GatedRun:
     """A selection running on a thread whose units wait while `gate` exists."""
 
-    def __init__(self, sel: framework.ModelSelection, path: str, gate: Path) -> None:
-        self.sel, self.path, self.gate = sel, path, gate
+    def __init__(self, sel: framework.ModelSelection, path: str, gate: Path, closer: CloseGateAtRoundEnd) -> None:
+        self.sel, self.path, self.gate, self.closer = sel, path, gate, closer
         self.done: dict = {}
         self.thread = threading.Thread(target=lambda: self.done.setdefault("result", sel.run()), daemon=True)
 
     def advance(self) -> None:
-        """Open the gate until the run commits one more round, then close it again."""
+        """Open the gate until the run commits one more round: the run's callback closes it again as that round
+        ends, before the next round's units open."""
         rounds = self.sel.rounds_completed
+        self.closer.armed = True
         self.gate.unlink()
         try:
             _wait(lambda: self.sel.rounds_completed > rounds, why=f"round {rounds} to commit")
         finally:
-            self.gate.write_text("")
+            self.gate.write_text("")  # (closed already, unless the wait failed)
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +77,11 @@ def run(ray_cluster, digits, tmp_path_factory) -> GatedRun:
     ds = framework.PartitionedDataset.from_arrays(x[:300], y[:300], num_partitions=2, seed=0)
     path = str(tmp / "run")
     space = {"hidden": [16], "lr": [0.05, 0.1], "batch_size": [64], "gate": [str(gate)]}
+    closer = CloseGateAtRoundEnd(gate, armed=False)
     sel = framework.ModelSelection(mlp_model_fn, gated_train_fn, classifier_eval_fn, ds,
                                    automl.GridSearch(space, epochs=EPOCHS), num_workers=2, storage_path=path,
-                                   progress=False, metric="valid_accuracy", mode="max")
-    gated = GatedRun(sel, path, gate)
+                                   progress=False, metric="valid_accuracy", mode="max", callbacks=[closer])
+    gated = GatedRun(sel, path, gate, closer)
     gated.thread.start()
     try:
         _wait(lambda: os.path.isfile(os.path.join(path, "run.db")) and is_being_written(path)

@@ -90,5 +90,13 @@ def test_the_runs_of_a_process_share_one_start_ledger_and_a_dead_one_is_replaced
     _run(ds, tmp_path / "run")
     assert PROCESS_LEDGER.get()._actor_id == ledger._actor_id  # the run used it and left it alive
     ray.kill(ledger, no_restart=True)
+    deadline = time.monotonic() + 30  # (the kill lands a moment later: a call made before then is still answered)
+    while True:
+        try:
+            ray.get(ledger.last.remote(None), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        assert time.monotonic() < deadline, "the killed ledger still answers after 30 s"
+        time.sleep(0.05)
     fresh = PROCESS_LEDGER.get()
     assert fresh._actor_id != ledger._actor_id and ray.get(fresh.last.remote(None)) == -1
