@@ -121,6 +121,6 @@ def release_spare_workers(free: Mapping[str, float] | None = None) -> int:
     process cannot hand its spares to (a driver in another process, actors of its own). Returns how many."""
     if free is not None:
         for name, amount in free.items():
-            if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
+            if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not amount >= 0:
                 raise ValueError(f"`free` is {dict(free)!r}, but each amount must be a number >= 0 ({name!r})")
     return SPARES.release(free)

@@ -64,8 +64,9 @@ def test_a_run_that_needs_fewer_workers_leaves_the_other_spares_to_the_next(ray_
     free = ray_cluster.available_resources().get("CPU", 0)
     assert release_spare_workers({"CPU": free}) == 0
     assert release_spare_workers({"CPU": free + 1}) == 1 and SPARES.held()["CPU"] == held - 1
-    with pytest.raises(ValueError, match=r"`free` is \{'CPU': -1\}, but each amount must be a number >= 0"):
-        release_spare_workers({"CPU": -1})
+    for bad in (-1, float("nan"), "2", True):
+        with pytest.raises(ValueError, match=r"`free` is \{'CPU': .*\}, but each amount must be a number >= 0"):
+            release_spare_workers({"CPU": bad})
 
 
 def test_a_spare_no_run_takes_is_killed_after_its_time(ray_cluster, digits, tmp_path, monkeypatch):
