@@ -138,7 +138,8 @@ def validate_schedule(
                                 df["end"].tolist()):
         s_f = span.setdefault((c, e), [start, end])
         s_f[0], s_f[1] = min(s_f[0], start), max(s_f[1], end)
-    for (c, e), (prev_c, prev_e) in zip(sorted(span)[1:], sorted(span)):
+    ordered = sorted(span)
+    for (c, e), (prev_c, prev_e) in zip(ordered[1:], ordered):
         if c == prev_c and span[c, e][0] < span[prev_c, prev_e][1] - tol:
             v.append(f"config {c}: epoch {e} starts before epoch {prev_e} ends")
     if availability is not None:
